@@ -1,0 +1,321 @@
+//! Binary delay levels: one TTL queue per bit of the delay.
+//!
+//! Level `L` is a topic exchange and a queue whose messages wait `2^L` units and
+//! then dead-letter to level `L-1`. The routing key spells the delay in binary,
+//! most significant bit first, then the destination; each level's bindings look
+//! at their own bit only. A message enters at the exchange of its highest set bit
+//! and leaves level 0 for the delivery exchange, which routes on the destination.
+
+use hourglass_planner_sdk::*;
+use serde::Deserialize;
+
+/// Brokers refuse TTLs above ten years.
+const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
+const MAX_ROUTING_KEY: usize = 255;
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// `hourglass.delay-level-NN`, `hourglass.delay-delivery`.
+    #[default]
+    Hourglass,
+    /// NServiceBus v2: `nsb.v2.delay-level-NN`, `nsb.v2.delay-delivery`, quorum queues.
+    NsbV2,
+    /// Celery/kombu: `celery_delayed_N`, `celery_delayed_delivery`.
+    Celery,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueType {
+    #[default]
+    Classic,
+    /// Replicated; dead-letters at least once (needs `x-overflow = reject-publish`).
+    Quorum,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub preset: Preset,
+    pub levels: Option<u32>,
+    pub unit: Option<DurationMs>,
+    pub queue_type: Option<QueueType>,
+}
+
+#[derive(Debug)]
+pub struct BinaryLevels {
+    preset: Preset,
+    levels: u32,
+    unit_ms: u64,
+    queue_type: QueueType,
+}
+
+impl BinaryLevels {
+    pub fn level_name(&self, level: u32) -> String {
+        match self.preset {
+            Preset::Hourglass => format!("hourglass.delay-level-{level:02}"),
+            Preset::NsbV2 => format!("nsb.v2.delay-level-{level:02}"),
+            Preset::Celery => format!("celery_delayed_{level}"),
+        }
+    }
+
+    pub fn delivery_exchange(&self) -> &'static str {
+        match self.preset {
+            Preset::Hourglass => "hourglass.delay-delivery",
+            Preset::NsbV2 => "nsb.v2.delay-delivery",
+            Preset::Celery => "celery_delayed_delivery",
+        }
+    }
+
+    fn max_units(&self) -> u64 {
+        (1u64 << self.levels) - 1
+    }
+
+    /// Where level `level` dead-letters and routes its zero bit to.
+    fn next_exchange(&self, level: u32) -> String {
+        if level == 0 { self.delivery_exchange().to_string() } else { self.level_name(level - 1) }
+    }
+
+    /// `*.` once per more significant bit, so a binding sees only its own bit.
+    fn bit_prefix(&self, level: u32) -> String {
+        "*.".repeat((self.levels - 1 - level) as usize)
+    }
+
+    fn routing_key(&self, units: u64, destination: &str) -> String {
+        let mut key = String::with_capacity(2 * self.levels as usize + destination.len());
+        for level in (0..self.levels).rev() {
+            key.push(if units >> level & 1 == 1 { '1' } else { '0' });
+            key.push('.');
+        }
+        key.push_str(destination);
+        key
+    }
+
+    fn queue_arguments(&self, level: u32) -> Vec<Field> {
+        let ttl = (1i64 << level) * self.unit_ms as i64;
+        let mut args = vec![
+            text("x-queue-type", match self.queue_type {
+                QueueType::Classic => "classic",
+                QueueType::Quorum => "quorum",
+            }),
+            text("x-overflow", "reject-publish"),
+            int("x-message-ttl", ttl),
+            text("x-dead-letter-exchange", self.next_exchange(level)),
+        ];
+        if self.queue_type == QueueType::Quorum {
+            args.push(text("x-dead-letter-strategy", "at-least-once"));
+        }
+        args
+    }
+
+    fn check_destination(&self, destination: &str) -> Result<(), String> {
+        if destination.is_empty() {
+            return Err("destination is empty".into());
+        }
+        if destination.contains(['*', '#']) {
+            return Err(format!("destination {destination:?} contains a routing wildcard (* or #)"));
+        }
+        let budget = MAX_ROUTING_KEY - 2 * self.levels as usize;
+        if destination.len() > budget {
+            return Err(format!(
+                "destination {destination:?} is {} bytes; with {} levels the routing key leaves room for {budget}",
+                destination.len(),
+                self.levels
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Planner for BinaryLevels {
+    type Config = Config;
+
+    fn info() -> Info {
+        Info::new("binary-levels", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
+            .key("preset", "naming: hourglass, nsb-v2 or celery", Some("hourglass"))
+            .key("levels", "number of delay levels (bits)", Some("28"))
+            .key("unit", "delay of level 0; delays round up to it (1ms for sub-second)", Some("1s"))
+            .key("queue_type", "classic or quorum (quorum dead-letters at least once)", Some("classic"))
+    }
+
+    fn new(config: Config) -> Result<Self, String> {
+        let interop = matches!(config.preset, Preset::NsbV2 | Preset::Celery);
+        let levels = config.levels.unwrap_or(28);
+        let unit_ms = config.unit.map_or(1_000, DurationMs::ms);
+        if interop && (levels != 28 || unit_ms != 1_000) {
+            return Err(format!(
+                "preset {:?} shares infrastructure with other clients: it needs levels = 28 and unit = \"1s\"",
+                config.preset
+            ));
+        }
+        let queue_type = match (config.preset, config.queue_type) {
+            (Preset::NsbV2, Some(QueueType::Classic)) => {
+                return Err("preset nsb-v2 uses quorum queues; queue_type = \"classic\" cannot interoperate".into());
+            }
+            (Preset::NsbV2, _) => QueueType::Quorum,
+            (_, chosen) => chosen.unwrap_or_default(),
+        };
+        if !(1..=32).contains(&levels) {
+            return Err(format!("levels: {levels} is out of range 1..=32"));
+        }
+        if unit_ms == 0 {
+            return Err("unit: must be at least 1ms".into());
+        }
+        let top_ttl = (1u64 << (levels - 1)).checked_mul(unit_ms);
+        if top_ttl.is_none_or(|ttl| ttl > MAX_TTL_MS) {
+            return Err(format!(
+                "levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"
+            ));
+        }
+        Ok(BinaryLevels { preset: config.preset, levels, unit_ms, queue_type })
+    }
+
+    fn delay_range(&self) -> DelayRange {
+        DelayRange::uniform(self.unit_ms, self.max_units() * self.unit_ms)
+    }
+
+    fn topology(&self) -> Result<Vec<Command>, String> {
+        let mut commands = Vec::new();
+        // Every exchange first: exchange-to-exchange bindings fail unless both exist.
+        commands.push(declare_exchange(self.delivery_exchange(), ExchangeKind::Topic, vec![]));
+        for level in (0..self.levels).rev() {
+            commands.push(declare_exchange(&self.level_name(level), ExchangeKind::Topic, vec![]));
+        }
+        for level in (0..self.levels).rev() {
+            let name = self.level_name(level);
+            let prefix = self.bit_prefix(level);
+            commands.push(declare_queue(&name, self.queue_arguments(level)));
+            commands.push(bind_queue(&name, &name, &format!("{prefix}1.#")));
+            commands.push(bind_exchange(&name, &self.next_exchange(level), &format!("{prefix}0.#")));
+        }
+        Ok(commands)
+    }
+
+    fn destination_setup(&self, destination: &str) -> Result<Vec<Command>, String> {
+        self.check_destination(destination)?;
+        // Interop presets bind as NServiceBus and Celery do; ours counts the words
+        // exactly so `a.b` never also receives what was meant for `b`.
+        let key = match self.preset {
+            Preset::Hourglass => format!("{}{destination}", "*.".repeat(self.levels as usize)),
+            Preset::NsbV2 | Preset::Celery => format!("#.{destination}"),
+        };
+        Ok(vec![bind_queue(destination, self.delivery_exchange(), &key)])
+    }
+
+    fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
+        self.check_destination(&request.destination)?;
+        let units = units_rounded_up(request.delay_ms, self.unit_ms);
+        if units > self.max_units() {
+            return Err(format!(
+                "delay {}ms is above the maximum {}ms of {} levels x {}ms",
+                request.delay_ms,
+                self.max_units() * self.unit_ms,
+                self.levels,
+                self.unit_ms
+            ));
+        }
+        let exchange = match units {
+            0 => self.delivery_exchange().to_string(),
+            _ => self.level_name(63 - units.leading_zeros()),
+        };
+        let key = self.routing_key(units, &request.destination);
+        Ok(Plan { commands: vec![publish(&exchange, &key, vec![])], delivers_after_ms: units * self.unit_ms })
+    }
+}
+
+register_planner!(BinaryLevels);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planner(preset: Preset) -> BinaryLevels {
+        BinaryLevels::new(Config { preset, levels: None, unit: None, queue_type: None }).unwrap()
+    }
+
+    fn request(delay_ms: u64) -> PlanRequest {
+        PlanRequest { destination: "destination".into(), delay_ms, message_id: "m".into(), routing_key: None }
+    }
+
+    #[test]
+    fn ten_seconds_enters_at_level_three_with_the_binary_key() {
+        let plan = planner(Preset::Hourglass).plan(&request(10_000)).unwrap();
+        let Command::Publish(p) = &plan.commands[0] else { panic!("expected publish") };
+        assert_eq!(p.exchange, "hourglass.delay-level-03");
+        assert_eq!(p.routing_key, format!("{}1.0.1.0.destination", "0.".repeat(24)));
+        assert_eq!(plan.delivers_after_ms, 10_000);
+    }
+
+    #[test]
+    fn delays_round_up_to_the_unit_and_zero_goes_straight_to_delivery() {
+        let p = planner(Preset::Hourglass);
+        assert_eq!(p.plan(&request(1_001)).unwrap().delivers_after_ms, 2_000);
+        let Command::Publish(zero) = &p.plan(&request(0)).unwrap().commands[0] else { panic!() };
+        assert_eq!(zero.exchange, "hourglass.delay-delivery");
+    }
+
+    #[test]
+    fn above_the_maximum_is_an_error_naming_it() {
+        let err = planner(Preset::Hourglass).plan(&request((1 << 28) * 1_000)).unwrap_err();
+        assert!(err.contains("above the maximum 268435455000ms"), "{err}");
+    }
+
+    #[test]
+    fn nsb_preset_matches_the_published_topology() {
+        let p = planner(Preset::NsbV2);
+        let topology = p.topology().unwrap();
+        let queue = topology
+            .iter()
+            .find_map(|c| match c {
+                Command::DeclareQueue(q) if q.name == "nsb.v2.delay-level-01" => Some(q),
+                _ => None,
+            })
+            .unwrap();
+        assert!(queue.arguments.contains(&text("x-queue-type", "quorum")));
+        assert!(queue.arguments.contains(&text("x-dead-letter-strategy", "at-least-once")));
+        assert!(queue.arguments.contains(&int("x-message-ttl", 2_000)));
+        assert!(queue.arguments.contains(&text("x-dead-letter-exchange", "nsb.v2.delay-level-00")));
+        assert!(topology.contains(&bind_queue(
+            "nsb.v2.delay-level-01",
+            "nsb.v2.delay-level-01",
+            &format!("{}1.#", "*.".repeat(26))
+        )));
+        assert!(topology.contains(&bind_exchange(
+            "nsb.v2.delay-level-00",
+            "nsb.v2.delay-delivery",
+            &format!("{}0.#", "*.".repeat(27))
+        )));
+        assert_eq!(
+            p.destination_setup("orders").unwrap(),
+            vec![bind_queue("orders", "nsb.v2.delay-delivery", "#.orders")]
+        );
+    }
+
+    #[test]
+    fn interop_presets_refuse_settings_that_would_not_interoperate() {
+        let err = BinaryLevels::new(Config {
+            preset: Preset::Celery,
+            levels: Some(20),
+            unit: None,
+            queue_type: None,
+        })
+        .unwrap_err();
+        assert!(err.contains("levels = 28"), "{err}");
+        assert!(BinaryLevels::new(Config {
+            preset: Preset::NsbV2,
+            levels: None,
+            unit: None,
+            queue_type: Some(QueueType::Classic)
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn long_destinations_are_refused_before_the_routing_key_overflows() {
+        let long = "d".repeat(200);
+        let err = planner(Preset::Hourglass).destination_setup(&long).unwrap_err();
+        assert!(err.contains("leaves room for 199"), "{err}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Fixed intervals: a TTL queue per configured interval and a return exchange.
+//!
+//! Each interval has a fanout exchange and a queue whose TTL is that interval;
+//! expired messages dead-letter to one headers exchange, the return exchange,
+//! which routes on the `hourglass-destination` header back to the destination
+//! queue. Dead-lettering keeps the routing key the message was published with,
+//! so the original key arrives unchanged; it is also kept in the
+//! `hourglass-original-routing-key` header. Delays that are not an interval
+//! round up to the next one or are refused, as configured. Redelivery policies
+//! use the intervals in order: attempt `n` waits `intervals[n-1]`.
+
+use hourglass_planner_sdk::*;
+use serde::Deserialize;
+
+pub const DESTINATION_HEADER: &str = "hourglass-destination";
+pub const ORIGINAL_KEY_HEADER: &str = "hourglass-original-routing-key";
+const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rounding {
+    /// Use the next interval at or above the delay.
+    #[default]
+    Up,
+    /// Refuse a delay that is not one of the intervals.
+    Reject,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub intervals: Vec<DurationMs>,
+    #[serde(default)]
+    pub rounding: Rounding,
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct FixedIntervals {
+    intervals: Vec<u64>,
+    rounding: Rounding,
+    prefix: String,
+}
+
+impl FixedIntervals {
+    pub fn interval_name(&self, interval_ms: u64) -> String {
+        format!("{}.{interval_ms}ms", self.prefix)
+    }
+
+    pub fn return_exchange(&self) -> String {
+        format!("{}.return", self.prefix)
+    }
+
+    fn choose(&self, delay_ms: u64) -> Result<u64, String> {
+        let next = self.intervals.iter().copied().find(|&i| i >= delay_ms);
+        match (self.rounding, next) {
+            (_, Some(i)) if i == delay_ms => Ok(i),
+            (Rounding::Up, Some(i)) => Ok(i),
+            (Rounding::Reject, _) => Err(format!(
+                "delay {delay_ms}ms is not one of the intervals {:?} (rounding = \"reject\")",
+                self.intervals
+            )),
+            (Rounding::Up, None) => Err(format!(
+                "delay {delay_ms}ms is above the longest interval {}ms",
+                self.intervals.last().copied().unwrap_or(0)
+            )),
+        }
+    }
+}
+
+impl Planner for FixedIntervals {
+    type Config = Config;
+
+    fn info() -> Info {
+        Info::new("fixed-intervals", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
+            .key("intervals", "the delays offered, e.g. [\"5m\", \"15m\", \"30m\"]", None)
+            .key("rounding", "up (next interval) or reject, for delays that are not an interval", Some("up"))
+            .key("prefix", "names: <prefix>.<interval>ms and <prefix>.return", Some("hourglass.interval"))
+    }
+
+    fn new(config: Config) -> Result<Self, String> {
+        let mut intervals: Vec<u64> = config.intervals.iter().map(|d| d.ms()).collect();
+        if intervals.is_empty() {
+            return Err("intervals: give at least one interval".into());
+        }
+        if let Some(bad) = intervals.iter().find(|&&i| i == 0 || i > MAX_TTL_MS) {
+            return Err(format!("intervals: {bad}ms is not between 1ms and 10 years"));
+        }
+        intervals.sort_unstable();
+        intervals.dedup();
+        let prefix = config.prefix.unwrap_or_else(|| "hourglass.interval".to_string());
+        if prefix.is_empty() || prefix.len() > 200 {
+            return Err(format!("prefix: {prefix:?} must be 1 to 200 bytes"));
+        }
+        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix })
+    }
+
+    fn delay_range(&self) -> DelayRange {
+        let mut delays = vec![0];
+        delays.extend(&self.intervals);
+        DelayRange::listed(delays)
+    }
+
+    fn topology(&self) -> Result<Vec<Command>, String> {
+        let return_exchange = self.return_exchange();
+        let mut commands = vec![declare_exchange(&return_exchange, ExchangeKind::Headers, vec![])];
+        for &interval in &self.intervals {
+            let name = self.interval_name(interval);
+            commands.push(declare_exchange(&name, ExchangeKind::Fanout, vec![]));
+            commands.push(declare_queue(&name, vec![
+                text("x-queue-type", "classic"),
+                int("x-message-ttl", interval as i64),
+                text("x-dead-letter-exchange", return_exchange.as_str()),
+            ]));
+            commands.push(bind_queue(&name, &name, ""));
+        }
+        Ok(commands)
+    }
+
+    fn destination_setup(&self, destination: &str) -> Result<Vec<Command>, String> {
+        if destination.is_empty() {
+            return Err("destination is empty".into());
+        }
+        let match_destination = vec![text("x-match", "all"), text(DESTINATION_HEADER, destination)];
+        Ok(vec![bind_queue_with(destination, &self.return_exchange(), "", match_destination)])
+    }
+
+    fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
+        let destination = request.destination.as_str();
+        if destination.is_empty() {
+            return Err("destination is empty".into());
+        }
+        let routing_key = request.routing_key.as_deref().unwrap_or(destination);
+        let headers = vec![text(DESTINATION_HEADER, destination), text(ORIGINAL_KEY_HEADER, routing_key)];
+        if request.delay_ms == 0 {
+            let publish = publish(&self.return_exchange(), routing_key, headers);
+            return Ok(Plan { commands: vec![publish], delivers_after_ms: 0 });
+        }
+        let interval = self.choose(request.delay_ms)?;
+        let publish = publish(&self.interval_name(interval), routing_key, headers);
+        Ok(Plan { commands: vec![publish], delivers_after_ms: interval })
+    }
+
+    fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
+        let index = request.attempt.checked_sub(1).ok_or("attempt numbers start at 1")? as usize;
+        Ok(match self.intervals.get(index) {
+            Some(&interval) => RedeliveryDecision::RetryAfterMs(interval),
+            None => RedeliveryDecision::GiveUp(format!("{} redeliveries made", self.intervals.len())),
+        })
+    }
+}
+
+register_planner!(FixedIntervals);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planner(rounding: Rounding) -> FixedIntervals {
+        FixedIntervals::new(Config {
+            intervals: vec![DurationMs(30_000), DurationMs(5_000), DurationMs(15_000)],
+            rounding,
+            prefix: None,
+        })
+        .unwrap()
+    }
+
+    fn request(delay_ms: u64) -> PlanRequest {
+        PlanRequest { destination: "orders".into(), delay_ms, message_id: "m".into(), routing_key: Some("orders.created".into()) }
+    }
+
+    #[test]
+    fn rounds_up_to_the_next_interval_and_keeps_the_original_key() {
+        let plan = planner(Rounding::Up).plan(&request(6_000)).unwrap();
+        assert_eq!(plan.delivers_after_ms, 15_000);
+        let Command::Publish(p) = &plan.commands[0] else { panic!() };
+        assert_eq!(p.exchange, "hourglass.interval.15000ms");
+        assert_eq!(p.routing_key, "orders.created");
+        assert!(p.headers.contains(&text(ORIGINAL_KEY_HEADER, "orders.created")));
+    }
+
+    #[test]
+    fn reject_policy_refuses_delays_between_intervals() {
+        let err = planner(Rounding::Reject).plan(&request(6_000)).unwrap_err();
+        assert!(err.contains("not one of the intervals"), "{err}");
+        assert!(planner(Rounding::Reject).plan(&request(5_000)).is_ok());
+    }
+
+    #[test]
+    fn redelivery_walks_the_intervals_then_gives_up() {
+        let p = planner(Rounding::Up);
+        let ask = |attempt| p.decide_redelivery(&RedeliveryRequest { queue: "q".into(), attempt, seed: 0, reason: None });
+        assert_eq!(ask(1), Ok(RedeliveryDecision::RetryAfterMs(5_000)));
+        assert_eq!(ask(3), Ok(RedeliveryDecision::RetryAfterMs(30_000)));
+        assert!(matches!(ask(4), Ok(RedeliveryDecision::GiveUp(_))));
+    }
+}
