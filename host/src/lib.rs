@@ -1,1 +1,29 @@
+//! hourglass: delayed message delivery on brokers without a native delay.
+//!
+//! # Layout
+//!
+//! * [`planner`] loads delay planners (WebAssembly components) into a sandbox
+//!   and calls them: request in, broker commands out.
+//! * [`command`] is the broker command vocabulary the host executes, checked
+//!   as it leaves a planner.
+//! * [`config`] reads `delay.toml`; [`strategy`] turns its strategies into
+//!   loaded planners.
+//! * [`simulator`] is the in-memory broker with a virtual clock (AMQP
+//!   exchanges, queues, TTLs, dead-lettering; SQS queues with delays).
+//! * [`simulation`] runs a strategy's commands on the simulator, pumping
+//!   pump-driven queues, and reports each message's route.
+//! * [`conformance`] checks a planner keeps its promises (`check-planner`).
+//! * [`executor`] is the seam between planned commands and a broker.
+//! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
+//! * [`cli`] is the command line; `main.rs` only calls it.
 
+pub mod cli;
+pub mod command;
+pub mod config;
+pub mod conformance;
+pub mod executor;
+pub mod planner;
+pub mod render;
+pub mod simulation;
+pub mod simulator;
+pub mod strategy;

@@ -1,0 +1,342 @@
+//! `delay.toml`: the broker, planner sandbox settings, named strategies and
+//! destinations.
+//!
+//! Every error names the file, line and column. A strategy's own keys are
+//! checked by its planner; when the planner names a key, the error points at it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hourglass_planner_sdk::DurationMs;
+use serde::Deserialize;
+use thiserror::Error;
+use toml::Spanned;
+
+use crate::planner::{PlannerLimits, PlannerSource};
+
+/// A place in a config file, shown as `path:line:column`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub path: PathBuf,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.path.display(), self.line, self.column)
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read the config: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{location}: {message}")]
+    Invalid { location: Location, message: String },
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum BrokerConfig {
+    /// The embedded in-memory broker (the simulator).
+    #[default]
+    Memory,
+    Rabbitmq {
+        /// `amqp://` or `amqps://` URL; `url_env` names a variable that overrides it.
+        url: Option<String>,
+        url_env: Option<String>,
+    },
+    Sqs {
+        region: Option<String>,
+        endpoint_url: Option<String>,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlannerSettings {
+    call_timeout: Option<DurationMs>,
+    memory_limit_mib: Option<u32>,
+    cache: Option<bool>,
+    cache_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DestinationConfig {
+    /// The strategy for this destination; the default strategy otherwise.
+    pub strategy: Option<String>,
+}
+
+type SpannedTable = BTreeMap<Spanned<String>, Spanned<toml::Value>>;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    default_strategy: Option<Spanned<String>>,
+    #[serde(default)]
+    broker: BrokerConfig,
+    #[serde(default)]
+    planners: RawPlannerSettings,
+    #[serde(default)]
+    strategies: BTreeMap<Spanned<String>, SpannedTable>,
+    #[serde(default)]
+    destinations: BTreeMap<Spanned<String>, Spanned<DestinationConfig>>,
+}
+
+/// One named strategy: a planner and its own table.
+#[derive(Clone, Debug)]
+pub struct StrategyConfig {
+    pub name: String,
+    pub planner: PlannerSource,
+    /// The table minus `planner`, as handed to the planner.
+    pub table: serde_json::Value,
+    name_span: Range<usize>,
+    planner_span: Range<usize>,
+    key_spans: BTreeMap<String, Range<usize>>,
+}
+
+#[derive(Debug)]
+pub struct Config {
+    pub path: PathBuf,
+    text: String,
+    pub default_strategy: String,
+    pub broker: BrokerConfig,
+    pub planner_limits: PlannerLimits,
+    /// `None`: compile planners on every start.
+    pub cache_dir: Option<PathBuf>,
+    pub strategies: BTreeMap<String, StrategyConfig>,
+    pub destinations: BTreeMap<String, DestinationConfig>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Config::parse(path, text)
+    }
+
+    pub fn parse(path: &Path, text: String) -> Result<Config, ConfigError> {
+        let locate = |span: Range<usize>| location_in(path, &text, span.start);
+        let raw: RawConfig = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
+            location: locate(err.span().unwrap_or(0..0)),
+            message: err.message().trim_end().to_string(),
+        })?;
+        let invalid = |span: Range<usize>, message: String| ConfigError::Invalid { location: locate(span), message };
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+
+        let mut strategies = BTreeMap::new();
+        for (name, table) in raw.strategies {
+            let name_span = name.span();
+            let name = name.into_inner();
+            let mut planner = None;
+            let mut key_spans = BTreeMap::new();
+            let mut json = serde_json::Map::new();
+            for (key, value) in table {
+                let (key_span, key) = (key.span(), key.into_inner());
+                if key == "planner" {
+                    let span = value.span();
+                    match value.into_inner() {
+                        toml::Value::String(spec) if !spec.is_empty() => planner = Some((spec, span)),
+                        other => {
+                            return Err(invalid(span, format!(
+                                "strategies.{name}.planner: expected a built-in planner name or a path to a .wasm file, found {other}"
+                            )));
+                        }
+                    }
+                    continue;
+                }
+                let value = serde_json::to_value(value.get_ref())
+                    .map_err(|e| invalid(value.span(), format!("strategies.{name}.{key}: {e}")))?;
+                json.insert(key.clone(), value);
+                key_spans.insert(key, key_span);
+            }
+            let Some((spec, planner_span)) = planner else {
+                return Err(invalid(name_span, format!(
+                    "strategies.{name}: missing `planner` (one of {} or a path to a .wasm file)",
+                    crate::planner::builtin::NAMES.join(", ")
+                )));
+            };
+            let planner = PlannerSource::parse(&spec, base_dir);
+            strategies.insert(name.clone(), StrategyConfig {
+                name,
+                planner,
+                table: serde_json::Value::Object(json),
+                name_span,
+                planner_span,
+                key_spans,
+            });
+        }
+        if strategies.is_empty() {
+            return Err(invalid(0..0, "no strategies: add a [strategies.NAME] table with a `planner`".into()));
+        }
+
+        let default_strategy = match raw.default_strategy {
+            Some(name) => {
+                if !strategies.contains_key(name.get_ref()) {
+                    return Err(invalid(name.span(), unknown_strategy(name.get_ref(), &strategies)));
+                }
+                name.into_inner()
+            }
+            None if strategies.len() == 1 => strategies.keys().next().cloned().expect("one strategy"),
+            None => {
+                return Err(invalid(0..0, "default_strategy is required when there is more than one strategy".into()));
+            }
+        };
+
+        let mut destinations = BTreeMap::new();
+        for (name, destination) in raw.destinations {
+            let span = destination.span();
+            let destination = destination.into_inner();
+            if let Some(strategy) = &destination.strategy
+                && !strategies.contains_key(strategy)
+            {
+                return Err(invalid(span, format!("destinations.{}: {}", name.get_ref(), unknown_strategy(strategy, &strategies))));
+            }
+            destinations.insert(name.into_inner(), destination);
+        }
+
+        let settings = raw.planners;
+        let defaults = PlannerLimits::default();
+        let memory_mib = settings.memory_limit_mib.unwrap_or((defaults.memory_bytes >> 20) as u32);
+        if !(2..=4096).contains(&memory_mib) {
+            return Err(invalid(0..0, format!("planners.memory_limit_mib: {memory_mib} must be between 2 and 4096")));
+        }
+        let call_timeout = settings.call_timeout.map_or(defaults.call_timeout, |d| Duration::from_millis(d.ms()));
+        if call_timeout.is_zero() {
+            return Err(invalid(0..0, "planners.call_timeout: must be above zero".into()));
+        }
+        let cache_dir = match settings.cache {
+            Some(false) => None,
+            _ => settings.cache_dir.map(|dir| base_dir.join(dir)).or_else(default_cache_dir),
+        };
+
+        Ok(Config {
+            path: path.to_path_buf(),
+            text,
+            default_strategy,
+            broker: raw.broker,
+            planner_limits: PlannerLimits { call_timeout, memory_bytes: (memory_mib as usize) << 20 },
+            cache_dir,
+            strategies,
+            destinations,
+        })
+    }
+
+    pub fn strategy(&self, name: &str) -> Result<&StrategyConfig, String> {
+        self.strategies.get(name).ok_or_else(|| unknown_strategy(name, &self.strategies))
+    }
+
+    /// The strategy a destination uses unless one is named explicitly.
+    pub fn strategy_for(&self, destination: &str) -> &str {
+        self.destinations
+            .get(destination)
+            .and_then(|d| d.strategy.as_deref())
+            .unwrap_or(&self.default_strategy)
+    }
+
+    fn location(&self, offset: usize) -> Location {
+        location_in(&self.path, &self.text, offset)
+    }
+
+    /// Where a strategy's `planner` value is.
+    pub fn planner_location(&self, strategy: &StrategyConfig) -> Location {
+        self.location(strategy.planner_span.start)
+    }
+
+    /// Where to point for a planner's complaint about its table: the key it
+    /// names (`levels: …` or "unknown field `levls`"), else the table itself.
+    pub fn table_error_location(&self, strategy: &StrategyConfig, message: &str) -> Location {
+        let named = strategy.key_spans.iter().find(|(key, _)| {
+            message.starts_with(&format!("{key}:"))
+                || message.starts_with(&format!("{key}."))
+                || message.starts_with(&format!("{key}["))
+                || message.contains(&format!("`{key}`"))
+        });
+        match named {
+            Some((_, span)) => self.location(span.start),
+            None => self.location(strategy.name_span.start),
+        }
+    }
+}
+
+fn unknown_strategy(name: &str, strategies: &BTreeMap<String, StrategyConfig>) -> String {
+    let known: Vec<&str> = strategies.keys().map(String::as_str).collect();
+    format!("unknown strategy {name:?}; configured: {}", known.join(", "))
+}
+
+fn location_in(path: &Path, text: &str, offset: usize) -> Location {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    Location { path: path.to_path_buf(), line, column }
+}
+
+/// `$HOURGLASS_CACHE_DIR`, else the user's cache directory.
+fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("HOURGLASS_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("hourglass"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("delay.toml"), text.to_string())
+    }
+
+    #[test]
+    fn a_minimal_config_has_one_default_strategy() {
+        let config = parse("[strategies.seconds]\nplanner = \"binary-levels\"\nlevels = 20\n").unwrap();
+        assert_eq!(config.default_strategy, "seconds");
+        let strategy = config.strategy("seconds").unwrap();
+        assert_eq!(strategy.planner, PlannerSource::Builtin("binary-levels"));
+        assert_eq!(strategy.table, serde_json::json!({ "levels": 20 }));
+        assert_eq!(config.broker, BrokerConfig::Memory);
+    }
+
+    #[test]
+    fn unknown_top_level_keys_name_file_line_and_column() {
+        let err = parse("[strategies.a]\nplanner = \"hold-queues\"\n\n[brokr]\nkind = \"memory\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:4:"), "{err}");
+        assert!(err.contains("unknown field `brokr`"), "{err}");
+    }
+
+    #[test]
+    fn wrong_types_name_the_place() {
+        let err = parse("[planners]\nmemory_limit_mib = \"lots\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:2:"), "{err}");
+    }
+
+    #[test]
+    fn strategy_problems_point_into_the_strategy() {
+        let err = parse("[strategies.a]\nlevels = 3\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:1:") && err.contains("missing `planner`"), "{err}");
+        let err = parse("default_strategy = \"b\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:1:") && err.contains("unknown strategy \"b\""), "{err}");
+    }
+
+    #[test]
+    fn planner_complaints_point_at_the_key_they_name() {
+        let config = parse("[strategies.a]\nplanner = \"binary-levels\"\nlevls = 3\n").unwrap();
+        let strategy = config.strategy("a").unwrap();
+        let location = config.table_error_location(strategy, "unknown field `levls`, expected one of `levels`");
+        assert_eq!((location.line, location.column), (3, 1));
+    }
+
+    #[test]
+    fn relative_planner_paths_resolve_beside_the_config() {
+        let config = Config::parse(Path::new("conf/delay.toml"), "[strategies.a]\nplanner = \"p.wasm\"\n".into()).unwrap();
+        assert_eq!(config.strategy("a").unwrap().planner, PlannerSource::File(PathBuf::from("conf/p.wasm")));
+    }
+}

@@ -1,0 +1,19 @@
+//! The planners that ship inside the binary (built by `host/build.rs`).
+
+pub const BINARY_LEVELS: &str = "binary-levels";
+pub const HOLD_QUEUES: &str = "hold-queues";
+pub const FIXED_INTERVALS: &str = "fixed-intervals";
+pub const SQS_CYCLES: &str = "sqs-cycles";
+
+pub const NAMES: [&str; 4] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES];
+
+/// The component bytes of a built-in planner, by name.
+pub fn component(name: &str) -> Option<&'static [u8]> {
+    Some(match name {
+        BINARY_LEVELS => include_bytes!(concat!(env!("OUT_DIR"), "/binary_levels.wasm")),
+        HOLD_QUEUES => include_bytes!(concat!(env!("OUT_DIR"), "/hold_queues.wasm")),
+        FIXED_INTERVALS => include_bytes!(concat!(env!("OUT_DIR"), "/fixed_intervals.wasm")),
+        SQS_CYCLES => include_bytes!(concat!(env!("OUT_DIR"), "/sqs_cycles.wasm")),
+        _ => return None,
+    })
+}

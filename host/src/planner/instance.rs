@@ -1,0 +1,358 @@
+//! One configured planner instance, and the host-side types of its answers.
+
+use serde::Serialize;
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+
+use super::bindings::hourglass::planner::{diagnostics, types as wit};
+use super::bindings::{PlannerWorld, PlannerWorldPre};
+use super::runtime::PlannerLimits;
+use super::PlannerError;
+use crate::command::Command;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerFamily {
+    Amqp,
+    Sqs,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConfigKey {
+    pub name: String,
+    pub description: String,
+    pub default_value: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PlannerInfo {
+    pub name: String,
+    pub version: String,
+    pub family: BrokerFamily,
+    pub config_keys: Vec<ConfigKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Granularity {
+    Uniform(u64),
+    Listed(Vec<u64>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DelayRange {
+    pub granularity: Granularity,
+    pub max_delay_ms: u64,
+}
+
+impl DelayRange {
+    /// The delay a conforming planner delivers when asked for `delay_ms`
+    /// (rounded up to its granularity), or `None` if it is out of range.
+    pub fn promise(&self, delay_ms: u64) -> Option<u64> {
+        let promised = match &self.granularity {
+            Granularity::Uniform(step) => delay_ms.checked_next_multiple_of((*step).max(1))?,
+            Granularity::Listed(delays) => delays.iter().copied().find(|&d| d >= delay_ms)?,
+        };
+        (promised <= self.max_delay_ms).then_some(promised)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlanRequest {
+    pub destination: String,
+    pub delay_ms: u64,
+    pub message_id: String,
+    pub routing_key: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub commands: Vec<Command>,
+    pub delivers_after_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueMessage {
+    pub queue: String,
+    pub message_id: String,
+    pub attributes: Vec<(String, String)>,
+    pub sent_timestamp_ms: u64,
+    pub first_receive_timestamp_ms: u64,
+    pub receive_count: u32,
+    pub host_now_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", content = "commands", rename_all = "kebab-case")]
+pub enum DueAction {
+    Recycle(Vec<Command>),
+    HandOver(Vec<Command>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedeliveryDecision {
+    RetryAfterMs(u64),
+    GiveUp(String),
+}
+
+/// What a planner's store holds besides its memory.
+pub(crate) struct StoreState {
+    limits: StoreLimits,
+    panic_message: Option<String>,
+}
+
+// The shared types interface has no functions; bindgen still asks for its trait.
+impl wit::Host for StoreState {}
+
+impl diagnostics::Host for StoreState {
+    fn report_panic(&mut self, message: String) {
+        self.panic_message = Some(message);
+    }
+}
+
+struct Live {
+    store: Store<StoreState>,
+    world: PlannerWorld,
+}
+
+/// A planner instantiated and configured for one strategy.
+///
+/// A trap leaves a wasm instance unusable, so after one the next call starts a
+/// fresh instance from the pre-linked component and configures it again.
+pub struct LoadedPlanner {
+    label: String,
+    engine: Engine,
+    pre: PlannerWorldPre<StoreState>,
+    limits: PlannerLimits,
+    config_json: String,
+    live: Option<Live>,
+    info: PlannerInfo,
+    range: DelayRange,
+}
+
+impl LoadedPlanner {
+    pub(crate) fn start(
+        label: String,
+        engine: Engine,
+        pre: PlannerWorldPre<StoreState>,
+        limits: PlannerLimits,
+        config_json: String,
+    ) -> Result<Self, PlannerError> {
+        let placeholder_info = PlannerInfo { name: label.clone(), version: String::new(), family: BrokerFamily::Amqp, config_keys: vec![] };
+        let placeholder_range = DelayRange { granularity: Granularity::Uniform(1), max_delay_ms: 0 };
+        let mut planner = LoadedPlanner {
+            label,
+            engine,
+            pre,
+            limits,
+            config_json,
+            live: None,
+            info: placeholder_info,
+            range: placeholder_range,
+        };
+        planner.ensure_live()?;
+        let info = planner.call("describe", |w, s| w.hourglass_planner_planner().call_describe(s))?;
+        planner.info = convert_info(info);
+        Ok(planner)
+    }
+
+    /// The planner's name as errors show it: its built-in name or file path.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn info(&self) -> &PlannerInfo {
+        &self.info
+    }
+
+    pub fn delay_range(&self) -> &DelayRange {
+        &self.range
+    }
+
+    fn instantiate(&self) -> Result<(Live, DelayRange), PlannerError> {
+        let state = StoreState {
+            limits: StoreLimitsBuilder::new()
+                .memory_size(self.limits.memory_bytes)
+                .trap_on_grow_failure(true)
+                .build(),
+            panic_message: None,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limits);
+        store.set_epoch_deadline(self.limits.deadline_ticks());
+        let world = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiate", e, None))?;
+        let configured = world.hourglass_planner_planner().call_configure(&mut store, &self.config_json);
+        let panic = store.data_mut().panic_message.take();
+        match configured {
+            Ok(Ok(range)) => Ok((Live { store, world }, convert_range(range))),
+            Ok(Err(message)) => Err(PlannerError::Config { planner: self.label.clone(), message }),
+            Err(err) => Err(self.trapped("configure", err, panic)),
+        }
+    }
+
+    fn ensure_live(&mut self) -> Result<&mut Live, PlannerError> {
+        if self.live.is_none() {
+            let (live, range) = self.instantiate()?;
+            self.range = range;
+            self.live = Some(live);
+        }
+        Ok(self.live.as_mut().expect("just made live"))
+    }
+
+    fn trapped(&self, function: &'static str, err: wasmtime::Error, panic: Option<String>) -> PlannerError {
+        let reason = if let Some(message) = panic {
+            format!("panicked: {message}")
+        } else if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
+            format!("ran past its time budget of {:?}", self.limits.call_timeout)
+        } else if format!("{err:?}").contains("forcing trap when growing memory") {
+            format!("ran out of its memory limit of {} bytes", self.limits.memory_bytes)
+        } else {
+            format!("trapped: {}", err.root_cause())
+        };
+        PlannerError::Trapped { planner: self.label.clone(), function, reason }
+    }
+
+    /// Runs one export under the call budget; a trap discards the instance.
+    fn call<R>(
+        &mut self,
+        function: &'static str,
+        f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PlannerError> {
+        let ticks = self.limits.deadline_ticks();
+        let live = self.ensure_live()?;
+        live.store.set_epoch_deadline(ticks);
+        match f(&live.world, &mut live.store) {
+            Ok(result) => Ok(result),
+            Err(err) => {
+                let panic = live.store.data_mut().panic_message.take();
+                self.live = None;
+                Err(self.trapped(function, err, panic))
+            }
+        }
+    }
+
+    fn refused(&self, message: String) -> PlannerError {
+        PlannerError::Refused { planner: self.label.clone(), message }
+    }
+
+    fn commands(&self, function: &'static str, commands: Vec<wit::Command>) -> Result<Vec<Command>, PlannerError> {
+        let invalid = |reason: String| PlannerError::InvalidOutput { planner: self.label.clone(), function, reason };
+        commands
+            .into_iter()
+            .map(|c| {
+                let command = Command::from_planner(c).map_err(invalid)?;
+                let expected_sqs = self.info.family == BrokerFamily::Sqs;
+                if command.is_sqs() != expected_sqs {
+                    return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));
+                }
+                Ok(command)
+            })
+            .collect()
+    }
+
+    pub fn topology(&mut self) -> Result<Vec<Command>, PlannerError> {
+        let result = self.call("topology", |w, s| w.hourglass_planner_planner().call_topology(s))?;
+        let commands = result.map_err(|m| self.refused(m))?;
+        self.commands("topology", commands)
+    }
+
+    pub fn destination_setup(&mut self, destination: &str) -> Result<Vec<Command>, PlannerError> {
+        let result = self.call("destination-setup", |w, s| w.hourglass_planner_planner().call_destination_setup(s, destination))?;
+        let commands = result.map_err(|m| self.refused(m))?;
+        self.commands("destination-setup", commands)
+    }
+
+    pub fn plan(&mut self, request: &PlanRequest) -> Result<Plan, PlannerError> {
+        let wit_request = wit::PlanRequest {
+            destination: request.destination.clone(),
+            delay_ms: request.delay_ms,
+            message_id: request.message_id.clone(),
+            routing_key: request.routing_key.clone(),
+        };
+        let result = self.call("plan", |w, s| w.hourglass_planner_planner().call_plan(s, &wit_request))?;
+        let plan = result.map_err(|m| self.refused(m))?;
+        if plan.delivers_after_ms < request.delay_ms {
+            return Err(PlannerError::InvalidOutput {
+                planner: self.label.clone(),
+                function: "plan",
+                reason: format!(
+                    "promised {}ms for a {}ms delay: planners may round up, never down",
+                    plan.delivers_after_ms, request.delay_ms
+                ),
+            });
+        }
+        Ok(Plan { commands: self.commands("plan", plan.commands)?, delivers_after_ms: plan.delivers_after_ms })
+    }
+
+    pub fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, PlannerError> {
+        let wit_message = wit::DueMessage {
+            queue: message.queue.clone(),
+            message_id: message.message_id.clone(),
+            attributes: message
+                .attributes
+                .iter()
+                .map(|(name, value)| wit::SqsAttribute { name: name.clone(), value: value.clone() })
+                .collect(),
+            sent_timestamp_ms: message.sent_timestamp_ms,
+            first_receive_timestamp_ms: message.first_receive_timestamp_ms,
+            receive_count: message.receive_count,
+            host_now_ms: message.host_now_ms,
+        };
+        let result = self.call("handle-due", |w, s| w.hourglass_planner_planner().call_handle_due(s, &wit_message))?;
+        Ok(match result.map_err(|m| self.refused(m))? {
+            wit::DueAction::Recycle(c) => DueAction::Recycle(self.commands("handle-due", c)?),
+            wit::DueAction::HandOver(c) => DueAction::HandOver(self.commands("handle-due", c)?),
+        })
+    }
+
+    pub fn decide_redelivery(&mut self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
+        let request = wit::RedeliveryRequest { queue: queue.into(), attempt, seed, reason: reason.map(Into::into) };
+        let result = self.call("decide-redelivery", |w, s| w.hourglass_planner_planner().call_decide_redelivery(s, &request))?;
+        Ok(match result.map_err(|m| self.refused(m))? {
+            wit::RedeliveryDecision::RetryAfterMs(ms) => RedeliveryDecision::RetryAfterMs(ms),
+            wit::RedeliveryDecision::GiveUp(why) => RedeliveryDecision::GiveUp(why),
+        })
+    }
+}
+
+fn convert_info(info: wit::PlannerInfo) -> PlannerInfo {
+    PlannerInfo {
+        name: info.name,
+        version: info.version,
+        family: match info.family {
+            wit::BrokerFamily::Amqp => BrokerFamily::Amqp,
+            wit::BrokerFamily::Sqs => BrokerFamily::Sqs,
+        },
+        config_keys: info
+            .config_keys
+            .into_iter()
+            .map(|k| ConfigKey { name: k.name, description: k.description, default_value: k.default_value })
+            .collect(),
+    }
+}
+
+fn convert_range(range: wit::DelayRange) -> DelayRange {
+    DelayRange {
+        granularity: match range.granularity {
+            wit::Granularity::Uniform(step) => Granularity::Uniform(step),
+            wit::Granularity::Listed(delays) => Granularity::Listed(delays),
+        },
+        max_delay_ms: range.max_delay_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promises_round_up_within_the_range() {
+        let uniform = DelayRange { granularity: Granularity::Uniform(1_000), max_delay_ms: 10_000 };
+        assert_eq!(uniform.promise(1), Some(1_000));
+        assert_eq!(uniform.promise(10_000), Some(10_000));
+        assert_eq!(uniform.promise(10_001), None);
+        let listed = DelayRange { granularity: Granularity::Listed(vec![0, 5, 15]), max_delay_ms: 15 };
+        assert_eq!(listed.promise(6), Some(15));
+        assert_eq!(listed.promise(16), None);
+    }
+}

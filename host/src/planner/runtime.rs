@@ -1,0 +1,155 @@
+//! The wasmtime engine, the call budget and component loading.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings::{PlannerWorld, PlannerWorldPre};
+use super::builtin;
+use super::cache::ComponentCache;
+use super::instance::{LoadedPlanner, StoreState};
+use super::PlannerError;
+
+/// Epoch ticks bound every planner call; this is their period.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// The sandbox's bounds for each planner call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlannerLimits {
+    /// Wall-clock budget of one call.
+    pub call_timeout: Duration,
+    /// Linear memory a planner may grow to. A Rust planner needs about 1.1 MiB to start.
+    pub memory_bytes: usize,
+}
+
+impl Default for PlannerLimits {
+    fn default() -> Self {
+        PlannerLimits { call_timeout: Duration::from_millis(100), memory_bytes: 16 << 20 }
+    }
+}
+
+impl PlannerLimits {
+    pub(crate) fn deadline_ticks(&self) -> u64 {
+        (self.call_timeout.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+    }
+}
+
+/// Where a planner's component comes from: the binary, or a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlannerSource {
+    Builtin(&'static str),
+    File(PathBuf),
+}
+
+impl PlannerSource {
+    /// A built-in name, or else a path (relative to `base_dir`).
+    pub fn parse(spec: &str, base_dir: &Path) -> PlannerSource {
+        match builtin::NAMES.iter().find(|name| **name == spec) {
+            Some(name) => PlannerSource::Builtin(name),
+            None => PlannerSource::File(base_dir.join(spec)),
+        }
+    }
+
+    /// How errors name this planner.
+    pub fn label(&self) -> String {
+        match self {
+            PlannerSource::Builtin(name) => (*name).to_string(),
+            PlannerSource::File(path) => path.display().to_string(),
+        }
+    }
+
+    fn bytes(&self) -> Result<std::borrow::Cow<'static, [u8]>, PlannerError> {
+        match self {
+            PlannerSource::Builtin(name) => Ok(builtin::component(name).expect("built-in planner exists").into()),
+            PlannerSource::File(path) => std::fs::read(path).map(Into::into).map_err(|source| PlannerError::Read {
+                planner: self.label(),
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Owns the engine all planners share.
+pub struct PlannerRuntime {
+    engine: Engine,
+    cache: Option<ComponentCache>,
+    limits: PlannerLimits,
+}
+
+impl PlannerRuntime {
+    /// `cache_dir = None` compiles every time.
+    pub fn new(limits: PlannerLimits, cache_dir: Option<PathBuf>) -> Result<Self, PlannerError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        // Epoch checks cost next to nothing per call, unlike fuel.
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| PlannerError::Engine(e.to_string()))?;
+        spawn_epoch_ticker(&engine);
+        Ok(PlannerRuntime { engine, cache: cache_dir.map(ComponentCache::new), limits })
+    }
+
+    pub fn limits(&self) -> PlannerLimits {
+        self.limits
+    }
+
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(ComponentCache::dir)
+    }
+
+    /// Reads and compiles (or loads from cache) a planner's component.
+    pub fn compile(&self, source: &PlannerSource) -> Result<Component, PlannerError> {
+        let wasm = source.bytes()?;
+        let not_a_component = |reason: String| PlannerError::NotAComponent {
+            planner: source.label(),
+            path: source.label(),
+            reason,
+        };
+        if !wasm.starts_with(b"\0asm") {
+            return Err(not_a_component("the file does not start with the WebAssembly magic bytes".into()));
+        }
+        if let Some(cache) = &self.cache
+            && let Some(component) = cache.load(&self.engine, &wasm)
+        {
+            return Ok(component);
+        }
+        let component = Component::new(&self.engine, &wasm).map_err(|e| not_a_component(format!("{e:#}")))?;
+        if let Some(cache) = &self.cache {
+            cache.store(&self.engine, &wasm, &component);
+        }
+        Ok(component)
+    }
+
+    /// Compiles, type-checks against the contract, instantiates and configures
+    /// a planner for one strategy.
+    pub fn load(&self, source: &PlannerSource, config_json: String) -> Result<LoadedPlanner, PlannerError> {
+        let component = self.compile(source)?;
+        let label = source.label();
+        let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
+        let mut linker = Linker::<StoreState>::new(&self.engine);
+        PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)
+            .map_err(|e| PlannerError::Engine(e.to_string()))?;
+        // std pulls in WASI imports; planners get none of those capabilities.
+        linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
+        let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
+        let pre = PlannerWorldPre::new(pre).map_err(wrong_contract)?;
+        LoadedPlanner::start(label, self.engine.clone(), pre, self.limits, config_json)
+    }
+}
+
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("planner-epoch".into())
+        .spawn(move || {
+            // Ends with the engine.
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawn the planner epoch thread");
+}

@@ -1,0 +1,240 @@
+//! The in-memory broker: AMQP exchanges and queues and SQS queues on a virtual
+//! clock.
+//!
+//! It models what delay strategies rely on: direct, fanout, topic and headers
+//! routing, exchange-to-exchange bindings, per-queue and per-message TTL with
+//! head-of-queue expiry, dead-lettering with `x-death` (and the broker's cycle
+//! drop), `x-expires`, and SQS queues with per-message and queue-level delays,
+//! FIFO deduplication and `SentTimestamp`. Time only moves when [`Simulator::step`]
+//! jumps to the next event, so years of delay simulate in microseconds.
+//!
+//! Nothing disappears unrecorded: every message that leaves other than by
+//! arriving at a destination is kept in [`Simulator::lost`] with the reason.
+
+mod amqp;
+mod sqs;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use thiserror::Error;
+
+pub use amqp::Death;
+pub use sqs::DueSqsMessage;
+
+use crate::command::{Command, FieldTable};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SimError {
+    #[error("NOT_FOUND: {0}")]
+    NotFound(String),
+    #[error("PRECONDITION_FAILED: {0}")]
+    PreconditionFailed(String),
+    #[error("unroutable: publish to exchange {exchange:?} with routing key {routing_key:?} reached no queue")]
+    Unroutable { exchange: String, routing_key: String },
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+/// One step of a message's route.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hop {
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub step: HopStep,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "via", rename_all = "kebab-case")]
+pub enum HopStep {
+    /// Routed by an exchange to queues and exchanges (`queue:NAME`, `exchange:NAME`).
+    Exchange { name: String, routing_key: String, routed_to: Vec<String> },
+    /// Waited in a queue, then left (`dead-lettered to exchange:NAME`, `arrived`).
+    Queue { name: String, waited_ms: u64, then: String },
+    /// Waited in an SQS queue until visible.
+    SqsQueue { name: String, waited_ms: u64, then: String },
+}
+
+/// A message in flight, with the route it has taken so far.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SimMessage {
+    pub id: String,
+    pub routing_key: String,
+    pub headers: FieldTable,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub sqs_attributes: BTreeMap<String, String>,
+    pub expiration_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deaths: Vec<Death>,
+    pub hops: Vec<Hop>,
+}
+
+impl SimMessage {
+    pub fn new(id: &str, headers: FieldTable) -> Self {
+        SimMessage {
+            id: id.to_string(),
+            routing_key: String::new(),
+            headers,
+            sqs_attributes: BTreeMap::new(),
+            expiration_ms: None,
+            deaths: Vec::new(),
+            hops: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Arrival {
+    pub queue: String,
+    pub at_ms: u64,
+    pub message: SimMessage,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Lost {
+    pub at_ms: u64,
+    pub reason: String,
+    pub message: SimMessage,
+}
+
+/// What [`Simulator::step`] did.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing is scheduled any more.
+    Idle,
+    /// Time moved and the broker acted on its own (expiry, dead-lettering, delivery).
+    Progressed,
+    /// A message became visible on a pumped SQS queue; the caller must handle it.
+    Due(DueSqsMessage),
+}
+
+#[derive(Default)]
+pub struct Simulator {
+    now_ms: u64,
+    amqp: amqp::AmqpBroker,
+    sqs: sqs::SqsBroker,
+    arrivals: Vec<Arrival>,
+    lost: Vec<Lost>,
+}
+
+impl Simulator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    pub fn arrivals(&self) -> &[Arrival] {
+        &self.arrivals
+    }
+
+    pub fn take_arrivals(&mut self) -> Vec<Arrival> {
+        std::mem::take(&mut self.arrivals)
+    }
+
+    pub fn lost(&self) -> &[Lost] {
+        &self.lost
+    }
+
+    pub fn take_lost(&mut self) -> Vec<Lost> {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// A consumer's queue: messages that reach it count as arrived.
+    pub fn declare_destination_queue(&mut self, name: &str) {
+        self.amqp.declare_destination(name, self.now_ms);
+    }
+
+    /// A consumer's SQS queue: messages count as arrived when they become visible.
+    pub fn declare_destination_sqs_queue(&mut self, name: &str) {
+        self.sqs.declare_destination(name);
+    }
+
+    /// Applies a topology or setup command (anything but a send).
+    pub fn apply(&mut self, command: &Command) -> Result<(), SimError> {
+        match command {
+            Command::Publish { .. } | Command::SqsSend { .. } => {
+                Err(SimError::Invalid("a publish or send needs a message; use execute".into()))
+            }
+            Command::SqsEnsureQueue { name, attributes, pumped } => self.sqs.ensure_queue(name, attributes, *pumped),
+            other => self.amqp.apply(other, self.now_ms),
+        }
+    }
+
+    /// Runs one command for `message`: a publish or send carries it; any other
+    /// command is applied as is.
+    pub fn execute(&mut self, command: &Command, message: &SimMessage) -> Result<(), SimError> {
+        match command {
+            Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } => {
+                let mut message = message.clone();
+                message.routing_key = routing_key.clone();
+                message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+                message.expiration_ms = *expiration_ms;
+                let outcome = self.amqp.publish(exchange, message, self.now_ms)?;
+                self.settle(outcome, *mandatory, exchange, routing_key)
+            }
+            Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } => {
+                let mut message = message.clone();
+                message.sqs_attributes.extend(attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let send = sqs::Send { delay_seconds: *delay_seconds, group_id: group_id.clone(), dedup_id: dedup_id.clone() };
+                self.sqs.send(queue, message, send, self.now_ms)
+            }
+            other => self.apply(other),
+        }
+    }
+
+    fn settle(&mut self, outcome: amqp::Routed, mandatory: bool, exchange: &str, routing_key: &str) -> Result<(), SimError> {
+        let amqp::Routed { arrivals, unroutable } = outcome;
+        self.arrivals.extend(arrivals);
+        if let Some(message) = unroutable {
+            self.lost.push(Lost { at_ms: self.now_ms, reason: format!("unroutable from exchange {exchange:?}"), message });
+            if mandatory {
+                return Err(SimError::Unroutable { exchange: exchange.into(), routing_key: routing_key.into() });
+            }
+        }
+        Ok(())
+    }
+
+    /// When the next scheduled event happens, if any.
+    pub fn next_event_ms(&self) -> Option<u64> {
+        [self.amqp.next_event_ms(), self.sqs.next_event_ms()].into_iter().flatten().min()
+    }
+
+    /// Moves the clock to `at_ms`, handling every broker event up to then.
+    /// Messages falling due on pumped queues are returned for the caller.
+    pub fn advance_to(&mut self, at_ms: u64) -> Vec<DueSqsMessage> {
+        let mut due = Vec::new();
+        while self.next_event_ms().is_some_and(|t| t <= at_ms) {
+            if let Step::Due(message) = self.step() {
+                due.push(message);
+            }
+        }
+        self.now_ms = self.now_ms.max(at_ms);
+        due
+    }
+
+    /// Jumps to the next event and handles it.
+    pub fn step(&mut self) -> Step {
+        let Some(at) = self.next_event_ms() else { return Step::Idle };
+        self.now_ms = self.now_ms.max(at);
+        if self.amqp.next_event_ms() == Some(at) {
+            let effects = self.amqp.fire(self.now_ms);
+            self.arrivals.extend(effects.arrivals);
+            self.lost.extend(effects.lost);
+            return Step::Progressed;
+        }
+        match self.sqs.fire(self.now_ms) {
+            sqs::Fired::Arrived(arrival) => {
+                self.arrivals.push(arrival);
+                Step::Progressed
+            }
+            sqs::Fired::Due(due) => Step::Due(due),
+            sqs::Fired::Nothing => Step::Progressed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,65 @@
+//! Strategies: the configured planners, loaded and ready to call.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::config::{Config, Location};
+use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
+
+#[derive(Debug, Error)]
+#[error("{location}: strategy {strategy:?}: {source}")]
+pub struct StrategyError {
+    pub location: Location,
+    pub strategy: String,
+    #[source]
+    pub source: PlannerError,
+}
+
+/// Every strategy in a config, each with its own planner instance.
+pub struct Strategies {
+    // Declared before the runtime so instances drop before their engine.
+    planners: BTreeMap<String, LoadedPlanner>,
+    runtime: PlannerRuntime,
+    default: String,
+}
+
+impl Strategies {
+    /// Loads and configures every strategy, so a broken one fails at start.
+    pub fn load(config: &Config) -> Result<Strategies, StrategyError> {
+        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|source| StrategyError {
+            location: Location { path: config.path.clone(), line: 1, column: 1 },
+            strategy: String::new(),
+            source,
+        })?;
+        let mut planners = BTreeMap::new();
+        for strategy in config.strategies.values() {
+            let planner = runtime.load(&strategy.planner, strategy.table.to_string()).map_err(|source| {
+                let location = match &source {
+                    PlannerError::Config { message, .. } => config.table_error_location(strategy, message),
+                    _ => config.planner_location(strategy),
+                };
+                StrategyError { location, strategy: strategy.name.clone(), source }
+            })?;
+            planners.insert(strategy.name.clone(), planner);
+        }
+        Ok(Strategies { planners, runtime, default: config.default_strategy.clone() })
+    }
+
+    pub fn runtime(&self) -> &PlannerRuntime {
+        &self.runtime
+    }
+
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.planners.keys().map(String::as_str)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
+        let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
+        self.planners.get_mut(name).ok_or_else(|| format!("unknown strategy {name:?}; configured: {known}"))
+    }
+}
