@@ -1,1 +1,272 @@
+//! Command-line parsing and the commands themselves. Errors become one line on
+//! stderr and a non-zero exit.
 
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use hourglass::command::Command;
+use hourglass::config::Config;
+use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
+use hourglass::simulation::Simulation;
+use hourglass::strategy::Strategies;
+use hourglass::{conformance, render};
+use hourglass_planner_sdk::parse_duration_ms;
+
+#[derive(Parser)]
+#[command(name = "hourglass", version, about = "Delayed message delivery for RabbitMQ and SQS, planned by WebAssembly strategies")]
+struct Cli {
+    /// The configuration file.
+    #[arg(long, global = true, default_value = "delay.toml", env = "HOURGLASS_CONFIG")]
+    config: PathBuf,
+    /// The strategy to use (default: the destination's, else `default_strategy`).
+    #[arg(long, global = true)]
+    strategy: Option<String>,
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TextOrJson {
+    Table,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TopologyFormat {
+    Table,
+    Json,
+    Mermaid,
+    Dot,
+}
+
+fn duration_arg(text: &str) -> Result<u64, String> {
+    parse_duration_ms(text)
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Show the broker commands one delayed message gets, and its route.
+    Plan {
+        #[arg(long = "to", value_name = "DEST")]
+        destination: String,
+        /// `10s`, `1500ms`, `2h 5m` or milliseconds.
+        #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+        delay: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+    /// Show the strategy's static topology (and a destination's setup with --to).
+    Topology {
+        #[arg(long = "to", value_name = "DEST")]
+        destinations: Vec<String>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TopologyFormat,
+    },
+    /// Run messages through the strategy on the in-memory broker and show their routes.
+    Simulate {
+        #[arg(long = "to", value_name = "DEST")]
+        destination: String,
+        #[arg(long = "delay", value_parser = duration_arg, value_name = "DUR", required = true)]
+        delays: Vec<u64>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+    /// Check that a planner component delivers what it promises.
+    CheckPlanner {
+        /// The planner component (.wasm), or a built-in planner's name.
+        planner: String,
+        /// A TOML file with the planner's table.
+        #[arg(long, value_name = "FILE")]
+        planner_config: Option<PathBuf>,
+        #[arg(long = "to", value_name = "DEST", default_value = "destination")]
+        destination: String,
+        /// Random delays checked beside the edge cases.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Longest delay checked (pump-driven planners simulate every cycle).
+        #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "7d")]
+        horizon: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+    /// List the configured strategies and their planners.
+    Strategies {
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(cli: &Cli) -> Result<(Config, Strategies)> {
+    let config = Config::load(&cli.config)?;
+    let strategies = Strategies::load(&config)?;
+    Ok((config, strategies))
+}
+
+fn pick<'s>(cli: &Cli, config: &Config, strategies: &'s mut Strategies, destination: Option<&str>) -> Result<(String, &'s mut LoadedPlanner)> {
+    let name = match (&cli.strategy, destination) {
+        (Some(name), _) => name.clone(),
+        (None, Some(dest)) => config.strategy_for(dest).to_string(),
+        (None, None) => config.default_strategy.clone(),
+    };
+    let planner = strategies.get_mut(&name).map_err(anyhow::Error::msg)?;
+    Ok((name, planner))
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match &cli.command {
+        Commands::Plan { destination, delay, format } => {
+            let (config, mut strategies) = load(&cli)?;
+            let (name, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
+            let request = PlanRequest {
+                destination: destination.clone(),
+                delay_ms: *delay,
+                message_id: "plan-preview".into(),
+                routing_key: None,
+            };
+            let plan = planner.plan(&request)?;
+            let info = planner.info().clone();
+            match format {
+                TextOrJson::Json => print_json(&serde_json::json!({
+                    "strategy": name,
+                    "planner": info.name,
+                    "destination": destination,
+                    "delay_ms": delay,
+                    "delivers_after_ms": plan.delivers_after_ms,
+                    "commands": plan.commands,
+                }))?,
+                TextOrJson::Table => {
+                    println!(
+                        "strategy {name} (planner {} {}): to {destination} after {} (asked {})\n",
+                        info.name,
+                        info.version,
+                        render::duration(plan.delivers_after_ms),
+                        render::duration(*delay)
+                    );
+                    print!("{}", render::commands(&plan.commands));
+                    let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);
+                    println!("\nroute on the in-memory broker:");
+                    print!("{}", render::route(&simulated.hops));
+                    match (simulated.arrival_ms, simulated.problem) {
+                        (Some(at), _) => println!("delivered to {destination} after {}", render::duration(at)),
+                        (None, problem) => println!("NOT delivered: {}", problem.unwrap_or_default()),
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Topology { destinations, format } => {
+            let (config, mut strategies) = load(&cli)?;
+            let (_, planner) = pick(&cli, &config, &mut strategies, None)?;
+            let mut commands: Vec<Command> = planner.topology()?;
+            for destination in destinations {
+                commands.extend(planner.destination_setup(destination)?);
+            }
+            match format {
+                TopologyFormat::Table => print!("{}", render::commands(&commands)),
+                TopologyFormat::Json => print_json(&commands)?,
+                TopologyFormat::Mermaid => print!("{}", render::mermaid(&commands)),
+                TopologyFormat::Dot => print!("{}", render::dot(&commands)),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Simulate { destination, delays, format } => {
+            let (config, mut strategies) = load(&cli)?;
+            let (_, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
+            let results = Simulation::new(planner, destination)?.run(delays)?;
+            match format {
+                TextOrJson::Json => print_json(&results)?,
+                TextOrJson::Table => print!("{}", render::simulated(&results)),
+            }
+            Ok(if results.iter().all(|r| r.arrival_ms.is_some()) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Commands::CheckPlanner { planner, planner_config, destination, samples, seed, horizon, format } => {
+            let table = planner_table(planner_config.as_deref())?;
+            let runtime = PlannerRuntime::new(PlannerLimits::default(), None)?;
+            let mut loaded = runtime.load(&PlannerSource::parse(planner, Path::new(".")), table.to_string())?;
+            let delays = conformance::delays_to_check(loaded.delay_range(), *seed, *samples, *horizon);
+            let report = conformance::check(&mut loaded, destination, &delays)?;
+            match format {
+                TextOrJson::Json => print_json(&report)?,
+                TextOrJson::Table => {
+                    if report.passed() {
+                        println!("planner {}: all {} delays delivered as promised", report.planner, report.checked);
+                    } else {
+                        println!("planner {}: {} of {} delays broke their promise", report.planner, report.failures.len(), report.checked);
+                        let rows: Vec<Vec<String>> =
+                            report.failures.iter().map(|f| vec![format!("{}ms", f.delay_ms), f.expected.clone(), f.got.clone()]).collect();
+                        print!("{}", render::table(&["DELAY", "EXPECTED", "GOT"], &rows));
+                    }
+                }
+            }
+            Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Commands::Strategies { format } => {
+            let (config, mut strategies) = load(&cli)?;
+            let names: Vec<String> = strategies.names().map(str::to_string).collect();
+            let mut listed = Vec::new();
+            for name in names {
+                let planner = strategies.get_mut(&name).map_err(anyhow::Error::msg)?;
+                listed.push(serde_json::json!({
+                    "strategy": name,
+                    "default": name == config.default_strategy,
+                    "planner": planner.label(),
+                    "info": planner.info(),
+                    "delay_range": planner.delay_range(),
+                }));
+            }
+            match format {
+                TextOrJson::Json => print_json(&listed)?,
+                TextOrJson::Table => {
+                    let rows: Vec<Vec<String>> = listed
+                        .iter()
+                        .map(|s| {
+                            vec![
+                                format!("{}{}", s["strategy"].as_str().unwrap_or(""), if s["default"] == true { " (default)" } else { "" }),
+                                s["planner"].as_str().unwrap_or("").to_string(),
+                                s["info"]["family"].as_str().unwrap_or("").to_string(),
+                                render::duration(s["delay_range"]["max_delay_ms"].as_u64().unwrap_or(0)),
+                            ]
+                        })
+                        .collect();
+                    print!("{}", render::table(&["STRATEGY", "PLANNER", "BROKER", "MAX DELAY"], &rows));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The planner's table for `check-planner`, from a TOML file, as JSON.
+fn planner_table(path: Option<&Path>) -> Result<serde_json::Value> {
+    let Some(path) = path else { return Ok(serde_json::json!({})) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.message()))?;
+    if table.contains_key("planner") {
+        bail!("{}: give only the planner's own keys (no `planner`)", path.display());
+    }
+    Ok(serde_json::to_value(table)?)
+}

@@ -1,1 +1,131 @@
+//! The seam between planned commands and a broker.
+//!
+//! An [`Executor`] applies topology and setup commands and sends a message
+//! through the commands a planner made for it. The in-memory broker
+//! ([`MemoryExecutor`]) runs the simulator on the wall clock; the RabbitMQ and
+//! SQS executors implement the same trait.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+use crate::command::{Command, FieldTable};
+use crate::simulator::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
+
+/// Every delayed message carries its delay and its absolute due time (Unix ms),
+/// so a consumer can measure lateness.
+pub const DELAY_HEADER: &str = "hourglass-delay-ms";
+pub const DUE_AT_HEADER: &str = "hourglass-due-at";
+
+#[derive(Debug, Error)]
+pub enum ExecutorError {
+    #[error("broker refused: {0}")]
+    Refused(String),
+    #[error("no route: {0}")]
+    Unroutable(String),
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A message on its way: identity, payload and the headers it carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envelope {
+    pub id: String,
+    pub body: Vec<u8>,
+    pub headers: FieldTable,
+}
+
+pub trait Executor {
+    /// Declares objects (topology, destination setup).
+    fn apply(&mut self, commands: &[Command]) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Sends one message through its planned commands; returns once the broker has it.
+    fn send(&mut self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+}
+
+/// The embedded in-memory broker, on the wall clock.
+pub struct MemoryExecutor {
+    simulator: Simulator,
+    epoch_ms: u64,
+    /// Messages that fell due on pumped queues, waiting for the pump.
+    due: Vec<DueSqsMessage>,
+}
+
+fn wall_clock_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Default for MemoryExecutor {
+    fn default() -> Self {
+        MemoryExecutor { simulator: Simulator::new(), epoch_ms: wall_clock_ms(), due: Vec::new() }
+    }
+}
+
+impl MemoryExecutor {
+    fn catch_up(&mut self) {
+        let due = self.simulator.advance_to(wall_clock_ms().saturating_sub(self.epoch_ms));
+        self.due.extend(due);
+    }
+
+    /// Messages due on pumped queues; the caller hands each to its planner.
+    pub fn take_due(&mut self) -> Vec<DueSqsMessage> {
+        self.catch_up();
+        std::mem::take(&mut self.due)
+    }
+
+    /// A destination queue whose arrivals are kept for [`Self::arrivals`].
+    pub fn declare_destination(&mut self, name: &str) {
+        self.simulator.declare_destination_queue(name);
+        self.simulator.declare_destination_sqs_queue(name);
+    }
+
+    /// Messages that reached destinations so far.
+    pub fn arrivals(&mut self) -> Vec<Arrival> {
+        self.catch_up();
+        self.simulator.arrivals().to_vec()
+    }
+}
+
+fn to_executor_error(err: SimError) -> ExecutorError {
+    match err {
+        SimError::Unroutable { .. } => ExecutorError::Unroutable(err.to_string()),
+        other => ExecutorError::Refused(other.to_string()),
+    }
+}
+
+impl Executor for MemoryExecutor {
+    async fn apply(&mut self, commands: &[Command]) -> Result<(), ExecutorError> {
+        self.catch_up();
+        commands.iter().try_for_each(|c| self.simulator.apply(c)).map_err(to_executor_error)
+    }
+
+    async fn send(&mut self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+        self.catch_up();
+        let message = SimMessage::new(&envelope.id, envelope.headers.clone());
+        commands.iter().try_for_each(|c| self.simulator.execute(c, &message)).map_err(to_executor_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::FieldValue;
+
+    #[tokio::test]
+    async fn the_memory_broker_delivers_on_the_wall_clock() {
+        let mut broker = MemoryExecutor::default();
+        broker.declare_destination("dest");
+        let publish = Command::Publish {
+            exchange: String::new(),
+            routing_key: "dest".into(),
+            headers: FieldTable::new(),
+            expiration_ms: None,
+            mandatory: true,
+        };
+        let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
+        let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers };
+        broker.send(&[publish], &envelope).await.unwrap();
+        assert_eq!(broker.arrivals()[0].message.id, "m1");
+        assert!(broker.take_due().is_empty());
+    }
+}

@@ -15,9 +15,9 @@
 //! * [`conformance`] checks a planner keeps its promises (`check-planner`).
 //! * [`executor`] is the seam between planned commands and a broker.
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
-//! * [`cli`] is the command line; `main.rs` only calls it.
+//!
+//! The `hourglass` binary (`main.rs`, `cli.rs`) is a thin command line over these.
 
-pub mod cli;
 pub mod command;
 pub mod config;
 pub mod conformance;

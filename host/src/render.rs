@@ -1,1 +1,325 @@
+//! Human and machine output: tables, JSON, Mermaid and DOT.
 
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::command::{Command, FieldTable};
+use crate::simulation::SimulatedMessage;
+use crate::simulator::{Hop, HopStep};
+
+pub fn duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+/// A plain text table with aligned columns.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn arguments(table: &FieldTable) -> String {
+    table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+fn attributes(map: &BTreeMap<String, String>) -> String {
+    map.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+/// One line per command: what it does and to what.
+pub fn commands(commands: &[Command]) -> String {
+    let rows: Vec<Vec<String>> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (what, name, detail) = match c {
+                Command::DeclareExchange { name, kind, durable, arguments: args } => {
+                    ("declare exchange", name.clone(), format!("{}{} {}", kind.as_str(), if *durable { " durable" } else { "" }, arguments(args)))
+                }
+                Command::DeclareQueue { name, arguments: args, .. } => ("declare queue", name.clone(), arguments(args)),
+                Command::BindQueue { queue, exchange, routing_key, arguments: args } => {
+                    ("bind queue", queue.clone(), format!("from exchange {exchange} key {routing_key:?} {}", arguments(args)))
+                }
+                Command::BindExchange { source, destination, routing_key, .. } => {
+                    ("bind exchange", destination.clone(), format!("from exchange {source} key {routing_key:?}"))
+                }
+                Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } => {
+                    let exchange = if exchange.is_empty() { "(default)".to_string() } else { exchange.clone() };
+                    let mut detail = format!("key {routing_key}");
+                    if !headers.is_empty() {
+                        let _ = write!(detail, " headers {}", arguments(headers));
+                    }
+                    if let Some(ms) = expiration_ms {
+                        let _ = write!(detail, " expiration {}", duration(*ms));
+                    }
+                    if *mandatory {
+                        detail.push_str(" mandatory");
+                    }
+                    ("publish", exchange, detail)
+                }
+                Command::SqsEnsureQueue { name, attributes: attrs, pumped } => {
+                    ("ensure sqs queue", name.clone(), format!("{}{}", attributes(attrs), if *pumped { " (pumped)" } else { "" }))
+                }
+                Command::SqsSend { queue, delay_seconds, attributes: attrs, group_id, dedup_id } => {
+                    let mut detail = format!("DelaySeconds {delay_seconds} {}", attributes(attrs));
+                    if let Some(g) = group_id {
+                        let _ = write!(detail, " group {g}");
+                    }
+                    if let Some(d) = dedup_id {
+                        let _ = write!(detail, " dedup {d}");
+                    }
+                    ("sqs send", queue.clone(), detail)
+                }
+            };
+            vec![(i + 1).to_string(), what.to_string(), name, detail.trim().to_string()]
+        })
+        .collect();
+    table(&["#", "COMMAND", "NAME", "DETAILS"], &rows)
+}
+
+fn strip_kind(label: &str) -> String {
+    label.replace(':', " ")
+}
+
+/// The route as the binary-levels documentation draws it: one row per exchange,
+/// with the wait of the queue it routed to. SQS hops get a row each.
+pub fn route(hops: &[Hop]) -> String {
+    let mut rows = Vec::new();
+    let mut i = 0;
+    while i < hops.len() {
+        match &hops[i].step {
+            HopStep::Exchange { name, routing_key, routed_to } => {
+                let mut waited = "-".to_string();
+                let mut then = "-".to_string();
+                if let Some(Hop { step: HopStep::Queue { name: q, waited_ms, then: t }, .. }) = hops.get(i + 1)
+                    && routed_to.contains(&format!("queue:{q}"))
+                {
+                    waited = duration(*waited_ms);
+                    then = t.trim_start_matches("dead-lettered to ").replace(':', " ");
+                    i += 1;
+                }
+                let routed = if routed_to.is_empty() { "(nothing)".into() } else { routed_to.iter().map(|r| strip_kind(r)).collect::<Vec<_>>().join(", ") };
+                rows.push(vec![name.clone(), routing_key.clone(), routed, waited, then]);
+            }
+            HopStep::Queue { name, waited_ms, then } | HopStep::SqsQueue { name, waited_ms, then } => {
+                rows.push(vec![format!("queue {name}"), "-".into(), "-".into(), duration(*waited_ms), then.clone()]);
+            }
+            HopStep::Pump { queue, action, sends } => {
+                rows.push(vec![format!("pump on {queue}"), "-".into(), sends.join(", "), "-".into(), action.clone()]);
+            }
+        }
+        i += 1;
+    }
+    table(&["EXCHANGE", "ROUTING KEY", "ROUTED TO", "DELAY IN QUEUE", "THEN"], &rows)
+}
+
+/// Each simulated message: a headline, its hops with times, and the outcome.
+pub fn simulated(messages: &[SimulatedMessage]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        let promised = m.promised_ms.map(|p| format!(", planned {}", duration(p))).unwrap_or_default();
+        let _ = writeln!(out, "message {} to {}: delay {}{promised}", m.id, m.destination, duration(m.requested_ms));
+        let rows: Vec<Vec<String>> = m
+            .hops
+            .iter()
+            .map(|hop| match &hop.step {
+                HopStep::Exchange { name, routing_key, routed_to } => vec![
+                    duration(hop.at_ms),
+                    "exchange".into(),
+                    name.clone(),
+                    routing_key.clone(),
+                    routed_to.iter().map(|r| strip_kind(r)).collect::<Vec<_>>().join(", "),
+                ],
+                HopStep::Queue { name, waited_ms, then } => {
+                    vec![duration(hop.at_ms), "queue".into(), name.clone(), format!("waited {}", duration(*waited_ms)), then.replace(':', " ")]
+                }
+                HopStep::SqsQueue { name, waited_ms, then } => {
+                    vec![duration(hop.at_ms), "sqs queue".into(), name.clone(), format!("waited {}", duration(*waited_ms)), then.clone()]
+                }
+                HopStep::Pump { queue, action, sends } => {
+                    vec![duration(hop.at_ms), "pump".into(), queue.clone(), action.clone(), sends.join(", ")]
+                }
+            })
+            .collect();
+        if !rows.is_empty() {
+            for line in table(&["AT", "HOP", "NAME", "KEY / WAIT", "TO"], &rows).lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        match (m.arrival_ms, &m.problem) {
+            (Some(at), _) => {
+                let _ = writeln!(out, "  delivered to {} at {}", m.destination, duration(at));
+            }
+            (None, Some(problem)) => {
+                let _ = writeln!(out, "  NOT delivered: {problem}");
+            }
+            (None, None) => {}
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Node identities for diagrams: exchanges and queues may share names.
+struct Nodes {
+    ids: BTreeMap<(char, String), String>,
+}
+
+impl Nodes {
+    fn id(&mut self, kind: char, name: &str) -> String {
+        let next = self.ids.len();
+        self.ids.entry((kind, name.to_string())).or_insert_with(|| format!("{kind}{next}")).clone()
+    }
+}
+
+fn display_name(name: &str) -> &str {
+    if name.is_empty() { "(default)" } else { name }
+}
+
+/// Diagram edges: (from kind, from, to kind, to, label, dashed).
+fn edges(commands: &[Command]) -> Vec<(char, String, char, String, String, bool)> {
+    let mut edges = Vec::new();
+    for c in commands {
+        match c {
+            Command::BindQueue { queue, exchange, routing_key, arguments: args } => {
+                let label = if args.is_empty() { routing_key.clone() } else { arguments(args) };
+                edges.push(('e', exchange.clone(), 'q', queue.clone(), label, false));
+            }
+            Command::BindExchange { source, destination, routing_key, .. } => {
+                edges.push(('e', source.clone(), 'e', destination.clone(), routing_key.clone(), false));
+            }
+            Command::DeclareQueue { name, arguments: args, .. } => {
+                if let Some(dlx) = args.get("x-dead-letter-exchange").and_then(|v| v.as_text()) {
+                    let ttl = args.get("x-message-ttl").and_then(|v| v.as_int()).map(|t| format!("TTL {}", duration(t as u64)));
+                    edges.push(('q', name.clone(), 'e', dlx.to_string(), ttl.unwrap_or_else(|| "dead-letter".into()), true));
+                }
+            }
+            _ => {}
+        }
+    }
+    edges
+}
+
+fn node_list(commands: &[Command]) -> Vec<(char, String, String)> {
+    commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::DeclareExchange { name, kind, .. } => Some(('e', name.clone(), format!("exchange {} ({})", name, kind.as_str()))),
+            Command::DeclareQueue { name, .. } => Some(('q', name.clone(), format!("queue {name}"))),
+            Command::SqsEnsureQueue { name, pumped, .. } => {
+                Some(('s', name.clone(), format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" })))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn mermaid(commands: &[Command]) -> String {
+    let mut nodes = Nodes { ids: BTreeMap::new() };
+    let mut out = String::from("graph TD\n");
+    for (kind, name, label) in node_list(commands) {
+        let id = nodes.id(kind, &name);
+        let _ = match kind {
+            'e' => writeln!(out, "  {id}([\"{label}\"])"),
+            _ => writeln!(out, "  {id}[\"{label}\"]"),
+        };
+    }
+    for (fk, from, tk, to, label, dashed) in edges(commands) {
+        let (a, b) = (nodes.id(fk, &from), nodes.id(tk, &to));
+        let arrow = if dashed { "-.->" } else { "-->" };
+        let label = if label.is_empty() { String::new() } else { format!("|\"{}\"|", label.replace('"', "'")) };
+        let _ = writeln!(out, "  {a} {arrow}{label} {b}");
+    }
+    // Names referenced but not declared here (destination queues, the default exchange).
+    let declared: Vec<(char, String)> = node_list(commands).into_iter().map(|(k, n, _)| (k, n)).collect();
+    for ((kind, name), id) in &nodes.ids {
+        if !declared.contains(&(*kind, name.clone())) {
+            let what = if *kind == 'e' { "exchange" } else { "queue" };
+            let _ = writeln!(out, "  {id}[\"{what} {}\"]", display_name(name));
+        }
+    }
+    out
+}
+
+pub fn dot(commands: &[Command]) -> String {
+    let mut nodes = Nodes { ids: BTreeMap::new() };
+    let mut out = String::from("digraph topology {\n  rankdir=TB;\n");
+    for (kind, name, label) in node_list(commands) {
+        let id = nodes.id(kind, &name);
+        let shape = if kind == 'e' { "ellipse" } else { "box" };
+        let _ = writeln!(out, "  {id} [shape={shape}, label=\"{label}\"];");
+    }
+    for (fk, from, tk, to, label, dashed) in edges(commands) {
+        let (a, b) = (nodes.id(fk, &from), nodes.id(tk, &to));
+        let style = if dashed { ", style=dashed" } else { "" };
+        let _ = writeln!(out, "  {a} -> {b} [label=\"{}\"{style}];", label.replace('"', "'"));
+    }
+    let declared: Vec<(char, String)> = node_list(commands).into_iter().map(|(k, n, _)| (k, n)).collect();
+    for ((kind, name), id) in &nodes.ids {
+        if !declared.contains(&(*kind, name.clone())) {
+            let what = if *kind == 'e' { "exchange" } else { "queue" };
+            let _ = writeln!(out, "  {id} [shape=box, style=dotted, label=\"{what} {}\"];", display_name(name));
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{ExchangeKind, FieldValue};
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        assert_eq!(duration(0), "0s");
+        assert_eq!(duration(8_000), "8s");
+        assert_eq!(duration(1_925_000), "32m 5s");
+        assert_eq!(duration(250), "250ms");
+    }
+
+    #[test]
+    fn diagrams_show_bindings_and_dead_letter_edges() {
+        let commands = vec![
+            Command::DeclareExchange { name: "x".into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() },
+            Command::DeclareQueue {
+                name: "q".into(),
+                durable: true,
+                arguments: [
+                    ("x-message-ttl".to_string(), FieldValue::Int(2_000)),
+                    ("x-dead-letter-exchange".to_string(), FieldValue::Text("x".into())),
+                ]
+                .into(),
+            },
+            Command::BindQueue { queue: "q".into(), exchange: "x".into(), routing_key: "1.#".into(), arguments: FieldTable::new() },
+        ];
+        let m = mermaid(&commands);
+        assert!(m.contains("e0 -->|\"1.#\"| q1"), "{m}");
+        assert!(m.contains("q1 -.->|\"TTL 2s\"| e0"), "{m}");
+        let d = dot(&commands);
+        assert!(d.contains("q1 -> e0 [label=\"TTL 2s\", style=dashed]"), "{d}");
+    }
+}

@@ -1,1 +1,207 @@
+//! Runs a strategy on the simulator: its topology, its destination setup, its
+//! plans, and — for pump-driven strategies — its answers to due messages.
 
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::command::{Command, FieldTable, FieldValue};
+use crate::executor::{DELAY_HEADER, DUE_AT_HEADER};
+use crate::planner::{BrokerFamily, DueAction, DueMessage, LoadedPlanner, PlanRequest, PlannerError};
+use crate::simulator::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
+
+/// A simulation gives up on a message after this many broker events, so a
+/// planner that cycles forever is reported instead of hanging the host.
+const MAX_STEPS_PER_MESSAGE: usize = 100_000;
+
+#[derive(Debug, Error)]
+pub enum SimulationError {
+    #[error(transparent)]
+    Planner(#[from] PlannerError),
+    #[error("planner {planner}: {what} failed on the simulator: {source}")]
+    Broker { planner: String, what: String, source: SimError },
+}
+
+/// What happened to one simulated message.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimulatedMessage {
+    pub id: String,
+    pub destination: String,
+    pub requested_ms: u64,
+    /// The delay the planner said its commands give.
+    pub promised_ms: Option<u64>,
+    /// When it reached the destination, counted from its publish.
+    pub arrival_ms: Option<u64>,
+    pub hops: Vec<Hop>,
+    /// Why it did not arrive, if it did not.
+    pub problem: Option<String>,
+}
+
+/// A simulator set up for one strategy and destination; messages can be run
+/// through it one batch after another.
+pub struct Simulation<'p> {
+    planner: &'p mut LoadedPlanner,
+    simulator: Simulator,
+    destination: String,
+    next_id: u64,
+}
+
+impl<'p> Simulation<'p> {
+    pub fn new(planner: &'p mut LoadedPlanner, destination: &str) -> Result<Self, SimulationError> {
+        let mut simulator = Simulator::new();
+        match planner.info().family {
+            BrokerFamily::Amqp => simulator.declare_destination_queue(destination),
+            BrokerFamily::Sqs => simulator.declare_destination_sqs_queue(destination),
+        }
+        let mut setup = planner.topology()?;
+        setup.extend(planner.destination_setup(destination)?);
+        for command in &setup {
+            simulator.apply(command).map_err(|source| SimulationError::Broker {
+                planner: planner.label().to_string(),
+                what: format!("setup command {command:?}"),
+                source,
+            })?;
+        }
+        Ok(Simulation { planner, simulator, destination: destination.to_string(), next_id: 0 })
+    }
+
+    /// Publishes one message per delay at the current virtual time and runs
+    /// the broker until each has arrived or is known not to.
+    pub fn run(&mut self, delays_ms: &[u64]) -> Result<Vec<SimulatedMessage>, SimulationError> {
+        let start = self.simulator.now_ms();
+        let mut results: BTreeMap<String, SimulatedMessage> = BTreeMap::new();
+        for &delay_ms in delays_ms {
+            self.next_id += 1;
+            let id = format!("m{}", self.next_id);
+            let result = self.publish(&id, delay_ms, start);
+            results.insert(id, result);
+        }
+        let mut pending = results.values().filter(|r| r.problem.is_none()).count();
+        let step_budget = MAX_STEPS_PER_MESSAGE * delays_ms.len().max(1);
+        for _ in 0..step_budget {
+            // Publishing can deliver at once (a zero delay), so look before stepping.
+            pending -= self.collect_outcomes(&mut results, start);
+            if pending == 0 {
+                break;
+            }
+            match self.simulator.step() {
+                Step::Idle => break,
+                Step::Progressed => {}
+                Step::Due(due) => {
+                    if let Err((id, problem)) = self.handle_due(due)
+                        && let Some(r) = results.get_mut(&id)
+                        && r.problem.is_none()
+                    {
+                        r.problem = Some(problem);
+                        pending -= 1;
+                    }
+                }
+            }
+        }
+        let mut results: Vec<SimulatedMessage> = results.into_values().collect();
+        results.sort_by_key(|r| r.id[1..].parse::<u64>().unwrap_or(0));
+        for r in results.iter_mut().filter(|r| r.arrival_ms.is_none() && r.problem.is_none()) {
+            r.problem = Some("never reached the destination".into());
+        }
+        Ok(results)
+    }
+
+    /// Records arrivals at the destination and losses; returns how many
+    /// messages were settled by them.
+    fn collect_outcomes(&mut self, results: &mut BTreeMap<String, SimulatedMessage>, start: u64) -> usize {
+        let mut settled = 0;
+        for arrival in self.simulator.take_arrivals() {
+            if let Some(r) = results.get_mut(&arrival.message.id)
+                && r.arrival_ms.is_none()
+                && r.problem.is_none()
+                && arrival.queue == self.destination
+            {
+                r.arrival_ms = Some(arrival.at_ms - start);
+                r.hops = arrival.message.hops;
+                settled += 1;
+            }
+        }
+        for lost in self.simulator.take_lost() {
+            if let Some(r) = results.get_mut(&lost.message.id)
+                && r.arrival_ms.is_none()
+                && r.problem.is_none()
+            {
+                r.problem = Some(format!("lost at {}ms: {}", lost.at_ms - start, lost.reason));
+                r.hops = lost.message.hops;
+                settled += 1;
+            }
+        }
+        settled
+    }
+
+    fn publish(&mut self, id: &str, delay_ms: u64, start: u64) -> SimulatedMessage {
+        let mut result = SimulatedMessage {
+            id: id.to_string(),
+            destination: self.destination.clone(),
+            requested_ms: delay_ms,
+            promised_ms: None,
+            arrival_ms: None,
+            hops: Vec::new(),
+            problem: None,
+        };
+        let request = PlanRequest {
+            destination: self.destination.clone(),
+            delay_ms,
+            message_id: id.to_string(),
+            routing_key: None,
+        };
+        let plan = match self.planner.plan(&request) {
+            Ok(plan) => plan,
+            Err(err) => {
+                result.problem = Some(err.to_string());
+                return result;
+            }
+        };
+        result.promised_ms = Some(plan.delivers_after_ms);
+        let headers: FieldTable = [
+            (DELAY_HEADER.to_string(), FieldValue::Int(delay_ms as i64)),
+            (DUE_AT_HEADER.to_string(), FieldValue::Int((start + delay_ms) as i64)),
+        ]
+        .into();
+        let message = SimMessage::new(id, headers);
+        for command in &plan.commands {
+            if let Err(err) = self.simulator.execute(command, &message) {
+                result.problem = Some(format!("{command:?}: {err}"));
+                break;
+            }
+        }
+        result
+    }
+
+    /// Asks the planner about a due message and carries out its answer.
+    /// The error names the message it concerns.
+    fn handle_due(&mut self, due: crate::simulator::DueSqsMessage) -> Result<(), (String, String)> {
+        let id = due.message.id.clone();
+        let request = DueMessage {
+            queue: due.queue.clone(),
+            message_id: id.clone(),
+            attributes: due.message.sqs_attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            sent_timestamp_ms: due.sent_timestamp_ms,
+            first_receive_timestamp_ms: due.first_receive_timestamp_ms,
+            receive_count: due.receive_count,
+            host_now_ms: self.simulator.now_ms(),
+        };
+        let action = self.planner.handle_due(&request).map_err(|e| (id.clone(), e.to_string()))?;
+        let (name, commands) = match action {
+            DueAction::Recycle(commands) => ("recycle", commands),
+            DueAction::HandOver(commands) => ("hand over", commands),
+        };
+        let mut message = due.message;
+        let sends = commands.iter().filter_map(|c| match c {
+            Command::SqsSend { queue, delay_seconds, .. } => Some(format!("{queue} with DelaySeconds {delay_seconds}")),
+            _ => None,
+        });
+        let step = HopStep::Pump { queue: due.queue.clone(), action: name.into(), sends: sends.collect() };
+        message.hops.push(Hop { at_ms: self.simulator.now_ms(), step });
+        for command in &commands {
+            self.simulator.execute(command, &message).map_err(|e| (id.clone(), format!("{command:?}: {e}")))?;
+        }
+        Ok(())
+    }
+}

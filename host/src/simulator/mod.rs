@@ -53,6 +53,8 @@ pub enum HopStep {
     Queue { name: String, waited_ms: u64, then: String },
     /// Waited in an SQS queue until visible.
     SqsQueue { name: String, waited_ms: u64, then: String },
+    /// A pump asked the planner about a due message and sent it on.
+    Pump { queue: String, action: String, sends: Vec<String> },
 }
 
 /// A message in flight, with the route it has taken so far.
