@@ -17,6 +17,7 @@ const PLANNERS: &[(&str, bool)] = &[
     ("sqs-cycles", true),
     ("backoff-planner", false),
     ("off-by-one", false),
+    ("misbehaving", false),
 ];
 
 fn main() {

@@ -130,6 +130,12 @@ pub struct LoadedPlanner {
     range: DelayRange,
 }
 
+impl std::fmt::Debug for LoadedPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlanner").field("label", &self.label).field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
 impl LoadedPlanner {
     pub(crate) fn start(
         label: String,

@@ -22,7 +22,16 @@ fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // Without WASI there is no stderr; hand the message to the host instead.
-        std::panic::set_hook(Box::new(|info| diagnostics::report_panic(&info.to_string())));
+        std::panic::set_hook(Box::new(|info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            let location = info.location().map(|l| format!(" (at {}:{})", l.file(), l.line())).unwrap_or_default();
+            diagnostics::report_panic(&format!("{message}{location}"));
+        }));
     });
 }
 

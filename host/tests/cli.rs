@@ -1,0 +1,197 @@
+//! The `hourglass` binary as a user runs it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn hourglass(args: &[&str]) -> Output {
+    hourglass_in(&repo_root(), args)
+}
+
+fn hourglass_in(dir: &Path, args: &[&str]) -> Output {
+    let cache = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(args)
+        .current_dir(dir)
+        .env("HOURGLASS_CACHE_DIR", cache.path())
+        .env_remove("HOURGLASS_CONFIG")
+        .output()
+        .expect("run hourglass")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn json(output: &Output) -> Value {
+    assert!(output.status.success(), "{}", stderr(output));
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(output)))
+}
+
+#[test]
+fn simulate_ten_seconds_waits_eight_then_two_seconds() {
+    let output = hourglass(&["simulate", "--to", "destination", "--delay", "10s"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(text.contains("hourglass.delay-level-03  waited 8s"), "{text}");
+    assert!(text.contains("hourglass.delay-level-01  waited 2s"), "{text}");
+    assert!(text.contains("delivered to destination at 10s"), "{text}");
+
+    let messages = json(&hourglass(&["simulate", "--to", "destination", "--delay", "10s", "--format", "json"]));
+    let message = &messages[0];
+    assert_eq!(message["arrival_ms"], 10_000);
+    let waits: Vec<(String, u64)> = message["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["via"] == "queue")
+        .map(|h| (h["name"].as_str().unwrap().to_string(), h["waited_ms"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(waits, vec![("hourglass.delay-level-03".into(), 8_000), ("hourglass.delay-level-01".into(), 2_000)]);
+}
+
+#[test]
+fn plan_json_publishes_to_level_three_with_the_28_bit_key() {
+    let plan = json(&hourglass(&["plan", "--to", "destination", "--delay", "10s", "--format", "json"]));
+    let publish = &plan["commands"][0];
+    assert_eq!(publish["command"], "publish");
+    assert_eq!(publish["exchange"], "hourglass.delay-level-03");
+    assert_eq!(publish["routing_key"], format!("{}1.0.1.0.destination", "0.".repeat(24)));
+    assert_eq!(publish["mandatory"], true);
+}
+
+#[test]
+fn sqs_cycles_1925_seconds_is_two_cycles_then_125_seconds() {
+    let messages = json(&hourglass(&["simulate", "--strategy", "sqs-long", "--to", "orders", "--delay", "1925s", "--format", "json"]));
+    let message = &messages[0];
+    assert_eq!(message["arrival_ms"], 1_925_000);
+    let pumps: Vec<(String, String)> = message["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["via"] == "pump")
+        .map(|h| (h["action"].as_str().unwrap().to_string(), h["sends"][0].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(pumps, vec![
+        ("recycle".to_string(), "orders-delay.fifo with DelaySeconds 0".to_string()),
+        ("hand over".to_string(), "orders with DelaySeconds 125".to_string()),
+    ]);
+    let plan = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "1925s", "--format", "json"]));
+    assert_eq!(plan["commands"][0]["queue"], "orders-delay.fifo");
+}
+
+#[test]
+fn changing_the_planner_in_the_config_changes_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("delay.toml");
+    std::fs::write(&config, "[strategies.main]\nplanner = \"binary-levels\"\n").unwrap();
+    let before = json(&hourglass_in(dir.path(), &["plan", "--to", "orders", "--delay", "5s", "--format", "json"]));
+    std::fs::write(&config, "[strategies.main]\nplanner = \"hold-queues\"\n").unwrap();
+    let after = json(&hourglass_in(dir.path(), &["plan", "--to", "orders", "--delay", "5s", "--format", "json"]));
+    assert_eq!(before["planner"], "binary-levels");
+    assert_eq!(after["planner"], "hold-queues");
+    assert_eq!(after["commands"][0]["command"], "declare-queue");
+    assert_eq!(after["commands"][0]["name"], "hourglass.hold.5000ms.orders");
+    let simulated = json(&hourglass_in(dir.path(), &["simulate", "--to", "orders", "--delay", "5s", "--format", "json"]));
+    assert_eq!(simulated[0]["hops"][1]["name"], "hourglass.hold.5000ms.orders");
+}
+
+fn config_error(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("delay.toml"), text).unwrap();
+    std::fs::write(dir.path().join("not-wasm.wasm"), "hello").unwrap();
+    let output = hourglass_in(dir.path(), &["plan", "--to", "orders", "--delay", "5s"]);
+    assert!(!output.status.success(), "expected failure: {}", stdout(&output));
+    stderr(&output)
+}
+
+#[test]
+fn bad_configs_fail_with_file_line_and_column() {
+    let err = config_error("[strategies.a]\nplanner = \"binary-levels\"\n[brokr]\n");
+    assert!(err.contains("delay.toml:3:") && err.contains("unknown field `brokr`"), "{err}");
+
+    let err = config_error("[strategies.a]\nplanner = \"binary-levels\"\nlevels = \"many\"\n");
+    assert!(err.contains("delay.toml:3:1") && err.contains("levels: invalid type"), "{err}");
+
+    let err = config_error("[strategies.a]\nplanner = \"binary-levels\"\nlevls = 20\n");
+    assert!(err.contains("delay.toml:3:1") && err.contains("unknown field `levls`"), "{err}");
+
+    let err = config_error("[strategies.a]\nplanner = \"missing.wasm\"\n");
+    assert!(err.contains("delay.toml:2:11") && err.contains("missing.wasm") && err.contains("cannot read"), "{err}");
+
+    let err = config_error("[strategies.a]\nplanner = \"not-wasm.wasm\"\n");
+    assert!(err.contains("delay.toml:2:11") && err.contains("not-wasm.wasm") && err.contains("not a WebAssembly component"), "{err}");
+
+    let err = config_error("[planners]\ncall_timeout = 5\nmemory_limit_mib = true\n[strategies.a]\nplanner = \"hold-queues\"\n");
+    assert!(err.contains("delay.toml:3:"), "{err}");
+}
+
+#[test]
+fn a_missing_config_file_is_named() {
+    let output = hourglass(&["--config", "/nonexistent/delay.toml", "plan", "--to", "x", "--delay", "1s"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("/nonexistent/delay.toml: cannot read the config"), "{}", stderr(&output));
+}
+
+#[test]
+fn bad_durations_and_refused_delays_exit_non_zero() {
+    let output = hourglass(&["plan", "--to", "x", "--delay", "soon"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("duration \"soon\""), "{}", stderr(&output));
+    let output = hourglass(&["plan", "--strategy", "retries", "--to", "x", "--delay", "2h"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("planner fixed-intervals refused: delay 7200000ms is above the longest interval"), "{}", stderr(&output));
+}
+
+#[test]
+fn check_planner_passes_for_the_built_ins_and_the_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let intervals = dir.path().join("intervals.toml");
+    std::fs::write(&intervals, "intervals = [\"1s\", \"10s\", \"1m\"]\n").unwrap();
+    let example = common::wasm("backoff-planner");
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["check-planner", "binary-levels"],
+        vec!["check-planner", "hold-queues"],
+        vec!["check-planner", "fixed-intervals", "--planner-config", intervals.to_str().unwrap()],
+        vec!["check-planner", "sqs-cycles", "--horizon", "1d", "--samples", "50"],
+        vec!["check-planner", example.to_str().unwrap()],
+    ];
+    for args in runs {
+        let output = hourglass(&args);
+        assert!(output.status.success(), "{args:?}: {}{}", stdout(&output), stderr(&output));
+        assert!(stdout(&output).contains("delivered as promised"), "{}", stdout(&output));
+    }
+}
+
+#[test]
+fn check_planner_catches_a_wrong_planner() {
+    let wrong = common::wasm("off-by-one");
+    let output = hourglass(&["check-planner", wrong.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let text = stdout(&output);
+    assert!(text.contains("broke their promise"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("1024ms ")).unwrap_or_else(|| panic!("no 1024ms row: {text}"));
+    assert!(line.contains("arrival after 1024ms") && line.contains("arrived after 1023ms"), "{line}");
+}
+
+#[test]
+fn topology_renders_as_mermaid_and_dot() {
+    let mermaid = stdout(&hourglass(&["topology", "--format", "mermaid", "--to", "orders"]));
+    assert!(mermaid.starts_with("graph TD"), "{mermaid}");
+    assert!(mermaid.contains("TTL 4years 3months"), "{mermaid}");
+    let dot = stdout(&hourglass(&["topology", "--format", "dot"]));
+    assert!(dot.starts_with("digraph topology {") && dot.trim_end().ends_with('}'), "{dot}");
+    let table = json(&hourglass(&["topology", "--format", "json"]));
+    assert_eq!(table.as_array().unwrap().len(), 1 + 28 + 28 * 3, "delivery exchange, 28 exchanges, 28 queues with two bindings each");
+}

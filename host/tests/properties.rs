@@ -1,0 +1,101 @@
+//! For every built-in planner, 10,000 random delays over its range: the
+//! simulated arrival equals the requested delay rounded up to the planner's
+//! resolution (fixed intervals: its rounding policy). The expected value is
+//! computed here from the planner's documented rule, not taken from the planner.
+
+mod common;
+
+use std::cell::RefCell;
+
+use hourglass::planner::LoadedPlanner;
+use hourglass::simulation::{SimulatedMessage, Simulation};
+use hourglass::simulator::HopStep;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use serde_json::json;
+
+const CASES: u32 = 10_000;
+
+fn runner() -> TestRunner {
+    TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() })
+}
+
+fn check(planner: &mut LoadedPlanner, delays: impl Strategy<Value = u64>, expected: impl Fn(u64) -> Option<u64>, extra: impl Fn(u64, &SimulatedMessage) -> Result<(), TestCaseError>) {
+    let simulation = RefCell::new(Simulation::new(planner, "destination").unwrap());
+    runner()
+        .run(&delays, |delay| {
+            let outcome = simulation.borrow_mut().run(&[delay]).unwrap().remove(0);
+            prop_assert_eq!(outcome.arrival_ms, expected(delay), "delay {}ms: {:?}", delay, outcome.problem);
+            extra(delay, &outcome)
+        })
+        .unwrap();
+}
+
+fn none(_: u64, _: &SimulatedMessage) -> Result<(), TestCaseError> {
+    Ok(())
+}
+
+#[test]
+fn binary_levels_in_seconds_round_up_and_enter_at_the_highest_set_bit() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "binary-levels", json!({}));
+    let max = ((1u64 << 28) - 1) * 1_000;
+    check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), |delay, outcome| {
+        let units = delay.div_ceil(1_000);
+        let entry = match &outcome.hops[0].step {
+            HopStep::Exchange { name, .. } => name.clone(),
+            other => return Err(TestCaseError::fail(format!("first hop {other:?}"))),
+        };
+        let wanted = if units == 0 { "hourglass.delay-delivery".to_string() } else { format!("hourglass.delay-level-{:02}", 63 - units.leading_zeros()) };
+        prop_assert_eq!(entry, wanted);
+        Ok(())
+    });
+}
+
+#[test]
+fn binary_levels_in_milliseconds_are_exact() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "binary-levels", json!({ "unit": "1ms", "queue_type": "quorum" }));
+    check(&mut planner, 0..=(1u64 << 28) - 1, Some, none);
+}
+
+#[test]
+fn hold_queues_are_exact_to_the_millisecond() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "hold-queues", json!({}));
+    let max: u64 = 10 * 365 * 24 * 3_600_000 - 60_000;
+    check(&mut planner, 0..=max, Some, none);
+}
+
+#[test]
+fn fixed_intervals_round_up_to_the_next_interval() {
+    let runtime = common::runtime();
+    let intervals = [5_000u64, 15_000, 30_000, 3_600_000];
+    let mut planner = common::builtin(&runtime, "fixed-intervals", json!({ "intervals": ["5s", "15s", "30s", "1h"], "rounding": "up" }));
+    let next = move |d: u64| if d == 0 { Some(0) } else { intervals.iter().copied().find(|&i| i >= d) };
+    check(&mut planner, 0..=3_600_000u64, next, none);
+}
+
+#[test]
+fn fixed_intervals_with_reject_deliver_only_the_intervals() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "fixed-intervals", json!({ "intervals": ["1s", "2s", "3s"], "rounding": "reject" }));
+    let exact = |d: u64| [0, 1_000, 2_000, 3_000].contains(&d).then_some(d);
+    // Half the cases land exactly on an interval.
+    let delays = prop_oneof![prop::sample::select(vec![0u64, 1_000, 2_000, 3_000]), 0..=3_500u64];
+    check(&mut planner, delays, exact, |delay, outcome| {
+        if exact(delay).is_none() {
+            let problem = outcome.problem.as_deref().unwrap_or("");
+            prop_assert!(problem.contains("not one of the intervals"), "{}", problem);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn sqs_cycles_hand_over_exactly_after_any_number_of_cycles() {
+    let runtime = common::runtime();
+    // Six hours is 24 cycles of 900 s: every message crosses many cycle boundaries.
+    let mut planner = common::builtin(&runtime, "sqs-cycles", json!({ "cycle": "900s", "max_delay": "6h" }));
+    check(&mut planner, 0..=6 * 3_600_000u64, |d| Some(d.div_ceil(1_000) * 1_000), none);
+}

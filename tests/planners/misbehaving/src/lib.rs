@@ -1,0 +1,50 @@
+//! Misbehaves on request, so tests can show the sandbox holds: the destination
+//! names the misbehaviour; any other destination gets an ordinary plan.
+
+use hourglass_planner_sdk::*;
+
+struct Misbehaving;
+
+impl Planner for Misbehaving {
+    type Config = NoConfig;
+
+    fn info() -> Info {
+        Info::new("misbehaving", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
+    }
+
+    fn new(_: NoConfig) -> Result<Self, String> {
+        Ok(Misbehaving)
+    }
+
+    fn delay_range(&self) -> DelayRange {
+        DelayRange::exact(0)
+    }
+
+    fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
+        match request.destination.as_str() {
+            "loop" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "panic" => panic!("asked to panic for {}", request.message_id),
+            "trap" => std::process::abort(),
+            "allocate" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "wasi" => {
+                // Planners have no capabilities: this import traps.
+                let _ = std::env::var("HOME");
+                Ok(Plan { commands: vec![], delivers_after_ms: 0 })
+            }
+            destination => Ok(Plan { commands: vec![publish("", destination, vec![])], delivers_after_ms: 0 }),
+        }
+    }
+}
+
+register_planner!(Misbehaving);
