@@ -195,3 +195,10 @@ fn topology_renders_as_mermaid_and_dot() {
     let table = json(&hourglass(&["topology", "--format", "json"]));
     assert_eq!(table.as_array().unwrap().len(), 1 + 28 + 28 * 3, "delivery exchange, 28 exchanges, 28 queues with two bindings each");
 }
+
+#[test]
+fn the_example_planner_config_works_as_is() {
+    let messages = json(&hourglass(&["--config", "examples/backoff.toml", "simulate", "--to", "orders", "--delay", "3s", "--format", "json"]));
+    assert_eq!(messages[0]["arrival_ms"], 4_000, "3 s rounds up to the 4 s bucket");
+    assert_eq!(messages[0]["hops"][1]["name"], "backoff.4000ms");
+}

@@ -1,0 +1,28 @@
+# Sourced by scripts/test: makes sure the brokers the end-to-end tests need are up.
+
+amqp_port_open() {
+  (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null
+}
+
+ensure_rabbitmq() {
+  if ! amqp_port_open; then
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+      echo "error: RabbitMQ is not running on 127.0.0.1:5672 and is not installed." >&2
+      echo "       Install it (Debian: apt-get install rabbitmq-server) and run: rabbitmq-server -detached" >&2
+      exit 1
+    fi
+    echo "RabbitMQ is down; starting it with: rabbitmq-server -detached" >&2
+    rabbitmq-server -detached
+  fi
+  # await_startup fails at once while the node is still booting: poll it.
+  local deadline=$((SECONDS + 90))
+  until rabbitmqctl -q await_startup >/dev/null 2>&1 && amqp_port_open; do
+    if (( SECONDS > deadline )); then
+      echo "error: RabbitMQ did not come up within 90 s on 127.0.0.1:5672 (guest/guest)." >&2
+      echo "       Check: rabbitmqctl status; start it with: rabbitmq-server -detached" >&2
+      exit 1
+    fi
+    sleep 1
+  done
+  export HOURGLASS_TEST_AMQP_URL="${HOURGLASS_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+}
