@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use hourglass::command::Command;
+use hourglass::broker::Broker;
+use hourglass::command::{Command, FieldValue};
+use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::config::Config;
 use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
 use hourglass::simulation::Simulation;
@@ -45,6 +47,33 @@ fn duration_arg(text: &str) -> Result<u64, String> {
     parse_duration_ms(text)
 }
 
+fn header_arg(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("header {text:?} is not K=V")),
+    }
+}
+
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().worker_threads(2).build()?)
+}
+
+fn read_body(body: &Option<String>, body_file: &Option<PathBuf>) -> Result<Vec<u8>> {
+    use std::io::{IsTerminal, Read};
+    if let Some(text) = body {
+        return Ok(text.clone().into_bytes());
+    }
+    if let Some(path) = body_file {
+        return std::fs::read(path).with_context(|| format!("{}: cannot read the body file", path.display()));
+    }
+    if std::io::stdin().is_terminal() {
+        bail!("give the body with --body, --body-file, or on standard input");
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes).context("reading the body from standard input")?;
+    Ok(bytes)
+}
+
 #[derive(Subcommand)]
 enum Commands {
     /// Show the broker commands one delayed message gets, and its route.
@@ -57,12 +86,35 @@ enum Commands {
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
-    /// Show the strategy's static topology (and a destination's setup with --to).
+    /// Show the strategy's static topology (and a destination's setup with --to);
+    /// with --apply, declare it on the configured broker.
     Topology {
         #[arg(long = "to", value_name = "DEST")]
         destinations: Vec<String>,
         #[arg(long, value_enum, default_value = "table")]
         format: TopologyFormat,
+        /// Declare the topology (and each --to destination's setup) on the broker. Idempotent.
+        #[arg(long)]
+        apply: bool,
+    },
+    /// Publish one delayed message and wait for the broker's confirm.
+    Schedule {
+        #[arg(long = "to", value_name = "DEST")]
+        destination: String,
+        #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+        delay: u64,
+        /// The body as text (else --body-file, else standard input).
+        #[arg(long, conflicts_with = "body_file")]
+        body: Option<String>,
+        #[arg(long, value_name = "PATH")]
+        body_file: Option<PathBuf>,
+        /// An application header, repeatable.
+        #[arg(long = "header", value_name = "K=V", value_parser = header_arg)]
+        headers: Vec<(String, String)>,
+        #[arg(long)]
+        content_type: Option<String>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
     },
     /// Run messages through the strategy on the in-memory broker and show their routes.
     Simulate {
@@ -178,7 +230,63 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Commands::Topology { destinations, format } => {
+        Commands::Topology { destinations, format: _, apply: true } => {
+            let (config, strategies) = load(&cli)?;
+            let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
+            tokio_runtime()?.block_on(async {
+                let broker = Broker::connect(&config.broker).await?;
+                let place = broker.describe();
+                let mut scheduler = Scheduler::new(&config, strategies, broker);
+                scheduler.apply_topology(&strategy).await?;
+                for destination in destinations {
+                    scheduler.prepare_destination(&strategy, destination).await?;
+                }
+                println!("applied the topology of strategy {strategy} on {place}");
+                Ok::<_, anyhow::Error>(())
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Schedule { destination, delay, body, body_file, headers, content_type, format } => {
+            let (config, strategies) = load(&cli)?;
+            let body = read_body(body, body_file)?;
+            let mut properties = lapin::BasicProperties::default();
+            if let Some(content_type) = content_type {
+                properties = properties.with_content_type(content_type.as_str().into());
+            }
+            let request = ScheduleRequest {
+                destination: destination.clone(),
+                delay_ms: *delay,
+                body,
+                headers: headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))).collect(),
+                properties,
+                strategy: cli.strategy.clone(),
+            };
+            let (scheduled, place) = tokio_runtime()?.block_on(async {
+                let broker = Broker::connect(&config.broker).await?;
+                let place = broker.describe();
+                let mut scheduler = Scheduler::new(&config, strategies, broker);
+                Ok::<_, anyhow::Error>((scheduler.schedule(request).await?, place))
+            })?;
+            let due = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(scheduled.due_at_ms));
+            match format {
+                TextOrJson::Json => print_json(&serde_json::json!({
+                    "id": scheduled.id,
+                    "strategy": scheduled.strategy,
+                    "destination": destination,
+                    "due_at_ms": scheduled.due_at_ms,
+                    "due_at": due.to_string(),
+                    "delivers_after_ms": scheduled.delivers_after_ms,
+                }))?,
+                TextOrJson::Table => println!(
+                    "scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})",
+                    scheduled.id,
+                    scheduled.strategy,
+                    render::duration(*delay)
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Topology { destinations, format, apply: false } => {
             let (config, mut strategies) = load(&cli)?;
             let (_, planner) = pick(&cli, &config, &mut strategies, None)?;
             let mut commands: Vec<Command> = planner.topology()?;

@@ -32,19 +32,33 @@ pub enum ExecutorError {
 pub struct Envelope {
     pub id: String,
     pub body: Vec<u8>,
+    /// The caller's headers plus hourglass's own.
     pub headers: FieldTable,
+    /// The caller's AMQP properties (content type, correlation id, …), carried untouched.
+    pub properties: lapin::BasicProperties,
 }
 
+/// Sends may run concurrently (`&self`), so a broker with publisher confirms
+/// keeps a window of them outstanding instead of waiting for each in turn.
 pub trait Executor {
-    /// Declares objects (topology, destination setup).
-    fn apply(&mut self, commands: &[Command]) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+    /// Declares objects (topology, destination setup). Idempotent.
+    fn apply(&self, commands: &[Command]) -> impl Future<Output = Result<(), ExecutorError>> + Send;
 
-    /// Sends one message through its planned commands; returns once the broker has it.
-    fn send(&mut self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+    /// Fails unless the destination exists to receive messages.
+    fn check_destination(&self, destination: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Sends one message through its planned commands; returns once the broker
+    /// has confirmed it.
+    fn send(&self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
 }
 
 /// The embedded in-memory broker, on the wall clock.
+#[derive(Default)]
 pub struct MemoryExecutor {
+    state: std::sync::Mutex<MemoryState>,
+}
+
+struct MemoryState {
     simulator: Simulator,
     epoch_ms: u64,
     /// Messages that fell due on pumped queues, waiting for the pump.
@@ -55,34 +69,37 @@ fn wall_clock_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Default for MemoryExecutor {
+impl Default for MemoryState {
     fn default() -> Self {
-        MemoryExecutor { simulator: Simulator::new(), epoch_ms: wall_clock_ms(), due: Vec::new() }
+        MemoryState { simulator: Simulator::new(), epoch_ms: wall_clock_ms(), due: Vec::new() }
     }
 }
 
 impl MemoryExecutor {
-    fn catch_up(&mut self) {
-        let due = self.simulator.advance_to(wall_clock_ms().saturating_sub(self.epoch_ms));
-        self.due.extend(due);
+    /// The simulator, caught up with the wall clock.
+    fn now(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let at = wall_clock_ms().saturating_sub(state.epoch_ms);
+        let due = state.simulator.advance_to(at);
+        state.due.extend(due);
+        state
     }
 
     /// Messages due on pumped queues; the caller hands each to its planner.
-    pub fn take_due(&mut self) -> Vec<DueSqsMessage> {
-        self.catch_up();
-        std::mem::take(&mut self.due)
+    pub fn take_due(&self) -> Vec<DueSqsMessage> {
+        std::mem::take(&mut self.now().due)
     }
 
     /// A destination queue whose arrivals are kept for [`Self::arrivals`].
-    pub fn declare_destination(&mut self, name: &str) {
-        self.simulator.declare_destination_queue(name);
-        self.simulator.declare_destination_sqs_queue(name);
+    pub fn declare_destination(&self, name: &str) {
+        let mut state = self.now();
+        state.simulator.declare_destination_queue(name);
+        state.simulator.declare_destination_sqs_queue(name);
     }
 
     /// Messages that reached destinations so far.
-    pub fn arrivals(&mut self) -> Vec<Arrival> {
-        self.catch_up();
-        self.simulator.arrivals().to_vec()
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.now().simulator.arrivals().to_vec()
     }
 }
 
@@ -94,15 +111,21 @@ fn to_executor_error(err: SimError) -> ExecutorError {
 }
 
 impl Executor for MemoryExecutor {
-    async fn apply(&mut self, commands: &[Command]) -> Result<(), ExecutorError> {
-        self.catch_up();
-        commands.iter().try_for_each(|c| self.simulator.apply(c)).map_err(to_executor_error)
+    async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+        let mut state = self.now();
+        commands.iter().try_for_each(|c| state.simulator.apply(c)).map_err(to_executor_error)
     }
 
-    async fn send(&mut self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
-        self.catch_up();
+    async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+        // The in-memory broker has no consumers of its own: any destination is one.
+        self.declare_destination(destination);
+        Ok(())
+    }
+
+    async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+        let mut state = self.now();
         let message = SimMessage::new(&envelope.id, envelope.headers.clone());
-        commands.iter().try_for_each(|c| self.simulator.execute(c, &message)).map_err(to_executor_error)
+        commands.iter().try_for_each(|c| state.simulator.execute(c, &message)).map_err(to_executor_error)
     }
 }
 
@@ -113,7 +136,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_memory_broker_delivers_on_the_wall_clock() {
-        let mut broker = MemoryExecutor::default();
+        let broker = MemoryExecutor::default();
         broker.declare_destination("dest");
         let publish = Command::Publish {
             exchange: String::new(),
@@ -123,7 +146,7 @@ mod tests {
             mandatory: true,
         };
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
-        let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers };
+        let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default() };
         broker.send(&[publish], &envelope).await.unwrap();
         assert_eq!(broker.arrivals()[0].message.id, "m1");
         assert!(broker.take_due().is_empty());

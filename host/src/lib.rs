@@ -13,17 +13,24 @@
 //! * [`simulation`] runs a strategy's commands on the simulator, pumping
 //!   pump-driven queues, and reports each message's route.
 //! * [`conformance`] checks a planner keeps its promises (`check-planner`).
-//! * [`executor`] is the seam between planned commands and a broker.
+//! * [`executor`] is the seam between planned commands and a broker;
+//!   [`rabbitmq`] is its RabbitMQ implementation; [`broker`] connects the
+//!   one `delay.toml` names.
+//! * [`scheduler`] takes one message from request to confirmed publish,
+//!   preparing strategies and destinations on first use.
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
 //!
 //! The `hourglass` binary (`main.rs`, `cli.rs`) is a thin command line over these.
 
+pub mod broker;
 pub mod command;
 pub mod config;
 pub mod conformance;
 pub mod executor;
 pub mod planner;
+pub mod rabbitmq;
 pub mod render;
+pub mod scheduler;
 pub mod simulation;
 pub mod simulator;
 pub mod strategy;

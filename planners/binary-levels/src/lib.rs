@@ -42,11 +42,14 @@ pub struct Config {
     pub levels: Option<u32>,
     pub unit: Option<DurationMs>,
     pub queue_type: Option<QueueType>,
+    /// Name prefix for the `hourglass` preset: `<prefix>.delay-level-NN`.
+    pub prefix: Option<String>,
 }
 
 #[derive(Debug)]
 pub struct BinaryLevels {
     preset: Preset,
+    prefix: String,
     levels: u32,
     unit_ms: u64,
     queue_type: QueueType,
@@ -55,17 +58,17 @@ pub struct BinaryLevels {
 impl BinaryLevels {
     pub fn level_name(&self, level: u32) -> String {
         match self.preset {
-            Preset::Hourglass => format!("hourglass.delay-level-{level:02}"),
+            Preset::Hourglass => format!("{}.delay-level-{level:02}", self.prefix),
             Preset::NsbV2 => format!("nsb.v2.delay-level-{level:02}"),
             Preset::Celery => format!("celery_delayed_{level}"),
         }
     }
 
-    pub fn delivery_exchange(&self) -> &'static str {
+    pub fn delivery_exchange(&self) -> String {
         match self.preset {
-            Preset::Hourglass => "hourglass.delay-delivery",
-            Preset::NsbV2 => "nsb.v2.delay-delivery",
-            Preset::Celery => "celery_delayed_delivery",
+            Preset::Hourglass => format!("{}.delay-delivery", self.prefix),
+            Preset::NsbV2 => "nsb.v2.delay-delivery".into(),
+            Preset::Celery => "celery_delayed_delivery".into(),
         }
     }
 
@@ -75,7 +78,7 @@ impl BinaryLevels {
 
     /// Where level `level` dead-letters and routes its zero bit to.
     fn next_exchange(&self, level: u32) -> String {
-        if level == 0 { self.delivery_exchange().to_string() } else { self.level_name(level - 1) }
+        if level == 0 { self.delivery_exchange() } else { self.level_name(level - 1) }
     }
 
     /// `*.` once per more significant bit, so a binding sees only its own bit.
@@ -138,6 +141,7 @@ impl Planner for BinaryLevels {
             .key("levels", "number of delay levels (bits)", Some("28"))
             .key("unit", "delay of level 0; delays round up to it (1ms for sub-second)", Some("1s"))
             .key("queue_type", "classic or quorum (quorum dead-letters at least once)", Some("classic"))
+            .key("prefix", "name prefix of the hourglass preset", Some("hourglass"))
     }
 
     fn new(config: Config) -> Result<Self, String> {
@@ -157,6 +161,14 @@ impl Planner for BinaryLevels {
             (Preset::NsbV2, _) => QueueType::Quorum,
             (_, chosen) => chosen.unwrap_or_default(),
         };
+        let prefix = match (config.preset, config.prefix) {
+            (Preset::Hourglass, prefix) => prefix.unwrap_or_else(|| "hourglass".to_string()),
+            (_, Some(_)) => return Err("prefix: only the hourglass preset takes a prefix; the others use fixed names".into()),
+            (_, None) => String::new(),
+        };
+        if prefix.is_empty() && config.preset == Preset::Hourglass || prefix.len() > 200 {
+            return Err(format!("prefix: {prefix:?} must be 1 to 200 bytes"));
+        }
         if !(1..=32).contains(&levels) {
             return Err(format!("levels: {levels} is out of range 1..=32"));
         }
@@ -169,7 +181,7 @@ impl Planner for BinaryLevels {
                 "levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"
             ));
         }
-        Ok(BinaryLevels { preset: config.preset, levels, unit_ms, queue_type })
+        Ok(BinaryLevels { preset: config.preset, prefix, levels, unit_ms, queue_type })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -179,7 +191,7 @@ impl Planner for BinaryLevels {
     fn topology(&self) -> Result<Vec<Command>, String> {
         let mut commands = Vec::new();
         // Every exchange first: exchange-to-exchange bindings fail unless both exist.
-        commands.push(declare_exchange(self.delivery_exchange(), ExchangeKind::Topic, vec![]));
+        commands.push(declare_exchange(&self.delivery_exchange(), ExchangeKind::Topic, vec![]));
         for level in (0..self.levels).rev() {
             commands.push(declare_exchange(&self.level_name(level), ExchangeKind::Topic, vec![]));
         }
@@ -201,7 +213,7 @@ impl Planner for BinaryLevels {
             Preset::Hourglass => format!("{}{destination}", "*.".repeat(self.levels as usize)),
             Preset::NsbV2 | Preset::Celery => format!("#.{destination}"),
         };
-        Ok(vec![bind_queue(destination, self.delivery_exchange(), &key)])
+        Ok(vec![bind_queue(destination, &self.delivery_exchange(), &key)])
     }
 
     fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
@@ -217,7 +229,7 @@ impl Planner for BinaryLevels {
             ));
         }
         let exchange = match units {
-            0 => self.delivery_exchange().to_string(),
+            0 => self.delivery_exchange(),
             _ => self.level_name(63 - units.leading_zeros()),
         };
         let key = self.routing_key(units, &request.destination);
@@ -232,7 +244,7 @@ mod tests {
     use super::*;
 
     fn planner(preset: Preset) -> BinaryLevels {
-        BinaryLevels::new(Config { preset, levels: None, unit: None, queue_type: None }).unwrap()
+        BinaryLevels::new(Config { preset, levels: None, unit: None, queue_type: None, prefix: None }).unwrap()
     }
 
     fn request(delay_ms: u64) -> PlanRequest {
@@ -300,6 +312,7 @@ mod tests {
             levels: Some(20),
             unit: None,
             queue_type: None,
+            prefix: None,
         })
         .unwrap_err();
         assert!(err.contains("levels = 28"), "{err}");
@@ -307,7 +320,8 @@ mod tests {
             preset: Preset::NsbV2,
             levels: None,
             unit: None,
-            queue_type: Some(QueueType::Classic)
+            queue_type: Some(QueueType::Classic),
+            prefix: None,
         })
         .is_err());
     }

@@ -1,0 +1,72 @@
+//! Connecting to the broker `delay.toml` names.
+
+use crate::command::Command;
+use crate::config::BrokerConfig;
+use crate::executor::{Envelope, Executor, ExecutorError, MemoryExecutor};
+use crate::rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
+
+/// The environment variable that overrides the AMQP URL unless `url_env` names another.
+pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
+
+/// Any configured broker, as one executor.
+pub enum Broker {
+    Memory(MemoryExecutor),
+    RabbitMq(RabbitMqExecutor),
+}
+
+/// The AMQP URL: the environment variable (`url_env`, default
+/// `HOURGLASS_AMQP_URL`), else `url`, else guest on localhost.
+pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
+    let variable = url_env.unwrap_or(AMQP_URL_ENV);
+    std::env::var(variable)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| url.map(str::to_string))
+        .unwrap_or_else(|| DEFAULT_URL.to_string())
+}
+
+impl Broker {
+    pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
+        match config {
+            BrokerConfig::Memory => Ok(Broker::Memory(MemoryExecutor::default())),
+            BrokerConfig::Rabbitmq { url, url_env } => {
+                let url = amqp_url(url.as_deref(), url_env.as_deref());
+                Ok(Broker::RabbitMq(RabbitMqExecutor::connect(&url).await?))
+            }
+            BrokerConfig::Sqs { .. } => Err(ExecutorError::Unavailable(
+                "the SQS executor is not built yet; use broker.kind = \"memory\" to simulate SQS strategies".into(),
+            )),
+        }
+    }
+
+    /// Where messages go, for people.
+    pub fn describe(&self) -> String {
+        match self {
+            Broker::Memory(_) => "the in-memory broker".into(),
+            Broker::RabbitMq(r) => format!("RabbitMQ at {}", r.url()),
+        }
+    }
+}
+
+impl Executor for Broker {
+    async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+        match self {
+            Broker::Memory(m) => m.apply(commands).await,
+            Broker::RabbitMq(r) => r.apply(commands).await,
+        }
+    }
+
+    async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+        match self {
+            Broker::Memory(m) => m.check_destination(destination).await,
+            Broker::RabbitMq(r) => r.check_destination(destination).await,
+        }
+    }
+
+    async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+        match self {
+            Broker::Memory(m) => m.send(commands, envelope).await,
+            Broker::RabbitMq(r) => r.send(commands, envelope).await,
+        }
+    }
+}
