@@ -1,1 +1,134 @@
+//! Helpers for the end-to-end tests: a real broker, unique names, a consumer
+//! that records when each message arrived, and cleanup.
+//!
+//! A missing broker fails the tests with instructions; it never skips them.
 
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use hourglass::broker::Broker;
+use hourglass::command::Command;
+use hourglass::config::Config;
+use hourglass::scheduler::{Scheduler, unix_now_ms};
+use hourglass::strategy::Strategies;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::sync::mpsc;
+
+pub fn amqp_url() -> String {
+    std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::rabbitmq::DEFAULT_URL.to_string())
+}
+
+/// A name no other test run uses.
+pub fn unique(stem: &str) -> String {
+    format!("e2e-{stem}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+}
+
+pub async fn connect() -> Connection {
+    match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+        Ok(connection) => connection,
+        Err(err) => panic!(
+            "RabbitMQ is not reachable at {} ({err}). Start it with `rabbitmq-server -detached` \
+             (scripts/test does this), or set HOURGLASS_TEST_AMQP_URL.",
+            hourglass::rabbitmq::redact(&amqp_url())
+        ),
+    }
+}
+
+/// A config on the real broker with one strategy, `main`.
+pub fn config(strategy_table: &str) -> Config {
+    let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{}\"\n\n[strategies.main]\n{strategy_table}\n", amqp_url());
+    Config::parse(Path::new("e2e.toml"), text).expect("test config")
+}
+
+pub async fn scheduler(config: &Config) -> Scheduler<Broker> {
+    let strategies = Strategies::load(config).expect("strategies load");
+    let broker = Broker::connect(&config.broker).await.expect("connect to RabbitMQ");
+    Scheduler::new(config, strategies, broker)
+}
+
+/// One received message and when it arrived (Unix ms).
+pub struct Received {
+    pub delivery: lapin::message::Delivery,
+    pub at_ms: u64,
+}
+
+/// A destination queue with a consumer in its own task, so receive times are
+/// not delayed by the test's own work.
+pub struct Destination {
+    pub name: String,
+    channel: Channel,
+    received: mpsc::UnboundedReceiver<Received>,
+}
+
+impl Destination {
+    pub async fn declare(connection: &Connection, stem: &str) -> Destination {
+        let channel = connection.create_channel().await.unwrap();
+        let name = unique(stem);
+        channel.queue_declare(name.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
+        let mut consumer = channel
+            .basic_consume(name.as_str().into(), "e2e".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .unwrap();
+        let (sender, received) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(delivery)) = consumer.next().await {
+                let at_ms = unix_now_ms();
+                delivery.acker.ack(BasicAckOptions::default()).await.ok();
+                if sender.send(Received { delivery, at_ms }).is_err() {
+                    break;
+                }
+            }
+        });
+        Destination { name, channel, received }
+    }
+
+    /// Waits for `count` messages, failing after `deadline`.
+    pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<Received> {
+        let until = Instant::now() + deadline;
+        let mut out = Vec::new();
+        while out.len() < count {
+            let left = until.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.received.recv()).await {
+                Ok(Some(received)) => out.push(received),
+                _ => panic!("{} of {count} messages reached {} within {deadline:?}", out.len(), self.name),
+            }
+        }
+        out
+    }
+
+    /// Nothing more arrives within `quiet`.
+    pub async fn assert_quiet(&mut self, quiet: Duration) {
+        if let Ok(Some(extra)) = tokio::time::timeout(quiet, self.received.recv()).await {
+            panic!("unexpected message on {}: {:?}", self.name, extra.delivery.properties.message_id());
+        }
+    }
+
+    pub async fn delete(self) {
+        self.channel.queue_delete(self.name.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+}
+
+/// Deletes every queue and exchange the commands declare.
+pub async fn delete_declared(connection: &Connection, commands: &[Command]) {
+    let channel = connection.create_channel().await.unwrap();
+    for command in commands {
+        match command {
+            Command::DeclareQueue { name, .. } => {
+                channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await.ok();
+            }
+            Command::DeclareExchange { name, .. } => {
+                channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The static topology a config's `main` strategy declares.
+pub fn topology_of(config: &Config) -> Vec<Command> {
+    let mut strategies = Strategies::load(config).unwrap();
+    strategies.get_mut("main").unwrap().topology().unwrap()
+}

@@ -1,0 +1,174 @@
+//! Delayed delivery on a real RabbitMQ: timing, integrity, and failures that
+//! must be loud.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
+use hourglass::executor::{Envelope, Executor, ExecutorError};
+use hourglass::rabbitmq::RabbitMqExecutor;
+use hourglass::scheduler::{ScheduleRequest, Scheduled};
+use hourglass_e2e::*;
+use lapin::BasicProperties;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable as AmqpTable};
+
+fn header<'a>(received: &'a Received, key: &str) -> Option<&'a AMQPValue> {
+    received.delivery.properties.headers().as_ref()?.inner().get(key)
+}
+
+fn header_int(received: &Received, key: &str) -> Option<i64> {
+    match header(received, key)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+fn header_text(received: &Received, key: &str) -> Option<String> {
+    match header(received, key)? {
+        AMQPValue::LongString(v) => Some(v.to_string()),
+        _ => None,
+    }
+}
+
+/// Schedules one message per delay and checks each arrives no earlier than
+/// due and within `tolerance_ms` after, with body, headers and properties intact.
+async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], tolerance_ms: u64) {
+    let connection = connect().await;
+    let config = config(strategy_table);
+    let mut destination = Destination::declare(&connection, "dest").await;
+    let mut scheduler = scheduler(&config).await;
+    let mut sent: HashMap<String, (usize, Scheduled)> = HashMap::new();
+    for (i, &delay_ms) in delays_ms.iter().enumerate() {
+        let request = ScheduleRequest {
+            destination: destination.name.clone(),
+            delay_ms,
+            body: format!("body-{i}").into_bytes(),
+            headers: [("x-app".to_string(), FieldValue::Text(format!("value-{i}")))].into(),
+            properties: BasicProperties::default()
+                .with_content_type("text/plain".into())
+                .with_correlation_id(format!("corr-{i}").as_str().into()),
+            strategy: None,
+        };
+        let scheduled = scheduler.schedule(request).await.expect("schedule");
+        sent.insert(scheduled.id.clone(), (i, scheduled));
+    }
+    let longest = delays_ms.iter().max().copied().unwrap_or(0);
+    let received = destination.receive(delays_ms.len(), Duration::from_millis(longest + 10_000)).await;
+    for message in &received {
+        let id = message.delivery.properties.message_id().as_ref().expect("message id").to_string();
+        let (i, scheduled) = &sent[&id];
+        let late = message.at_ms as i64 - scheduled.due_at_ms as i64;
+        assert!(late >= 0, "message {i} (delay {}ms) arrived {}ms early", delays_ms[*i], -late);
+        assert!(late <= tolerance_ms as i64, "message {i} (delay {}ms) arrived {late}ms late", delays_ms[*i]);
+        assert_eq!(message.delivery.data, format!("body-{i}").into_bytes());
+        assert_eq!(header_text(message, "x-app"), Some(format!("value-{i}")));
+        assert_eq!(header_int(message, "hourglass-due-at"), Some(scheduled.due_at_ms as i64));
+        assert_eq!(header_int(message, "hourglass-delay-ms"), Some(delays_ms[*i] as i64));
+        assert_eq!(message.delivery.properties.content_type().as_ref().map(|c| c.to_string()), Some("text/plain".into()));
+        assert_eq!(message.delivery.properties.correlation_id().as_ref().map(|c| c.to_string()), Some(format!("corr-{i}")));
+        assert_eq!(*message.delivery.properties.delivery_mode(), Some(2), "persistent");
+    }
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+const SECONDS: [u64; 6] = [0, 1_000, 2_000, 3_000, 5_000, 7_000];
+
+#[tokio::test]
+async fn binary_levels_classic_delivers_on_time() {
+    let prefix = unique("bl");
+    assert_delays_on_time(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), &SECONDS, 1_000).await;
+}
+
+#[tokio::test]
+async fn binary_levels_quorum_delivers_on_time() {
+    let prefix = unique("blq");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"quorum\"");
+    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+}
+
+#[tokio::test]
+async fn hold_queues_deliver_on_time() {
+    let prefix = unique("hold");
+    let table = format!("planner = \"hold-queues\"\nprefix = \"{prefix}\"\nexpires_margin = \"5s\"");
+    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+}
+
+#[tokio::test]
+async fn fixed_intervals_deliver_on_time() {
+    let prefix = unique("fi");
+    let table = format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"1s\", \"2s\", \"3s\", \"5s\", \"7s\"]");
+    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+}
+
+#[tokio::test]
+async fn binary_levels_in_milliseconds_is_sub_second_precise() {
+    let prefix = unique("ms");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nunit = \"1ms\"");
+    assert_delays_on_time(&table, &[250, 1_300], 100).await;
+}
+
+#[tokio::test]
+async fn scheduling_to_a_missing_destination_fails_clearly() {
+    let prefix = unique("missing");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut scheduler = scheduler(&config).await;
+    let destination = unique("no-such-queue");
+    let request = ScheduleRequest { destination: destination.clone(), delay_ms: 1_000, ..Default::default() };
+    let err = scheduler.schedule(request).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("destination queue \"{destination}\" does not exist")), "{err}");
+    delete_declared(&connect().await, &topology_of(&config)).await;
+}
+
+#[tokio::test]
+async fn an_unroutable_publish_comes_back_as_an_error() {
+    let connection = connect().await;
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
+    let exchange = unique("dead-end");
+    let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
+    executor.apply(std::slice::from_ref(&declare)).await.unwrap();
+    let publish = Command::Publish {
+        exchange: exchange.clone(),
+        routing_key: "nobody.listens".into(),
+        headers: FieldTable::new(),
+        expiration_ms: None,
+        mandatory: true,
+    };
+    let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: BasicProperties::default() };
+    let err = executor.send(&[publish], &envelope).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");
+    assert!(err.to_string().contains("NO_ROUTE"), "{err}");
+    delete_declared(&connection, &[declare]).await;
+}
+
+#[tokio::test]
+async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
+    let connection = connect().await;
+    let prefix = unique("clash");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let clashing = format!("{prefix}.delay-level-00");
+    let channel = connection.create_channel().await.unwrap();
+    let mut arguments = AmqpTable::default();
+    arguments.insert("x-message-ttl".into(), AMQPValue::LongLongInt(5));
+    channel.queue_declare(clashing.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, arguments).await.unwrap();
+
+    let mut scheduler = scheduler(&config).await;
+    let err = scheduler.apply_topology("main").await.unwrap_err().to_string();
+    assert!(err.contains(&format!("queue \"{clashing}\"")), "{err}");
+    assert!(err.contains("x-message-ttl=1000"), "names what hourglass wanted: {err}");
+    assert!(err.contains("PRECONDITION_FAILED") && err.contains("x-message-ttl"), "and what the broker said: {err}");
+    delete_declared(&connection, &topology_of(&config)).await;
+}
+
+#[tokio::test]
+async fn applying_the_topology_twice_is_harmless() {
+    let prefix = unique("twice");
+    let config = config(&format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"1s\"]"));
+    let mut scheduler = scheduler(&config).await;
+    scheduler.apply_topology("main").await.unwrap();
+    scheduler.apply_topology("main").await.expect("a second apply changes nothing");
+    delete_declared(&connect().await, &topology_of(&config)).await;
+}
