@@ -25,4 +25,19 @@ ensure_rabbitmq() {
     sleep 1
   done
   export HOURGLASS_TEST_AMQP_URL="${HOURGLASS_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+
+  # `verify` reads bindings from the management API; its tests need it.
+  if ! (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; then
+    echo "enabling the RabbitMQ management plugin (for verify's tests)" >&2
+    rabbitmq-plugins enable --quiet rabbitmq_management >/dev/null
+    deadline=$((SECONDS + 60))
+    until (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; do
+      if (( SECONDS > deadline )); then
+        echo "error: the RabbitMQ management API did not come up on 127.0.0.1:15672." >&2
+        echo "       Run: rabbitmq-plugins enable rabbitmq_management" >&2
+        exit 1
+      fi
+      sleep 1
+    done
+  fi
 }

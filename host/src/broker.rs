@@ -29,7 +29,7 @@ impl Broker {
     pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
         match config {
             BrokerConfig::Memory => Ok(Broker::Memory(MemoryExecutor::default())),
-            BrokerConfig::Rabbitmq { url, url_env } => {
+            BrokerConfig::Rabbitmq { url, url_env, .. } => {
                 let url = amqp_url(url.as_deref(), url_env.as_deref());
                 Ok(Broker::RabbitMq(RabbitMqExecutor::connect(&url).await?))
             }

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use hourglass::broker::Broker;
+use hourglass::broker::{Broker, amqp_url};
+use hourglass::config::BrokerConfig;
+use hourglass::verify;
 use hourglass::command::{Command, FieldValue};
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::config::Config;
@@ -142,6 +144,13 @@ enum Commands {
         /// Longest delay checked (pump-driven planners simulate every cycle).
         #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "7d")]
         horizon: u64,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+    /// Compare the broker with the strategy's topology (and each --to destination's setup).
+    Verify {
+        #[arg(long = "to", value_name = "DEST")]
+        destinations: Vec<String>,
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
@@ -331,6 +340,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
             Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Commands::Verify { destinations, format } => {
+            let (config, mut strategies) = load(&cli)?;
+            let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker else {
+                bail!("{}: verify needs broker.kind = \"rabbitmq\"", config.path.display());
+            };
+            let (name, planner) = pick(&cli, &config, &mut strategies, None)?;
+            let mut commands = planner.topology()?;
+            for destination in destinations {
+                commands.extend(planner.destination_setup(destination)?);
+            }
+            let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+            let management = std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| management_url.clone());
+            let report = tokio_runtime()?.block_on(verify::verify(&amqp, management.as_deref(), &commands))?;
+            match format {
+                TextOrJson::Json => print_json(&report)?,
+                TextOrJson::Table => {
+                    println!("strategy {name}: checked {} objects and bindings via {}", report.checked, report.method);
+                    if report.drifts.is_empty() {
+                        println!("no drift");
+                    } else {
+                        let rows: Vec<Vec<String>> = verify::grouped(&report)
+                            .into_iter()
+                            .flat_map(|(object, problems)| problems.into_iter().map(move |p| vec![object.clone(), p]))
+                            .collect();
+                        print!("{}", render::table(&["OBJECT", "DRIFT"], &rows));
+                    }
+                }
+            }
+            Ok(if report.drifts.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Commands::Strategies { format } => {
             let (config, mut strategies) = load(&cli)?;

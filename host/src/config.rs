@@ -49,6 +49,8 @@ pub enum BrokerConfig {
         /// `amqp://` or `amqps://` URL; `url_env` names a variable that overrides it.
         url: Option<String>,
         url_env: Option<String>,
+        /// The management HTTP API, for `verify` (default: the AMQP host on port 15672).
+        management_url: Option<String>,
     },
     Sqs {
         region: Option<String>,

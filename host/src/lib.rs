@@ -18,6 +18,7 @@
 //!   one `delay.toml` names.
 //! * [`scheduler`] takes one message from request to confirmed publish,
 //!   preparing strategies and destinations on first use.
+//! * [`verify`] compares a broker with a strategy's topology.
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
 //!
 //! The `hourglass` binary (`main.rs`, `cli.rs`) is a thin command line over these.
@@ -34,3 +35,4 @@ pub mod scheduler;
 pub mod simulation;
 pub mod simulator;
 pub mod strategy;
+pub mod verify;

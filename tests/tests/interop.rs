@@ -1,0 +1,77 @@
+//! The `nsb-v2` and `celery` presets share a broker with NServiceBus's and
+//! Celery's delay infrastructure: hourglass declares over theirs without
+//! conflict, and messages published either way arrive.
+
+use std::time::Duration;
+
+use hourglass::scheduler::{ScheduleRequest, unix_now_ms};
+use hourglass_e2e::*;
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+/// The routing key both NServiceBus and Celery build: 28 bits of whole seconds, then the address.
+fn foreign_key(seconds: u64, destination: &str) -> String {
+    let bits: Vec<String> = (0..28).rev().map(|b| ((seconds >> b) & 1).to_string()).collect();
+    format!("{}.{destination}", bits.join("."))
+}
+
+/// Declares one level queue as the other client does, with 32-bit integers as .NET and Python send them.
+async fn declare_like_the_other_client(connection: &lapin::Connection, queue: &str, level: u32, next: &str, quorum: bool) {
+    let channel = connection.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString((if quorum { "quorum" } else { "classic" }).into()));
+    args.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    args.insert("x-message-ttl".into(), AMQPValue::LongInt((1i32 << level) * 1_000));
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(next.into()));
+    if quorum {
+        args.insert("x-dead-letter-strategy".into(), AMQPValue::LongString("at-least-once".into()));
+    }
+    channel
+        .queue_declare(queue.into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
+        .await
+        .unwrap_or_else(|e| panic!("declare {queue} as the other client: {e}"));
+}
+
+async fn publish_like_the_other_client(connection: &lapin::Connection, exchange: &str, key: &str, body: &[u8]) {
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+    let confirm = channel.basic_publish(exchange.into(), key.into(), options, body, BasicProperties::default()).await.unwrap();
+    let confirmation = confirm.await.unwrap();
+    assert!(confirmation.take_message().is_none(), "the other client's publish was returned unroutable");
+}
+
+async fn round_trip(preset: &str, level_name: impl Fn(u32) -> String, quorum: bool) {
+    let connection = connect().await;
+    // The other client got there first with its own declaration of level 1.
+    declare_like_the_other_client(&connection, &level_name(1), 1, &level_name(0), quorum).await;
+    let config = config(&format!("planner = \"binary-levels\"\npreset = \"{preset}\""));
+    let mut destination = Destination::declare(&connection, preset).await;
+    let mut scheduler = scheduler(&config).await;
+
+    let scheduled = scheduler
+        .schedule(ScheduleRequest { destination: destination.name.clone(), delay_ms: 2_000, body: b"from hourglass".to_vec(), ..Default::default() })
+        .await
+        .expect("hourglass declares over the other client's topology and schedules");
+    let foreign_due = unix_now_ms() + 3_000;
+    publish_like_the_other_client(&connection, &level_name(1), &foreign_key(3, &destination.name), b"from the other client").await;
+
+    let received = destination.receive(2, Duration::from_secs(10)).await;
+    let ours = received.iter().find(|r| r.delivery.data == b"from hourglass").expect("hourglass's message arrived");
+    let theirs = received.iter().find(|r| r.delivery.data == b"from the other client").expect("the other client's message arrived");
+    assert!(ours.at_ms >= scheduled.due_at_ms && ours.at_ms <= scheduled.due_at_ms + 1_000);
+    assert!(theirs.at_ms >= foreign_due && theirs.at_ms <= foreign_due + 1_000);
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+#[tokio::test]
+async fn nsb_v2_preset_shares_a_broker_with_nservicebus() {
+    round_trip("nsb-v2", |level| format!("nsb.v2.delay-level-{level:02}"), true).await;
+}
+
+#[tokio::test]
+async fn celery_preset_shares_a_broker_with_celery() {
+    round_trip("celery", |level| format!("celery_delayed_{level}"), false).await;
+}
