@@ -1,0 +1,58 @@
+//! The example RabbitMQ config works as is, through the `hourglass` binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use hourglass_e2e::*;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The binary `cargo test --workspace` builds next to this test executable.
+fn hourglass_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe.parent().and_then(Path::parent).unwrap().join("hourglass");
+    assert!(binary.exists(), "{} is missing: run the tests with `cargo test --workspace` (scripts/test does)", binary.display());
+    binary
+}
+
+#[tokio::test]
+async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "example").await;
+    let run = |args: &[&str]| {
+        Command::new(hourglass_binary())
+            .current_dir(repo_root())
+            .args(["--config", "examples/rabbitmq.toml"])
+            .args(args)
+            .env("HOURGLASS_AMQP_URL", amqp_url())
+            .output()
+            .unwrap()
+    };
+    let output = run(&["schedule", "--to", &destination.name, "--delay", "1s", "--body", "hello", "--header", "tenant=acme", "--format", "json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let scheduled: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let received = destination.receive(1, Duration::from_secs(5)).await;
+    assert_eq!(received[0].delivery.data, b"hello");
+    assert_eq!(
+        received[0].delivery.properties.message_id().as_ref().map(|m| m.to_string()),
+        scheduled["id"].as_str().map(str::to_string)
+    );
+    assert!(received[0].at_ms >= scheduled["due_at_ms"].as_u64().unwrap());
+
+    let verified = run(&["verify", "--to", &destination.name]);
+    assert!(verified.status.success(), "{}{}", String::from_utf8_lossy(&verified.stdout), String::from_utf8_lossy(&verified.stderr));
+    assert!(String::from_utf8_lossy(&verified.stdout).contains("no drift"));
+
+    let missing = run(&["schedule", "--to", &unique("absent"), "--delay", "1s", "--body", "x"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"), "{}", String::from_utf8_lossy(&missing.stderr));
+
+    let config = hourglass::config::Config::load(&repo_root().join("examples/rabbitmq.toml")).unwrap();
+    let mut strategies = hourglass::strategy::Strategies::load(&config).unwrap();
+    let topology = strategies.get_mut("seconds").unwrap().topology().unwrap();
+    delete_declared(&connection, &topology).await;
+    destination.delete().await;
+}
