@@ -48,9 +48,6 @@ fn splitmix64(state: &mut u64) -> u64 {
 pub fn delays_to_check(range: &DelayRange, seed: u64, random: usize, horizon_ms: u64) -> Vec<u64> {
     let max = range.max_delay_ms.min(horizon_ms);
     let mut delays = vec![0, 1, max, max.saturating_sub(1)];
-    if range.max_delay_ms <= horizon_ms {
-        delays.push(range.max_delay_ms.saturating_add(1));
-    }
     match &range.granularity {
         Granularity::Uniform(step) => {
             let step = (*step).max(1);
@@ -73,6 +70,10 @@ pub fn delays_to_check(range: &DelayRange, seed: u64, random: usize, horizon_ms:
     let mut state = seed;
     for _ in 0..random {
         delays.push(splitmix64(&mut state) % max.saturating_add(1).max(1));
+    }
+    delays.retain(|&d| d <= max);
+    if range.max_delay_ms <= horizon_ms {
+        delays.push(range.max_delay_ms.saturating_add(1));
     }
     delays.sort_unstable();
     delays.dedup();

@@ -108,5 +108,10 @@ macro_rules! register_planner {
         type __HourglassExportedPlanner = $crate::Adapter<$planner>;
         #[cfg(target_arch = "wasm32")]
         $crate::__bindings::__export_planner_world!(__HourglassExportedPlanner);
+        // Natively, mark the planner as used so its unit tests build without warnings.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: fn($crate::PlanRequest) = |_| {
+            let _ = <$planner as $crate::Planner>::new;
+        };
     };
 }
