@@ -105,6 +105,34 @@ impl<E: Executor> Scheduler<E> {
     }
 
     pub async fn schedule(&mut self, request: ScheduleRequest) -> Result<Scheduled, ScheduleError> {
+        let (scheduled, commands, envelope) = self.plan(request).await?;
+        self.executor.send(&commands, &envelope).await?;
+        Ok(scheduled)
+    }
+
+    /// Schedules many messages with up to `window` publishes awaiting their
+    /// confirms at once. Results come back in request order; a failed message
+    /// never hides behind a successful one.
+    pub async fn schedule_many(&mut self, requests: Vec<ScheduleRequest>, window: usize) -> Vec<Result<Scheduled, ScheduleError>> {
+        use futures_util::StreamExt;
+        let mut planned = Vec::with_capacity(requests.len());
+        for request in requests {
+            planned.push(self.plan(request).await);
+        }
+        let executor = &self.executor;
+        futures_util::stream::iter(planned)
+            .map(|planned| async move {
+                let (scheduled, commands, envelope) = planned?;
+                executor.send(&commands, &envelope).await?;
+                Ok(scheduled)
+            })
+            .buffered(window.max(1))
+            .collect()
+            .await
+    }
+
+    /// Everything up to the publish: preparation on first use, the plan, the envelope.
+    async fn plan(&mut self, request: ScheduleRequest) -> Result<(Scheduled, Vec<crate::command::Command>, Envelope), ScheduleError> {
         if request.destination.is_empty() {
             return Err(ScheduleError::BadRequest("destination is empty".into()));
         }
@@ -129,7 +157,7 @@ impl<E: Executor> Scheduler<E> {
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
         let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties };
-        self.executor.send(&plan.commands, &envelope).await?;
-        Ok(Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms })
+        let scheduled = Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms };
+        Ok((scheduled, plan.commands, envelope))
     }
 }

@@ -31,6 +31,11 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
             .output()
             .unwrap()
     };
+    for _ in 0..2 {
+        let applied = run(&["topology", "--apply", "--to", &destination.name]);
+        assert!(applied.status.success(), "topology --apply is idempotent: {}", String::from_utf8_lossy(&applied.stderr));
+        assert!(String::from_utf8_lossy(&applied.stdout).contains("applied the topology of strategy seconds on RabbitMQ"));
+    }
     let output = run(&["schedule", "--to", &destination.name, "--delay", "1s", "--body", "hello", "--header", "tenant=acme", "--format", "json"]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let scheduled: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

@@ -172,3 +172,31 @@ async fn applying_the_topology_twice_is_harmless() {
     scheduler.apply_topology("main").await.expect("a second apply changes nothing");
     delete_declared(&connect().await, &topology_of(&config)).await;
 }
+
+#[tokio::test]
+async fn many_messages_with_a_window_of_confirms_all_arrive() {
+    let connection = connect().await;
+    let prefix = unique("window");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut destination = Destination::declare(&connection, "window").await;
+    let mut scheduler = scheduler(&config).await;
+    let requests: Vec<ScheduleRequest> = (0..500)
+        .map(|i| ScheduleRequest {
+            destination: destination.name.clone(),
+            delay_ms: if i % 2 == 0 { 1_000 } else { 2_000 },
+            body: format!("{i}").into_bytes(),
+            ..Default::default()
+        })
+        .collect();
+    let results = scheduler.schedule_many(requests, 100).await;
+    let ids: Vec<String> = results.into_iter().map(|r| r.expect("every publish confirmed").id).collect();
+    let received = destination.receive(500, Duration::from_secs(15)).await;
+    let mut got: Vec<String> = received.iter().map(|r| r.delivery.properties.message_id().as_ref().unwrap().to_string()).collect();
+    let mut want = ids.clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "every confirmed message arrived exactly once");
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
