@@ -41,3 +41,32 @@ ensure_rabbitmq() {
     done
   fi
 }
+
+# A local SQS-compatible server (moto) on a free loopback port, stopped when
+# the calling script exits. The venv is kept between runs.
+ensure_sqs() {
+  local venv="${HOURGLASS_MOTO_VENV:-$HOME/.cache/hourglass/moto-venv}"
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    echo "installing moto[server] from PyPI into $venv (the local SQS server for the tests)" >&2
+    if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'moto[server]==5.2.5'; }; then
+      echo "error: could not install moto[server] into $venv; the SQS tests need it (python3 with venv and pip, and PyPI)" >&2
+      exit 1
+    fi
+  fi
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+  local log="${TMPDIR:-/tmp}/hourglass-moto-$port.log"
+  "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+  MOTO_PID=$!
+  trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
+  local deadline=$((SECONDS + 30))
+  until (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; do
+    if (( SECONDS > deadline )) || ! kill -0 "$MOTO_PID" 2>/dev/null; then
+      echo "error: moto_server did not start on 127.0.0.1:$port; see $log" >&2
+      exit 1
+    fi
+    sleep 0.2
+  done
+  export AWS_ENDPOINT_URL_SQS="http://127.0.0.1:$port"
+  export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+}

@@ -4,6 +4,7 @@ use crate::command::Command;
 use crate::config::BrokerConfig;
 use crate::executor::{Envelope, Executor, ExecutorError, MemoryExecutor};
 use crate::rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
+use crate::sqs::SqsExecutor;
 
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
 pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
@@ -12,6 +13,7 @@ pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 pub enum Broker {
     Memory(MemoryExecutor),
     RabbitMq(RabbitMqExecutor),
+    Sqs(std::sync::Arc<SqsExecutor>),
 }
 
 /// The AMQP URL: the environment variable (`url_env`, default
@@ -33,9 +35,10 @@ impl Broker {
                 let url = amqp_url(url.as_deref(), url_env.as_deref());
                 Ok(Broker::RabbitMq(RabbitMqExecutor::connect(&url).await?))
             }
-            BrokerConfig::Sqs { .. } => Err(ExecutorError::Unavailable(
-                "the SQS executor is not built yet; use broker.kind = \"memory\" to simulate SQS strategies".into(),
-            )),
+            BrokerConfig::Sqs { region, endpoint_url } => {
+                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref()).await?;
+                Ok(Broker::Sqs(std::sync::Arc::new(executor)))
+            }
         }
     }
 
@@ -44,6 +47,7 @@ impl Broker {
         match self {
             Broker::Memory(_) => "the in-memory broker".into(),
             Broker::RabbitMq(r) => format!("RabbitMQ at {}", r.url()),
+            Broker::Sqs(_) => "SQS".into(),
         }
     }
 }
@@ -53,6 +57,7 @@ impl Executor for Broker {
         match self {
             Broker::Memory(m) => m.apply(commands).await,
             Broker::RabbitMq(r) => r.apply(commands).await,
+            Broker::Sqs(s) => s.apply(commands).await,
         }
     }
 
@@ -60,6 +65,7 @@ impl Executor for Broker {
         match self {
             Broker::Memory(m) => m.check_destination(destination).await,
             Broker::RabbitMq(r) => r.check_destination(destination).await,
+            Broker::Sqs(s) => s.check_destination(destination).await,
         }
     }
 
@@ -67,6 +73,7 @@ impl Executor for Broker {
         match self {
             Broker::Memory(m) => m.send(commands, envelope).await,
             Broker::RabbitMq(r) => r.send(commands, envelope).await,
+            Broker::Sqs(s) => s.send(commands, envelope).await,
         }
     }
 }

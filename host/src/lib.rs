@@ -14,8 +14,8 @@
 //!   pump-driven queues, and reports each message's route.
 //! * [`conformance`] checks a planner keeps its promises (`check-planner`).
 //! * [`executor`] is the seam between planned commands and a broker;
-//!   [`rabbitmq`] is its RabbitMQ implementation; [`broker`] connects the
-//!   one `delay.toml` names.
+//!   [`rabbitmq`] and [`sqs`] implement it; [`broker`] connects the one
+//!   `delay.toml` names; [`pump`] drives pump-driven strategies on SQS.
 //! * [`scheduler`] takes one message from request to confirmed publish,
 //!   preparing strategies and destinations on first use.
 //! * [`verify`] compares a broker with a strategy's topology.
@@ -29,10 +29,12 @@ pub mod config;
 pub mod conformance;
 pub mod executor;
 pub mod planner;
+pub mod pump;
 pub mod rabbitmq;
 pub mod render;
 pub mod scheduler;
 pub mod simulation;
 pub mod simulator;
+pub mod sqs;
 pub mod strategy;
 pub mod verify;

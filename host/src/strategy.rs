@@ -46,6 +46,18 @@ impl Strategies {
         Ok(Strategies { planners, runtime, default: config.default_strategy.clone() })
     }
 
+    /// A separate instance of one strategy's planner, for a task of its own (a pump).
+    pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
+        let located = |source| StrategyError { location: Location { path: config.path.clone(), line: 1, column: 1 }, strategy: name.to_string(), source };
+        let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
+        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
+        runtime.load(&strategy.planner, strategy.table.to_string()).map_err(|source| StrategyError {
+            location: config.planner_location(strategy),
+            strategy: name.to_string(),
+            source,
+        })
+    }
+
     pub fn runtime(&self) -> &PlannerRuntime {
         &self.runtime
     }

@@ -3,6 +3,8 @@
 //!
 //! A missing broker fails the tests with instructions; it never skips them.
 
+pub mod sqs;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,225 @@
+//! The cycle pump: receives messages that became visible on a pumped SQS
+//! queue, asks the strategy's planner what to do with each (send around
+//! again, or hand over to the destination), sends, then deletes.
+//!
+//! A message is deleted only after its onward send succeeded, and always with
+//! the receipt handle of the queue it came from; a failed delete is retried
+//! there. A pump killed between send and delete leaves the message to come back
+//! after its visibility timeout: it is delivered, possibly twice, never lost.
+//! Several pumps may share a queue: the FIFO deduplication id of each cycle
+//! (message and cycle) absorbs a double send within five minutes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use serde::Serialize;
+
+use crate::command::FieldValue;
+use crate::executor::ExecutorError;
+use crate::planner::{DueAction, DueMessage, LoadedPlanner};
+use crate::scheduler::unix_now_ms;
+use crate::sqs::{SqsExecutor, count};
+
+#[derive(Debug, Default)]
+pub struct PumpCounters {
+    pub received: AtomicU64,
+    pub recycled: AtomicU64,
+    pub handed_over: AtomicU64,
+    /// Messages received more than once (a pump died, or a delete failed).
+    pub redelivered: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PumpStats {
+    pub received: u64,
+    pub recycled: u64,
+    pub handed_over: u64,
+    pub redelivered: u64,
+    pub failed: u64,
+}
+
+impl PumpCounters {
+    pub fn snapshot(&self) -> PumpStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PumpStats {
+            received: get(&self.received),
+            recycled: get(&self.recycled),
+            handed_over: get(&self.handed_over),
+            redelivered: get(&self.redelivered),
+            failed: get(&self.failed),
+        }
+    }
+}
+
+/// Where a pump stops in the middle, for fault-injection tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupt {
+    None,
+    /// Sent onward, then died before deleting.
+    AfterSendBeforeDelete,
+}
+
+pub struct Pump {
+    executor: Arc<SqsExecutor>,
+    planner: LoadedPlanner,
+    queue: String,
+    url: String,
+    wait_seconds: i32,
+    pub counters: Arc<PumpCounters>,
+}
+
+impl Pump {
+    pub async fn new(executor: Arc<SqsExecutor>, planner: LoadedPlanner, queue: &str, wait_seconds: i32) -> Result<Self, ExecutorError> {
+        let url = executor
+            .url(queue)
+            .await?
+            .ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist; apply the topology first")))?;
+        Ok(Pump { executor, planner, queue: queue.to_string(), url, wait_seconds, counters: Arc::default() })
+    }
+
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// One receive (long poll) and everything it brought. Returns how many messages came.
+    pub async fn pump_once(&mut self, interrupt: Interrupt) -> Result<usize, ExecutorError> {
+        let client = self.executor.client().clone();
+        count(&self.executor.requests.receive_message);
+        let received = client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(self.wait_seconds)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| ExecutorError::Unavailable(format!("SQS ReceiveMessage on {}: {e}", self.queue)))?;
+        let messages = received.messages();
+        let mut deletes = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            self.counters.received.fetch_add(1, Ordering::Relaxed);
+            let system = message.attributes();
+            let stamp = |name: MessageSystemAttributeName| -> u64 {
+                system.and_then(|a| a.get(&name)).and_then(|v| v.parse().ok()).unwrap_or(0)
+            };
+            let receive_count = stamp(MessageSystemAttributeName::ApproximateReceiveCount) as u32;
+            if receive_count > 1 {
+                self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut base: BTreeMap<String, FieldValue> = BTreeMap::new();
+            let mut attributes = Vec::new();
+            for (name, value) in message.message_attributes().into_iter().flatten() {
+                let text = value.string_value().unwrap_or_default().to_string();
+                let field = match (value.data_type(), text.parse::<i64>()) {
+                    ("Number", Ok(n)) => FieldValue::Int(n),
+                    _ => FieldValue::Text(text.clone()),
+                };
+                base.insert(name.clone(), field);
+                attributes.push((name.clone(), text));
+            }
+            let due = DueMessage {
+                queue: self.queue.clone(),
+                message_id: message.message_id().unwrap_or_default().to_string(),
+                attributes,
+                sent_timestamp_ms: stamp(MessageSystemAttributeName::SentTimestamp),
+                first_receive_timestamp_ms: stamp(MessageSystemAttributeName::ApproximateFirstReceiveTimestamp),
+                receive_count,
+                host_now_ms: unix_now_ms(),
+            };
+            let outcome = match self.planner.handle_due(&due) {
+                Ok(DueAction::Recycle(commands)) => Ok((commands, &self.counters.recycled)),
+                Ok(DueAction::HandOver(commands)) => Ok((commands, &self.counters.handed_over)),
+                Err(err) => Err(err.to_string()),
+            };
+            let sent = match outcome {
+                Ok((commands, counter)) => {
+                    let body = message.body().unwrap_or_default();
+                    let mut result = Ok(());
+                    for command in &commands {
+                        // The planner's attributes win over the message's own.
+                        let mut carried = base.clone();
+                        if let crate::command::Command::SqsSend { attributes, .. } = command {
+                            for key in attributes.keys() {
+                                carried.remove(key);
+                            }
+                        }
+                        if let Err(err) = self.executor.send_one(command, body, &carried).await {
+                            result = Err(err.to_string());
+                            break;
+                        }
+                    }
+                    if result.is_ok() {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    result
+                }
+                Err(err) => Err(err),
+            };
+            match sent {
+                Ok(()) => deletes.push(
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(index.to_string())
+                        .receipt_handle(message.receipt_handle().unwrap_or_default())
+                        .build()
+                        .map_err(|e| ExecutorError::Refused(e.to_string()))?,
+                ),
+                Err(err) => {
+                    // Not deleted: it comes back after its visibility timeout.
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(queue = %self.queue, error = %err, "due message not forwarded; it will be retried");
+                }
+            }
+        }
+        if interrupt == Interrupt::AfterSendBeforeDelete {
+            return Ok(messages.len());
+        }
+        self.delete(deletes).await?;
+        Ok(messages.len())
+    }
+
+    /// Deletes against the queue the messages came from; failed entries are retried once there.
+    async fn delete(&self, entries: Vec<DeleteMessageBatchRequestEntry>) -> Result<(), ExecutorError> {
+        let mut pending = entries;
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            count(&self.executor.requests.delete_message_batch);
+            let output = self
+                .executor
+                .client()
+                .delete_message_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(pending.clone()))
+                .send()
+                .await
+                .map_err(|e| ExecutorError::Unavailable(format!("SQS DeleteMessageBatch on {}: {e}", self.queue)))?;
+            let failed: Vec<&str> = output.failed().iter().map(|f| f.id()).collect();
+            pending.retain(|e| failed.contains(&e.id()));
+            if attempt == 1 && !pending.is_empty() {
+                tracing::warn!(queue = %self.queue, count = pending.len(), "deletes failed twice; those messages will come back and be deduplicated");
+            }
+        }
+        Ok(())
+    }
+
+    /// Pumps until `shutdown` turns true, finishing the batch in hand.
+    pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), ExecutorError> {
+        while !*shutdown.borrow() {
+            tokio::select! {
+                result = self.pump_once(Interrupt::None) => {
+                    if let Err(err) = result {
+                        tracing::warn!(queue = %self.queue, error = %err, "pump receive failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                }
+                _ = shutdown.changed() => {}
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,293 @@
+//! The SQS executor: queue setup checked against what the strategy needs,
+//! sends with SQS's limits checked up front, and a count of every request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::executor::{Envelope, Executor, ExecutorError};
+
+/// SQS refuses a message (body plus attributes) above 256 KiB.
+pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
+/// The delay queue keeps messages at least this long (4 days).
+pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
+
+/// Every SQS request made, by kind: the bill.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub get_queue_url: AtomicU64,
+    pub create_queue: AtomicU64,
+    pub get_queue_attributes: AtomicU64,
+    pub send_message: AtomicU64,
+    pub send_message_batch: AtomicU64,
+    pub receive_message: AtomicU64,
+    pub delete_message_batch: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RequestSnapshot {
+    pub get_queue_url: u64,
+    pub create_queue: u64,
+    pub get_queue_attributes: u64,
+    pub send_message: u64,
+    pub send_message_batch: u64,
+    pub receive_message: u64,
+    pub delete_message_batch: u64,
+}
+
+impl RequestSnapshot {
+    /// Requests that move messages (what a steady state pays for).
+    pub fn message_requests(&self) -> u64 {
+        self.send_message + self.send_message_batch + self.receive_message + self.delete_message_batch
+    }
+}
+
+impl RequestCounts {
+    pub fn snapshot(&self) -> RequestSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RequestSnapshot {
+            get_queue_url: get(&self.get_queue_url),
+            create_queue: get(&self.create_queue),
+            get_queue_attributes: get(&self.get_queue_attributes),
+            send_message: get(&self.send_message),
+            send_message_batch: get(&self.send_message_batch),
+            receive_message: get(&self.receive_message),
+            delete_message_batch: get(&self.delete_message_batch),
+        }
+    }
+}
+
+pub fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+pub struct SqsExecutor {
+    client: Client,
+    urls: Mutex<HashMap<String, String>>,
+    pub requests: RequestCounts,
+}
+
+fn unavailable(what: impl std::fmt::Display, err: impl std::error::Error) -> ExecutorError {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(&format!(": {inner}"));
+        source = inner.source();
+    }
+    ExecutorError::Unavailable(format!("SQS {what}: {text}"))
+}
+
+/// Message attributes for a send: the envelope's headers, then the command's,
+/// checked against SQS's limit of ten.
+pub fn message_attributes(envelope_headers: &BTreeMap<String, FieldValue>, extra: &BTreeMap<String, String>) -> Result<HashMap<String, MessageAttributeValue>, ExecutorError> {
+    let mut attributes = HashMap::new();
+    for (name, value) in envelope_headers {
+        let (data_type, text) = match value {
+            FieldValue::Int(i) => ("Number", i.to_string()),
+            FieldValue::Text(s) => ("String", s.clone()),
+            FieldValue::Bool(b) => ("String", b.to_string()),
+        };
+        attributes.insert(name.clone(), attribute(data_type, text)?);
+    }
+    for (name, value) in extra {
+        attributes.insert(name.clone(), attribute("String", value.clone())?);
+    }
+    if attributes.len() > SQS_MAX_MESSAGE_ATTRIBUTES {
+        return Err(ExecutorError::Refused(format!(
+            "the message would carry {} attributes; SQS allows {SQS_MAX_MESSAGE_ATTRIBUTES} ({})",
+            attributes.len(),
+            attributes.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(attributes)
+}
+
+fn attribute(data_type: &str, value: String) -> Result<MessageAttributeValue, ExecutorError> {
+    MessageAttributeValue::builder()
+        .data_type(data_type)
+        .string_value(value)
+        .build()
+        .map_err(|e| ExecutorError::Refused(format!("message attribute: {e}")))
+}
+
+/// Body plus attributes, as SQS counts them against its size limit.
+pub fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> usize {
+    body.len()
+        + attributes
+            .iter()
+            .map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len))
+            .sum::<usize>()
+}
+
+impl SqsExecutor {
+    /// Region, endpoint and credentials come from the standard AWS chain
+    /// (environment, profile, instance role); `region` and `endpoint_url` override it.
+    pub async fn connect(region: Option<&str>, endpoint_url: Option<&str>) -> Result<Self, ExecutorError> {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+        if let Some(region) = region {
+            loader = loader.region(aws_config::Region::new(region.to_string()));
+        }
+        if let Some(endpoint) = endpoint_url {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let config = loader.load().await;
+        if config.region().is_none() {
+            return Err(ExecutorError::Unavailable("SQS: no region: set broker.region or AWS_REGION".into()));
+        }
+        Ok(SqsExecutor { client: Client::new(&config), urls: Mutex::new(HashMap::new()), requests: RequestCounts::default() })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A queue's URL, looked up once.
+    pub async fn url(&self, queue: &str) -> Result<Option<String>, ExecutorError> {
+        if let Some(url) = self.urls.lock().await.get(queue) {
+            return Ok(Some(url.clone()));
+        }
+        count(&self.requests.get_queue_url);
+        match self.client.get_queue_url().queue_name(queue).send().await {
+            Ok(output) => {
+                let url = output.queue_url().unwrap_or_default().to_string();
+                self.urls.lock().await.insert(queue.to_string(), url.clone());
+                Ok(Some(url))
+            }
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_queue_does_not_exist()) => Ok(None),
+            Err(err) => Err(unavailable(format!("GetQueueUrl {queue}"), err)),
+        }
+    }
+
+    async fn existing_url(&self, queue: &str) -> Result<String, ExecutorError> {
+        self.url(queue)
+            .await?
+            .ok_or_else(|| ExecutorError::Refused(format!("SQS queue {queue:?} does not exist; create it before sending to it")))
+    }
+
+    /// Creates the queue if missing, then refuses to go on unless its
+    /// attributes are what the strategy needs.
+    pub async fn ensure_queue(&self, name: &str, wanted: &BTreeMap<String, String>) -> Result<String, ExecutorError> {
+        let url = match self.url(name).await? {
+            Some(url) => url,
+            None => {
+                count(&self.requests.create_queue);
+                let attributes: HashMap<QueueAttributeName, String> =
+                    wanted.iter().map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone())).collect();
+                let created = self
+                    .client
+                    .create_queue()
+                    .queue_name(name)
+                    .set_attributes(Some(attributes))
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(format!("CreateQueue {name}"), e))?;
+                let url = created.queue_url().unwrap_or_default().to_string();
+                self.urls.lock().await.insert(name.to_string(), url.clone());
+                url
+            }
+        };
+        count(&self.requests.get_queue_attributes);
+        let found = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("GetQueueAttributes {name}"), e))?;
+        let found: HashMap<String, String> =
+            found.attributes().map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect()).unwrap_or_default();
+        let mut wrong = Vec::new();
+        for (key, value) in wanted {
+            let actual = found.get(key).map(String::as_str);
+            let fine = match key.as_str() {
+                // Longer retention than required is fine.
+                "MessageRetentionPeriod" => actual.and_then(|a| a.parse::<u64>().ok()) >= value.parse::<u64>().ok(),
+                _ => actual == Some(value.as_str()),
+            };
+            if !fine {
+                wrong.push(format!("{key} is {}, hourglass needs {value}", actual.unwrap_or("unset")));
+            }
+        }
+        if found.contains_key("RedrivePolicy") {
+            wrong.push("RedrivePolicy is set; a delay queue must not move messages to a dead-letter queue".into());
+        }
+        if !wrong.is_empty() {
+            return Err(ExecutorError::Refused(format!("SQS queue {name:?} cannot be used: {}", wrong.join("; "))));
+        }
+        Ok(url)
+    }
+
+    /// Sends one message as a command describes; the body must be text (SQS bodies are).
+    pub async fn send_one(&self, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(), ExecutorError> {
+        let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
+            return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
+        };
+        let message_attributes = message_attributes(base, attributes)?;
+        let size = message_size(body, &message_attributes);
+        if size > SQS_MAX_MESSAGE_BYTES {
+            return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
+        }
+        let url = self.existing_url(queue).await?;
+        let mut request = self
+            .client
+            .send_message()
+            .queue_url(url)
+            .message_body(body)
+            .set_message_attributes(Some(message_attributes))
+            .set_message_group_id(group_id.clone())
+            .set_message_deduplication_id(dedup_id.clone());
+        if !queue.ends_with(".fifo") {
+            request = request.delay_seconds(*delay_seconds as i32);
+        }
+        count(&self.requests.send_message);
+        request.send().await.map_err(|e| unavailable(format!("SendMessage to {queue}"), e))?;
+        Ok(())
+    }
+}
+
+impl Executor for SqsExecutor {
+    async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+        for command in commands {
+            match command {
+                Command::SqsEnsureQueue { name, attributes, .. } => {
+                    self.ensure_queue(name, attributes).await?;
+                }
+                other => return Err(ExecutorError::Refused(format!("{other:?} is not an SQS command: the strategy is for RabbitMQ"))),
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+        self.existing_url(destination).await.map(|_| ())
+    }
+
+    async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+        let body = std::str::from_utf8(&envelope.body)
+            .map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
+        for command in commands {
+            self.send_one(command, body, &envelope.headers).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_than_ten_attributes_are_refused_before_sending() {
+        let headers: BTreeMap<String, FieldValue> = (0..9).map(|i| (format!("h{i}"), FieldValue::Int(i))).collect();
+        let extra: BTreeMap<String, String> = [("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())].into();
+        let err = message_attributes(&headers, &extra).unwrap_err().to_string();
+        assert!(err.contains("11 attributes; SQS allows 10"), "{err}");
+        assert!(message_attributes(&headers, &BTreeMap::new()).is_ok());
+    }
+}

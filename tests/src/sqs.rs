@@ -1,0 +1,141 @@
+//! SQS helpers: the local server from the environment, unique queues, a
+//! consumer recording arrival times, and pumps in tasks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use hourglass::broker::Broker;
+use hourglass::config::Config;
+use hourglass::pump::{Pump, PumpCounters};
+use hourglass::scheduler::{Scheduler, unix_now_ms};
+use hourglass::sqs::SqsExecutor;
+use hourglass::strategy::Strategies;
+use tokio::sync::{mpsc, watch};
+
+pub fn endpoint() -> String {
+    std::env::var("AWS_ENDPOINT_URL_SQS").unwrap_or_else(|_| {
+        panic!("AWS_ENDPOINT_URL_SQS is not set: run the tests with scripts/test, which starts a local SQS server (moto)")
+    })
+}
+
+/// SQS queue names allow letters, digits, '-' and '_'.
+pub fn unique_queue(stem: &str) -> String {
+    format!("e2e-{stem}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
+}
+
+pub fn sqs_config(strategy_table: &str) -> Config {
+    let text = format!("[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[strategies.main]\n{strategy_table}\n", endpoint());
+    Config::parse(std::path::Path::new("e2e-sqs.toml"), text).expect("test config")
+}
+
+pub async fn sqs_scheduler(config: &Config) -> (Scheduler<Broker>, Arc<SqsExecutor>) {
+    let strategies = Strategies::load(config).expect("strategies load");
+    let broker = Broker::connect(&config.broker).await.expect("connect to the local SQS server");
+    let Broker::Sqs(executor) = &broker else { panic!("not an SQS broker") };
+    let executor = executor.clone();
+    (Scheduler::new(config, strategies, broker), executor)
+}
+
+pub async fn create_queue(executor: &SqsExecutor, name: &str, attributes: &[(&str, &str)]) -> String {
+    let mut request = executor.client().create_queue().queue_name(name);
+    for (k, v) in attributes {
+        request = request.attributes(QueueAttributeName::from(*k), *v);
+    }
+    request.send().await.unwrap_or_else(|e| panic!("create {name}: {e:?}")).queue_url().unwrap().to_string()
+}
+
+pub struct SqsReceived {
+    pub body: String,
+    pub attributes: std::collections::HashMap<String, MessageAttributeValue>,
+    pub at_ms: u64,
+}
+
+impl SqsReceived {
+    pub fn attribute(&self, name: &str) -> Option<String> {
+        self.attributes.get(name).and_then(|v| v.string_value()).map(str::to_string)
+    }
+}
+
+/// Polls a destination queue in its own task, recording when each message became receivable.
+pub struct SqsDestination {
+    pub name: String,
+    received: mpsc::UnboundedReceiver<SqsReceived>,
+    stop: watch::Sender<bool>,
+}
+
+impl SqsDestination {
+    pub async fn create(executor: Arc<SqsExecutor>, stem: &str) -> SqsDestination {
+        let name = unique_queue(stem);
+        let url = create_queue(&executor, &name, &[]).await;
+        let (sender, received) = mpsc::unbounded_channel();
+        let (stop, stopped) = watch::channel(false);
+        let client = executor.client().clone();
+        tokio::spawn(async move {
+            while !*stopped.borrow() {
+                let Ok(output) = client
+                    .receive_message()
+                    .queue_url(&url)
+                    .max_number_of_messages(10)
+                    .wait_time_seconds(1)
+                    .message_attribute_names("All")
+                    .message_system_attribute_names(MessageSystemAttributeName::All)
+                    .send()
+                    .await
+                else {
+                    continue;
+                };
+                let at_ms = unix_now_ms();
+                for message in output.messages() {
+                    client.delete_message().queue_url(&url).receipt_handle(message.receipt_handle().unwrap()).send().await.ok();
+                    let received = SqsReceived {
+                        body: message.body().unwrap_or_default().to_string(),
+                        attributes: message.message_attributes().cloned().unwrap_or_default(),
+                        at_ms,
+                    };
+                    if sender.send(received).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        SqsDestination { name, received, stop }
+    }
+
+    pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<SqsReceived> {
+        let until = Instant::now() + deadline;
+        let mut out = Vec::new();
+        while out.len() < count {
+            match tokio::time::timeout(until.saturating_duration_since(Instant::now()), self.received.recv()).await {
+                Ok(Some(r)) => out.push(r),
+                _ => panic!("{} of {count} messages reached {} within {deadline:?}", out.len(), self.name),
+            }
+        }
+        out
+    }
+
+    /// Whatever else arrives within `quiet`.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<SqsReceived> {
+        let mut out = Vec::new();
+        while let Ok(Some(r)) = tokio::time::timeout(quiet, self.received.recv()).await {
+            out.push(r);
+        }
+        out
+    }
+}
+
+impl Drop for SqsDestination {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// A pump for `queue` running in a task until the returned sender says stop.
+pub async fn spawn_pump(config: &Config, executor: Arc<SqsExecutor>, queue: &str) -> (watch::Sender<bool>, Arc<PumpCounters>) {
+    let planner = Strategies::load_one(config, "main").unwrap();
+    let pump = Pump::new(executor, planner, queue, 1).await.unwrap();
+    let counters = pump.counters.clone();
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(pump.run(stopped));
+    (stop, counters)
+}

@@ -1,0 +1,138 @@
+//! Delays beyond a cycle on a local SQS-compatible server (moto), with a
+//! 2-second cycle so many cycles pass in seconds.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use hourglass::command::FieldValue;
+use hourglass::pump::{Interrupt, Pump};
+use hourglass::scheduler::{ScheduleRequest, Scheduled};
+use hourglass::strategy::Strategies;
+use hourglass_e2e::sqs::*;
+
+const CYCLE_TABLE: &str = "planner = \"sqs-cycles\"\ncycle = \"2s\"";
+
+fn request(destination: &str, delay_ms: u64, i: usize) -> ScheduleRequest {
+    ScheduleRequest {
+        destination: destination.to_string(),
+        delay_ms,
+        body: format!("body-{i}").into_bytes(),
+        headers: [("tenant".to_string(), FieldValue::Text(format!("t-{i}")))].into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor.clone(), "cycles").await;
+    // 0, 1 s, below one cycle, exactly one cycle, 3.5 cycles, 5.5 cycles.
+    let delays = [0u64, 1_000, 1_500, 2_000, 7_000, 11_000];
+    let mut sent: HashMap<String, (usize, Scheduled)> = HashMap::new();
+    for (i, &delay) in delays.iter().enumerate() {
+        let scheduled = scheduler.schedule(request(&destination.name, delay, i)).await.expect("schedule");
+        sent.insert(format!("body-{i}"), (i, scheduled));
+    }
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+
+    let received = destination.receive(delays.len(), Duration::from_secs(25)).await;
+    for message in &received {
+        let (i, scheduled) = &sent[&message.body];
+        let late = message.at_ms as i64 - scheduled.due_at_ms as i64;
+        // The same bound for 0 cycles as for 5: lateness does not grow per cycle.
+        assert!(late >= 0, "delay {}ms arrived {}ms early", delays[*i], -late);
+        assert!(late <= 2_000, "delay {}ms arrived {late}ms late", delays[*i]);
+        assert_eq!(message.attribute("tenant"), Some(format!("t-{i}")), "attributes intact");
+        assert_eq!(message.attribute("hourglass-due-at"), Some(scheduled.due_at_ms.to_string()));
+    }
+    let stats = counters.snapshot();
+    assert!(stats.recycled >= 1 + 4, "the 7 s and 11 s messages cycled: {stats:?}");
+    assert_eq!(stats.handed_over, 2, "{stats:?}");
+    let requests = executor.requests.snapshot();
+    assert!(requests.message_requests() > 0, "{requests:?}");
+    stop.send(true).unwrap();
+}
+
+#[tokio::test]
+async fn invalid_inputs_fail_before_anything_is_sent() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+
+    let long = format!("e2e-{}", "x".repeat(72));
+    let err = scheduler.schedule(request(&long, 5_000, 0)).await.unwrap_err().to_string();
+    assert!(err.contains("SQS allows 80") || err.contains("does not exist"), "{err}");
+
+    let mut destination = SqsDestination::create(executor.clone(), "invalid").await;
+    let mut big = request(&destination.name, 1_000, 1);
+    big.body = vec![b'x'; 300_000];
+    let err = scheduler.schedule(big).await.unwrap_err().to_string();
+    assert!(err.contains("SQS allows 262144"), "{err}");
+
+    let wrong = SqsDestination::create(executor.clone(), "wrongdelay").await;
+    let wrong_delay_queue = format!("{}-delay.fifo", wrong.name);
+    create_queue(&executor, &wrong_delay_queue, &[("FifoQueue", "true"), ("DelaySeconds", "5"), ("MessageRetentionPeriod", "345600")]).await;
+    let err = scheduler.schedule(request(&wrong.name, 5_000, 2)).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("SQS queue \"{wrong_delay_queue}\" cannot be used: DelaySeconds is 5, hourglass needs 2")), "{err}");
+
+    let sends_before = executor.requests.snapshot().send_message;
+    assert_eq!(sends_before, 0, "nothing was sent for any invalid input");
+    assert!(destination.drain(Duration::from_millis(1_500)).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_pump_dying_between_send_and_delete_loses_nothing() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor.clone(), "crash").await;
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    // A short visibility timeout so the undeleted message comes back quickly.
+    create_queue(&executor, &delay_queue, &[
+        ("FifoQueue", "true"),
+        ("DelaySeconds", "2"),
+        ("MessageRetentionPeriod", "345600"),
+        ("VisibilityTimeout", "2"),
+    ])
+    .await;
+    let scheduled = scheduler.schedule(request(&destination.name, 5_000, 0)).await.unwrap();
+
+    let planner = Strategies::load_one(&config, "main").unwrap();
+    let mut dying = Pump::new(executor.clone(), planner, &delay_queue, 1).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dying.pump_once(Interrupt::AfterSendBeforeDelete).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the message never became due");
+    }
+    drop(dying);
+
+    let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+    let first = destination.receive(1, Duration::from_secs(15)).await;
+    assert_eq!(first[0].body, "body-0");
+    assert!(first[0].at_ms >= scheduled.due_at_ms, "not early");
+    let duplicates = destination.drain(Duration::from_secs(4)).await.len();
+    let stats = counters.snapshot();
+    assert!(stats.redelivered >= 1, "the undeleted copy came back and was counted: {stats:?}");
+    println!("duplicates delivered: {duplicates}, pump stats: {stats:?}");
+    stop.send(true).unwrap();
+}
+
+#[tokio::test]
+async fn two_pumps_on_one_delay_queue_deliver_everything() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor.clone(), "twopumps").await;
+    let count = 12;
+    for i in 0..count {
+        scheduler.schedule(request(&destination.name, 3_000 + (i as u64 % 4) * 1_000, i)).await.unwrap();
+    }
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    let (stop_a, a) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+    let (stop_b, b) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+    let received = destination.receive(count, Duration::from_secs(25)).await;
+    let bodies: HashSet<String> = received.iter().map(|r| r.body.clone()).collect();
+    assert_eq!(bodies.len(), count, "every message delivered");
+    let (a, b) = (a.snapshot(), b.snapshot());
+    assert_eq!(a.handed_over + b.handed_over >= count as u64, true, "{a:?} {b:?}");
+    stop_a.send(true).unwrap();
+    stop_b.send(true).unwrap();
+}
