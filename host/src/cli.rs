@@ -10,7 +10,10 @@ use hourglass::broker::{Broker, amqp_url};
 use hourglass::config::BrokerConfig;
 use hourglass::verify;
 use hourglass::command::{Command, FieldValue};
+use hourglass::planner::BrokerFamily;
+use hourglass::pump::Pump;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
+use hourglass::simulator::{Hop, HopStep};
 use hourglass::config::Config;
 use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
 use hourglass::simulation::Simulation;
@@ -87,6 +90,9 @@ enum Commands {
         delay: u64,
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
+        /// SQS price per million requests, for the cost of SQS strategies' plans.
+        #[arg(long, default_value_t = 0.50)]
+        price_per_million: f64,
     },
     /// Show the strategy's static topology (and a destination's setup with --to);
     /// with --apply, declare it on the configured broker.
@@ -154,6 +160,15 @@ enum Commands {
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
+    /// Run the cycle pumps of a pump-driven strategy (sqs-cycles) until interrupted.
+    Pump {
+        /// Destinations to pump for (default: the configured destinations using the strategy).
+        #[arg(long = "to", value_name = "DEST")]
+        destinations: Vec<String>,
+        /// Long-poll wait of each receive, 1 to 20 seconds.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..=20))]
+        wait_seconds: i32,
+    },
     /// List the configured strategies and their planners.
     Strategies {
         #[arg(long, value_enum, default_value = "table")]
@@ -199,7 +214,7 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
-        Commands::Plan { destination, delay, format } => {
+        Commands::Plan { destination, delay, format, price_per_million } => {
             let (config, mut strategies) = load(&cli)?;
             let (name, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
             let request = PlanRequest {
@@ -210,6 +225,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let plan = planner.plan(&request)?;
             let info = planner.info().clone();
+            let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);
+            let cost = (info.family == BrokerFamily::Sqs).then(|| sqs_cost(&simulated.hops, *price_per_million));
             match format {
                 TextOrJson::Json => print_json(&serde_json::json!({
                     "strategy": name,
@@ -218,6 +235,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     "delay_ms": delay,
                     "delivers_after_ms": plan.delivers_after_ms,
                     "commands": plan.commands,
+                    "sqs": cost,
                 }))?,
                 TextOrJson::Table => {
                     println!(
@@ -228,12 +246,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         render::duration(*delay)
                     );
                     print!("{}", render::commands(&plan.commands));
-                    let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);
                     println!("\nroute on the in-memory broker:");
                     print!("{}", render::route(&simulated.hops));
                     match (simulated.arrival_ms, simulated.problem) {
                         (Some(at), _) => println!("delivered to {destination} after {}", render::duration(at)),
                         (None, problem) => println!("NOT delivered: {}", problem.unwrap_or_default()),
+                    }
+                    if let Some(cost) = cost {
+                        println!(
+                            "SQS requests: {} (1 send + {} pump visits x 3: receive, send, delete); ${:.7} at ${} per million",
+                            cost.requests, cost.pump_visits, cost.cost_usd, cost.price_per_million_usd
+                        );
                     }
                 }
             }
@@ -371,6 +394,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(if report.drifts.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Commands::Pump { destinations, wait_seconds } => {
+            let (config, strategies) = load(&cli)?;
+            let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
+            let destinations: Vec<String> = if destinations.is_empty() {
+                config.destinations.keys().filter(|d| config.strategy_for(d) == strategy).cloned().collect()
+            } else {
+                destinations.clone()
+            };
+            if destinations.is_empty() {
+                bail!("no destinations to pump for: give --to DEST or list them under [destinations] with strategy = {strategy:?}");
+            }
+            tokio_runtime()?.block_on(run_pumps(&config, strategies, &strategy, &destinations, *wait_seconds))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Commands::Strategies { format } => {
             let (config, mut strategies) = load(&cli)?;
             let names: Vec<String> = strategies.names().map(str::to_string).collect();
@@ -416,4 +453,83 @@ fn planner_table(path: Option<&Path>) -> Result<serde_json::Value> {
         bail!("{}: give only the planner's own keys (no `planner`)", path.display());
     }
     Ok(serde_json::to_value(table)?)
+}
+
+#[derive(serde::Serialize)]
+struct SqsCost {
+    pump_visits: u64,
+    requests: u64,
+    price_per_million_usd: f64,
+    cost_usd: f64,
+}
+
+/// The SQS bill of one message: its first send, then a receive, a send and a
+/// delete each time it surfaces on a pumped queue.
+fn sqs_cost(hops: &[Hop], price_per_million: f64) -> SqsCost {
+    let pump_visits = hops.iter().filter(|h| matches!(h.step, HopStep::Pump { .. })).count() as u64;
+    let requests = 1 + 3 * pump_visits;
+    SqsCost { pump_visits, requests, price_per_million_usd: price_per_million, cost_usd: requests as f64 * price_per_million / 1e6 }
+}
+
+async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, destinations: &[String], wait_seconds: i32) -> Result<()> {
+    let broker = Broker::connect(&config.broker).await?;
+    let Broker::Sqs(executor) = &broker else {
+        bail!("{}: pump needs broker.kind = \"sqs\"", config.path.display());
+    };
+    let executor = executor.clone();
+    let mut scheduler = Scheduler::new(config, strategies, broker);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut counters = Vec::new();
+    for destination in destinations {
+        scheduler.prepare_destination(strategy, destination).await?;
+        let mut planner = Strategies::load_one(config, strategy)?;
+        let pumped: Vec<String> = planner
+            .destination_setup(destination)?
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::SqsEnsureQueue { name, pumped: true, .. } => Some(name),
+                _ => None,
+            })
+            .collect();
+        for queue in pumped {
+            let pump = Pump::new(executor.clone(), Strategies::load_one(config, strategy)?, &queue, wait_seconds).await?;
+            eprintln!("pumping {queue}");
+            counters.push(pump.counters.clone());
+            tasks.push(tokio::spawn(pump.run(stopped.clone())));
+        }
+    }
+    if tasks.is_empty() {
+        bail!("strategy {strategy} has no pumped queues: it is not pump-driven");
+    }
+    shutdown_signal().await;
+    eprintln!("stopping: finishing the batches in hand");
+    stop.send(true).ok();
+    for task in tasks {
+        task.await??;
+    }
+    let handed_over: u64 = counters.iter().map(|c| c.snapshot().handed_over).sum();
+    let visits: u64 = counters.iter().map(|c| { let s = c.snapshot(); s.recycled + s.handed_over }).sum();
+    let requests = executor.requests.snapshot();
+    println!("{}", serde_json::to_string_pretty(&serde_json::json!({
+        "pumps": counters.iter().map(|c| c.snapshot()).collect::<Vec<_>>(),
+        "requests": requests,
+        "requests_per_delivered_message": requests.message_requests() as f64 / handed_over.max(1) as f64,
+        "requests_per_cycle": requests.message_requests() as f64 / visits.max(1) as f64,
+    }))?);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    interrupt.await.ok();
 }

@@ -125,7 +125,7 @@ impl Executor for MemoryExecutor {
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let mut state = self.now();
         let message = SimMessage::new(&envelope.id, envelope.headers.clone());
-        commands.iter().try_for_each(|c| state.simulator.execute(c, &message)).map_err(to_executor_error)
+        commands.iter().try_for_each(|c| state.simulator.execute(c, message.clone())).map_err(to_executor_error)
     }
 }
 

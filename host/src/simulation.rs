@@ -166,7 +166,7 @@ impl<'p> Simulation<'p> {
         .into();
         let message = SimMessage::new(id, headers);
         for command in &plan.commands {
-            if let Err(err) = self.simulator.execute(command, &message) {
+            if let Err(err) = self.simulator.execute(command, message.clone()) {
                 result.problem = Some(format!("{command:?}: {err}"));
                 break;
             }
@@ -199,8 +199,11 @@ impl<'p> Simulation<'p> {
         });
         let step = HopStep::Pump { queue: due.queue.clone(), action: name.into(), sends: sends.collect() };
         message.hops.push(Hop { at_ms: self.simulator.now_ms(), step });
-        for command in &commands {
-            self.simulator.execute(command, &message).map_err(|e| (id.clone(), format!("{command:?}: {e}")))?;
+        let last = commands.len().saturating_sub(1);
+        let mut message = Some(message);
+        for (i, command) in commands.iter().enumerate() {
+            let copy = if i == last { message.take().expect("moved once") } else { message.clone().expect("still here") };
+            self.simulator.execute(command, copy).map_err(|e| (id.clone(), format!("{command:?}: {e}")))?;
         }
         Ok(())
     }

@@ -89,6 +89,11 @@ fn sqs_cycles_1925_seconds_is_two_cycles_then_125_seconds() {
     ]);
     let plan = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "1925s", "--format", "json"]));
     assert_eq!(plan["commands"][0]["queue"], "orders-delay.fifo");
+    // The bill: the first send, then receive + send + delete at each of the two visits.
+    assert_eq!(plan["sqs"]["pump_visits"], 2);
+    assert_eq!(plan["sqs"]["requests"], 7);
+    let year = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "365d", "--format", "json"]));
+    assert_eq!(year["sqs"]["pump_visits"], 35_039, "hand-over happens once 900 s or less remain");
 }
 
 #[test]

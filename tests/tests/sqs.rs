@@ -136,3 +136,39 @@ async fn two_pumps_on_one_delay_queue_deliver_everything() {
     stop_a.send(true).unwrap();
     stop_b.send(true).unwrap();
 }
+
+#[tokio::test]
+async fn examples_sqs_toml_schedules_and_pumps_as_is() {
+    use std::process::{Command, Stdio};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let binary = std::env::current_exe().unwrap().parent().and_then(|p| p.parent()).unwrap().join("hourglass");
+    assert!(binary.exists(), "{} is missing: run with `cargo test --workspace` (scripts/test does)", binary.display());
+    let config = sqs_config(CYCLE_TABLE);
+    let (_scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor, "example").await;
+
+    let output = Command::new(&binary)
+        .current_dir(&root)
+        .args(["--config", "examples/sqs.toml", "--strategy", "quick", "schedule", "--to", &destination.name, "--delay", "7s", "--body", "hello"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut pump = Command::new(&binary)
+        .current_dir(&root)
+        .args(["--config", "examples/sqs.toml", "--strategy", "quick", "pump", "--to", &destination.name, "--wait-seconds", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let received = destination.receive(1, Duration::from_secs(20)).await;
+    assert_eq!(received[0].body, "hello");
+    // SIGTERM: the pump finishes its batch and reports its requests.
+    Command::new("kill").args(["-TERM", &pump.id().to_string()]).status().unwrap();
+    let status = pump.wait().unwrap();
+    let mut report = String::new();
+    std::io::Read::read_to_string(pump.stdout.as_mut().unwrap(), &mut report).unwrap();
+    assert!(status.success(), "pump exit: {status:?} {report}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert!(report["requests_per_delivered_message"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["pumps"][0]["handed_over"], 1, "{report}");
+}

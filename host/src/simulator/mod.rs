@@ -166,11 +166,11 @@ impl Simulator {
     }
 
     /// Runs one command for `message`: a publish or send carries it; any other
-    /// command is applied as is.
-    pub fn execute(&mut self, command: &Command, message: &SimMessage) -> Result<(), SimError> {
+    /// command is applied as is. Taking the message by value spares a copy of
+    /// its route on every hop of a long-cycling message.
+    pub fn execute(&mut self, command: &Command, mut message: SimMessage) -> Result<(), SimError> {
         match command {
             Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } => {
-                let mut message = message.clone();
                 message.routing_key = routing_key.clone();
                 message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
                 message.expiration_ms = *expiration_ms;
@@ -178,7 +178,6 @@ impl Simulator {
                 self.settle(outcome, *mandatory, exchange, routing_key)
             }
             Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } => {
-                let mut message = message.clone();
                 message.sqs_attributes.extend(attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
                 let send = sqs::Send { delay_seconds: *delay_seconds, group_id: group_id.clone(), dedup_id: dedup_id.clone() };
                 self.sqs.send(queue, message, send, self.now_ms)

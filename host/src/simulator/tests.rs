@@ -52,7 +52,7 @@ fn ttl_queue_dead_letters_to_its_exchange_after_the_ttl() {
     for c in [exchange("out", ExchangeKind::Direct), queue("wait", &[ttl(5_000), dlx("out")]), bind("dest", "out", "dest")] {
         sim.apply(&c).unwrap();
     }
-    sim.execute(&publish("", "wait", None), &SimMessage::new("m", FieldTable::new())).unwrap();
+    sim.execute(&publish("", "wait", None), SimMessage::new("m", FieldTable::new())).unwrap();
     // The default exchange keeps the key "wait"; dead-lettering keeps it too, so `out` must route "wait".
     sim.apply(&bind("dest", "out", "wait")).unwrap();
     run(&mut sim);
@@ -68,8 +68,8 @@ fn per_message_expiry_waits_behind_the_head() {
     sim.declare_destination_queue("dest");
     sim.apply(&queue("wait", &[dlx(""), ("x-dead-letter-routing-key", FieldValue::Text("dest".into()))])).unwrap();
     let message = SimMessage::new("m", FieldTable::new());
-    sim.execute(&publish("", "wait", Some(10_000)), &message).unwrap();
-    sim.execute(&publish("", "wait", Some(1_000)), &message).unwrap();
+    sim.execute(&publish("", "wait", Some(10_000)), message.clone()).unwrap();
+    sim.execute(&publish("", "wait", Some(1_000)), message).unwrap();
     run(&mut sim);
     let times: Vec<u64> = sim.arrivals().iter().map(|a| a.at_ms).collect();
     assert_eq!(times, vec![10_000, 10_000], "the short-lived message is stuck behind the long one");
@@ -79,7 +79,7 @@ fn per_message_expiry_waits_behind_the_head() {
 fn x_expires_deletes_an_unused_queue_and_records_its_messages_as_lost() {
     let mut sim = Simulator::new();
     sim.apply(&queue("hold", &[("x-expires", FieldValue::Int(1_000))])).unwrap();
-    sim.execute(&publish("", "hold", None), &SimMessage::new("m", FieldTable::new())).unwrap();
+    sim.execute(&publish("", "hold", None), SimMessage::new("m", FieldTable::new())).unwrap();
     run(&mut sim);
     assert_eq!(sim.lost().len(), 1);
     assert!(sim.lost()[0].reason.contains("x-expires"), "{}", sim.lost()[0].reason);
@@ -91,7 +91,7 @@ fn redeclaring_renews_x_expires() {
     let hold = queue("hold", &[("x-expires", FieldValue::Int(1_000)), ttl(1_500), dlx(""), ("x-dead-letter-routing-key", FieldValue::Text("dest".into()))]);
     sim.declare_destination_queue("dest");
     sim.apply(&hold).unwrap();
-    sim.execute(&publish("", "hold", None), &SimMessage::new("m", FieldTable::new())).unwrap();
+    sim.execute(&publish("", "hold", None), SimMessage::new("m", FieldTable::new())).unwrap();
     // Without a renewal the queue would vanish at 1,000 ms with the message in it.
     assert_eq!(sim.next_event_ms(), Some(1_000));
     sim.advance_to(900);
@@ -105,10 +105,10 @@ fn redeclaring_renews_x_expires() {
 fn an_unroutable_mandatory_publish_is_an_error_and_recorded() {
     let mut sim = Simulator::new();
     sim.apply(&exchange("x", ExchangeKind::Topic)).unwrap();
-    let err = sim.execute(&publish("x", "nobody", None), &SimMessage::new("m", FieldTable::new())).unwrap_err();
+    let err = sim.execute(&publish("x", "nobody", None), SimMessage::new("m", FieldTable::new())).unwrap_err();
     assert!(matches!(err, SimError::Unroutable { .. }));
     assert_eq!(sim.lost().len(), 1);
-    let err = sim.execute(&publish("missing", "k", None), &SimMessage::new("m", FieldTable::new())).unwrap_err();
+    let err = sim.execute(&publish("missing", "k", None), SimMessage::new("m", FieldTable::new())).unwrap_err();
     assert!(matches!(err, SimError::NotFound(_)));
 }
 
@@ -126,7 +126,7 @@ fn an_expiry_cycle_back_into_the_same_queue_is_dropped_like_rabbitmq() {
     sim.apply(&exchange("loop", ExchangeKind::Fanout)).unwrap();
     sim.apply(&queue("q", &[ttl(10), dlx("loop")])).unwrap();
     sim.apply(&bind("q", "loop", "")).unwrap();
-    sim.execute(&publish("loop", "", None), &SimMessage::new("m", FieldTable::new())).unwrap();
+    sim.execute(&publish("loop", "", None), SimMessage::new("m", FieldTable::new())).unwrap();
     run(&mut sim);
     assert!(sim.lost()[0].reason.contains("dead-letter cycle"), "{}", sim.lost()[0].reason);
 }
@@ -139,10 +139,10 @@ fn headers_exchange_routes_on_matching_headers() {
     let arguments = table(&[("x-match", FieldValue::Text("all".into())), ("to", FieldValue::Text("a".into()))]);
     sim.apply(&Command::BindQueue { queue: "a".into(), exchange: "h".into(), routing_key: String::new(), arguments }).unwrap();
     let to_a = SimMessage::new("m", table(&[("to", FieldValue::Text("a".into()))]));
-    sim.execute(&publish("h", "anything", None), &to_a).unwrap();
+    sim.execute(&publish("h", "anything", None), to_a).unwrap();
     assert_eq!(sim.arrivals()[0].message.routing_key, "anything");
     let to_b = SimMessage::new("m", table(&[("to", FieldValue::Text("b".into()))]));
-    assert!(sim.execute(&publish("h", "anything", None), &to_b).is_err());
+    assert!(sim.execute(&publish("h", "anything", None), to_b).is_err());
 }
 
 #[test]
@@ -158,8 +158,8 @@ fn sqs_fifo_uses_the_queue_delay_and_deduplicates_within_five_minutes() {
         dedup_id: Some("m-0".into()),
     };
     let message = SimMessage::new("m", FieldTable::new());
-    sim.execute(&send, &message).unwrap();
-    sim.execute(&send, &message).unwrap();
+    sim.execute(&send, message.clone()).unwrap();
+    sim.execute(&send, message).unwrap();
     let Step::Due(due) = sim.step() else { panic!("expected a due message") };
     assert_eq!((due.sent_timestamp_ms, due.first_receive_timestamp_ms), (0, 900_000));
     assert!(matches!(sim.step(), Step::Idle), "the duplicate was dropped");
@@ -170,9 +170,9 @@ fn sqs_destination_receives_when_visible() {
     let mut sim = Simulator::new();
     sim.declare_destination_sqs_queue("orders");
     let send = Command::SqsSend { queue: "orders".into(), delay_seconds: 125, attributes: BTreeMap::new(), group_id: None, dedup_id: None };
-    sim.execute(&send, &SimMessage::new("m", FieldTable::new())).unwrap();
+    sim.execute(&send, SimMessage::new("m", FieldTable::new())).unwrap();
     run(&mut sim);
     assert_eq!(sim.arrivals()[0].at_ms, 125_000);
     let missing = Command::SqsSend { queue: "nope".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: None, dedup_id: None };
-    assert!(matches!(sim.execute(&missing, &SimMessage::new("m", FieldTable::new())), Err(SimError::NotFound(_))));
+    assert!(matches!(sim.execute(&missing, SimMessage::new("m", FieldTable::new())), Err(SimError::NotFound(_))));
 }
