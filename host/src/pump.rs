@@ -1,6 +1,7 @@
-//! The cycle pump: receives messages that became visible on a pumped SQS
-//! queue, asks the strategy's planner what to do with each (send around
-//! again, or hand over to the destination), sends, then deletes.
+//! The cycle pump: receives up to ten messages that became visible on a
+//! pumped SQS queue, asks the strategy's planner what to do with each (send
+//! around again, or hand over to the destination), sends them on in batches
+//! per target queue, then deletes them in one batch.
 //!
 //! A message is deleted only after its onward send succeeded, and always with
 //! the receipt handle of the queue it came from; a failed delete is retried
@@ -13,10 +14,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName, SendMessageBatchRequestEntry};
 use serde::Serialize;
 
-use crate::command::FieldValue;
+use crate::command::{Command, FieldValue};
 use crate::executor::ExecutorError;
 use crate::planner::{DueAction, DueMessage, LoadedPlanner};
 use crate::scheduler::unix_now_ms;
@@ -99,7 +100,10 @@ impl Pump {
             .await
             .map_err(|e| ExecutorError::Unavailable(format!("SQS ReceiveMessage on {}: {e}", self.queue)))?;
         let messages = received.messages();
-        let mut deletes = Vec::new();
+        // Per message: the counter its action bumps, or why it cannot go on.
+        let mut verdicts: Vec<Result<&AtomicU64, String>> = Vec::with_capacity(messages.len());
+        // Onward sends, grouped by target queue so they go out in batches.
+        let mut outgoing: BTreeMap<String, Vec<(SendMessageBatchRequestEntry, usize)>> = BTreeMap::new();
         for (index, message) in messages.iter().enumerate() {
             self.counters.received.fetch_add(1, Ordering::Relaxed);
             let system = message.attributes();
@@ -130,43 +134,75 @@ impl Pump {
                 receive_count,
                 host_now_ms: unix_now_ms(),
             };
-            let outcome = match self.planner.handle_due(&due) {
-                Ok(DueAction::Recycle(commands)) => Ok((commands, &self.counters.recycled)),
-                Ok(DueAction::HandOver(commands)) => Ok((commands, &self.counters.handed_over)),
-                Err(err) => Err(err.to_string()),
-            };
-            let sent = match outcome {
-                Ok((commands, counter)) => {
-                    let body = message.body().unwrap_or_default();
-                    let mut result = Ok(());
-                    for command in &commands {
-                        // The planner's attributes win over the message's own.
-                        let mut carried = base.clone();
-                        if let crate::command::Command::SqsSend { attributes, .. } = command {
-                            for key in attributes.keys() {
-                                carried.remove(key);
-                            }
-                        }
-                        if let Err(err) = self.executor.send_one(command, body, &carried).await {
-                            result = Err(err.to_string());
-                            break;
-                        }
-                    }
-                    if result.is_ok() {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
-                    result
+            let (commands, counter) = match self.planner.handle_due(&due) {
+                Ok(DueAction::Recycle(commands)) => (commands, &self.counters.recycled),
+                Ok(DueAction::HandOver(commands)) => (commands, &self.counters.handed_over),
+                Err(err) => {
+                    verdicts.push(Err(err.to_string()));
+                    continue;
                 }
-                Err(err) => Err(err),
             };
-            match sent {
-                Ok(()) => deletes.push(
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(index.to_string())
-                        .receipt_handle(message.receipt_handle().unwrap_or_default())
-                        .build()
-                        .map_err(|e| ExecutorError::Refused(e.to_string()))?,
-                ),
+            let body = message.body().unwrap_or_default();
+            let mut entries = Vec::new();
+            for (n, command) in commands.iter().enumerate() {
+                // The planner's attributes win over the message's own.
+                let mut carried = base.clone();
+                if let Command::SqsSend { attributes, .. } = command {
+                    carried.retain(|key, _| !attributes.contains_key(key));
+                }
+                let Command::SqsSend { queue, .. } = command else {
+                    entries.clear();
+                    break;
+                };
+                match self.executor.batch_entry(&format!("{index}-{n}"), command, body, &carried) {
+                    Ok(entry) => entries.push((queue.clone(), entry)),
+                    Err(err) => {
+                        entries.clear();
+                        verdicts.push(Err(err.to_string()));
+                        break;
+                    }
+                }
+            }
+            if verdicts.len() == index + 1 {
+                continue;
+            }
+            if entries.is_empty() && !commands.is_empty() {
+                verdicts.push(Err(format!("planner {} answered with a command the pump cannot send", self.planner.label())));
+                continue;
+            }
+            for (queue, entry) in entries {
+                outgoing.entry(queue).or_default().push(entry);
+            }
+            verdicts.push(Ok(counter));
+        }
+        let mut failed_ids = Vec::new();
+        for (queue, entries) in outgoing {
+            let ids: Vec<String> = entries.iter().map(|(entry, _)| entry.id().to_string()).collect();
+            match self.executor.send_batches(&queue, entries).await {
+                Ok(failed) => failed_ids.extend(failed),
+                Err(err) => {
+                    tracing::error!(queue = %queue, error = %err, "onward sends failed; the messages will be retried");
+                    failed_ids.extend(ids);
+                }
+            }
+        }
+        let mut deletes = Vec::new();
+        for (index, (message, verdict)) in messages.iter().zip(verdicts).enumerate() {
+            let prefix = format!("{index}-");
+            let verdict = verdict.and_then(|counter| {
+                if failed_ids.iter().any(|id| id.starts_with(&prefix)) { Err("SQS did not accept the onward send".into()) } else { Ok(counter) }
+            });
+            match verdict {
+                Ok(counter) => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    deletes.push(
+                        DeleteMessageBatchRequestEntry::builder()
+                            .id(index.to_string())
+                            .receipt_handle(message.receipt_handle().unwrap_or_default())
+                            .build()
+                            .map_err(|e| ExecutorError::Refused(e.to_string()))?,
+                    );
+                }
                 Err(err) => {
                     // Not deleted: it comes back after its visibility timeout.
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);

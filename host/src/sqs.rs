@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -221,6 +221,58 @@ impl SqsExecutor {
             return Err(ExecutorError::Refused(format!("SQS queue {name:?} cannot be used: {}", wrong.join("; "))));
         }
         Ok(url)
+    }
+
+    /// A batch entry for one send, checked against SQS's limits; returns it with its size.
+    pub fn batch_entry(&self, id: &str, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
+        let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
+            return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command")));
+        };
+        let message_attributes = message_attributes(base, attributes)?;
+        let size = message_size(body, &message_attributes);
+        if size > SQS_MAX_MESSAGE_BYTES {
+            return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
+        }
+        let mut entry = SendMessageBatchRequestEntry::builder()
+            .id(id)
+            .message_body(body)
+            .set_message_attributes(Some(message_attributes))
+            .set_message_group_id(group_id.clone())
+            .set_message_deduplication_id(dedup_id.clone());
+        if !queue.ends_with(".fifo") {
+            entry = entry.delay_seconds(*delay_seconds as i32);
+        }
+        let entry = entry.build().map_err(|e| ExecutorError::Refused(format!("batch entry: {e}")))?;
+        Ok((entry, size))
+    }
+
+    /// Sends entries to one queue in batches of at most 10 and 256 KiB.
+    /// Returns the ids of entries SQS did not accept.
+    pub async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Result<Vec<String>, ExecutorError> {
+        let url = self.existing_url(queue).await?;
+        let mut failed = Vec::new();
+        let mut batch: Vec<SendMessageBatchRequestEntry> = Vec::new();
+        let mut batch_bytes = 0;
+        let mut entries = entries.into_iter().peekable();
+        while let Some((entry, size)) = entries.next() {
+            batch_bytes += size;
+            batch.push(entry);
+            let next_fits = entries.peek().is_some_and(|(_, next)| batch.len() < 10 && batch_bytes + next <= SQS_MAX_MESSAGE_BYTES);
+            if next_fits {
+                continue;
+            }
+            count(&self.requests.send_message_batch);
+            let ids: Vec<String> = batch.iter().map(|e| e.id().to_string()).collect();
+            match self.client.send_message_batch().queue_url(&url).set_entries(Some(std::mem::take(&mut batch))).send().await {
+                Ok(output) => failed.extend(output.failed().iter().map(|f| f.id().to_string())),
+                Err(err) => {
+                    tracing::warn!(queue, error = %err, "SendMessageBatch failed");
+                    failed.extend(ids);
+                }
+            }
+            batch_bytes = 0;
+        }
+        Ok(failed)
     }
 
     /// Sends one message as a command describes; the body must be text (SQS bodies are).

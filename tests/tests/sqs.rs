@@ -51,7 +51,9 @@ async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
     assert!(stats.recycled >= 1 + 4, "the 7 s and 11 s messages cycled: {stats:?}");
     assert_eq!(stats.handed_over, 2, "{stats:?}");
     let requests = executor.requests.snapshot();
-    assert!(requests.message_requests() > 0, "{requests:?}");
+    assert_eq!(requests.send_message, delays.len() as u64, "one send per scheduled message: {requests:?}");
+    assert!(requests.send_message_batch >= 1, "the pump forwards in batches: {requests:?}");
+    assert!(requests.delete_message_batch >= 1, "and deletes in batches: {requests:?}");
     stop.send(true).unwrap();
 }
 
