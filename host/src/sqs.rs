@@ -124,6 +124,31 @@ pub fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeVal
             .sum::<usize>()
 }
 
+/// The parts of an SQS send command.
+struct SendParts<'c> {
+    queue: &'c String,
+    delay_seconds: &'c u32,
+    group_id: &'c Option<String>,
+    dedup_id: &'c Option<String>,
+}
+
+/// An SQS send's parts, its message attributes and its size, checked against SQS's limits.
+fn checked_send<'c>(
+    command: &'c Command,
+    body: &str,
+    base: &BTreeMap<String, FieldValue>,
+) -> Result<(SendParts<'c>, HashMap<String, MessageAttributeValue>, usize), ExecutorError> {
+    let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
+        return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
+    };
+    let message_attributes = message_attributes(base, attributes)?;
+    let size = message_size(body, &message_attributes);
+    if size > SQS_MAX_MESSAGE_BYTES {
+        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
+    }
+    Ok((SendParts { queue, delay_seconds, group_id, dedup_id }, message_attributes, size))
+}
+
 impl SqsExecutor {
     /// Region, endpoint and credentials come from the standard AWS chain
     /// (environment, profile, instance role); `region` and `endpoint_url` override it.
@@ -225,14 +250,8 @@ impl SqsExecutor {
 
     /// A batch entry for one send, checked against SQS's limits; returns it with its size.
     pub fn batch_entry(&self, id: &str, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-        let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
-            return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command")));
-        };
-        let message_attributes = message_attributes(base, attributes)?;
-        let size = message_size(body, &message_attributes);
-        if size > SQS_MAX_MESSAGE_BYTES {
-            return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
-        }
+        let (send, message_attributes, size) = checked_send(command, body, base)?;
+        let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
         let mut entry = SendMessageBatchRequestEntry::builder()
             .id(id)
             .message_body(body)
@@ -277,14 +296,8 @@ impl SqsExecutor {
 
     /// Sends one message as a command describes; the body must be text (SQS bodies are).
     pub async fn send_one(&self, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(), ExecutorError> {
-        let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
-            return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
-        };
-        let message_attributes = message_attributes(base, attributes)?;
-        let size = message_size(body, &message_attributes);
-        if size > SQS_MAX_MESSAGE_BYTES {
-            return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
-        }
+        let (send, message_attributes, _) = checked_send(command, body, base)?;
+        let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
         let url = self.existing_url(queue).await?;
         let mut request = self
             .client
