@@ -62,9 +62,11 @@ async fn invalid_inputs_fail_before_anything_is_sent() {
     let config = sqs_config(CYCLE_TABLE);
     let (mut scheduler, executor) = sqs_scheduler(&config).await;
 
-    let long = format!("e2e-{}", "x".repeat(72));
+    // A valid 76-character destination whose delay queue would need 87 characters.
+    let long = format!("e2e-{}", uuid::Uuid::new_v4().simple()).repeat(3)[..76].to_string();
+    create_queue(&executor, &long, &[]).await;
     let err = scheduler.schedule(request(&long, 5_000, 0)).await.unwrap_err().to_string();
-    assert!(err.contains("SQS allows 80") || err.contains("does not exist"), "{err}");
+    assert!(err.contains(&format!("SQS queue name \"{long}-delay.fifo\" is 87 characters; SQS allows 80")), "{err}");
 
     let mut destination = SqsDestination::create(executor.clone(), "invalid").await;
     let mut big = request(&destination.name, 1_000, 1);
