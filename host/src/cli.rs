@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use hourglass::broker::{Broker, amqp_url};
-use hourglass::config::BrokerConfig;
+use hourglass::config::{BrokerConfig, TopologyAtStart};
+use hourglass::service::{self, Service};
 use hourglass::verify;
 use hourglass::command::{Command, FieldValue};
 use hourglass::planner::BrokerFamily;
@@ -168,6 +169,12 @@ enum Commands {
         /// Long-poll wait of each receive, 1 to 20 seconds.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..=20))]
         wait_seconds: i32,
+    },
+    /// Run the HTTP API: POST /v1/messages, GET /v1/plan, /healthz, /readyz, /metrics.
+    Serve {
+        /// Address to listen on (default: service.listen, else 127.0.0.1:8080).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
     },
     /// List the configured strategies and their planners.
     Strategies {
@@ -406,6 +413,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("no destinations to pump for: give --to DEST or list them under [destinations] with strategy = {strategy:?}");
             }
             tokio_runtime()?.block_on(run_pumps(&config, strategies, &strategy, &destinations, *wait_seconds))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Serve { listen } => {
+            let (config, strategies) = load(&cli)?;
+            let listen = listen.clone().or_else(|| config.service.listen.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
+            tokio_runtime()?.block_on(async {
+                let broker = Broker::connect(&config.broker).await?;
+                let place = broker.describe();
+                let mut scheduler = Scheduler::new(&config, strategies, broker);
+                if config.service.topology != Some(TopologyAtStart::Skip) {
+                    scheduler.apply_topology(&config.default_strategy).await?;
+                }
+                let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listen on {listen}"))?;
+                eprintln!("hourglass serving on http://{} with {place}", listener.local_addr()?);
+                let service = Service::new(scheduler, config.service.token());
+                service::run(listener, service, shutdown_signal()).await?;
+                eprintln!("hourglass stopped");
+                Ok::<_, anyhow::Error>(())
+            })?;
             Ok(ExitCode::SUCCESS)
         }
         Commands::Strategies { format } => {

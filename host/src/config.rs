@@ -58,6 +58,33 @@ pub enum BrokerConfig {
     },
 }
 
+/// `hourglass serve`'s settings.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// Address to listen on (default 127.0.0.1:8080).
+    pub listen: Option<String>,
+    /// Bearer token required on the API; `token_env` (default `HOURGLASS_TOKEN`) overrides it.
+    pub token: Option<String>,
+    pub token_env: Option<String>,
+    /// At start: `apply` the default strategy's topology (default) or `skip`.
+    pub topology: Option<TopologyAtStart>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyAtStart {
+    Apply,
+    Skip,
+}
+
+impl ServiceConfig {
+    pub fn token(&self) -> Option<String> {
+        let variable = self.token_env.as_deref().unwrap_or("HOURGLASS_TOKEN");
+        std::env::var(variable).ok().filter(|t| !t.is_empty()).or_else(|| self.token.clone())
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlannerSettings {
@@ -85,6 +112,8 @@ struct RawConfig {
     #[serde(default)]
     planners: RawPlannerSettings,
     #[serde(default)]
+    service: ServiceConfig,
+    #[serde(default)]
     strategies: BTreeMap<Spanned<String>, SpannedTable>,
     #[serde(default)]
     destinations: BTreeMap<Spanned<String>, Spanned<DestinationConfig>>,
@@ -108,6 +137,7 @@ pub struct Config {
     text: String,
     pub default_strategy: String,
     pub broker: BrokerConfig,
+    pub service: ServiceConfig,
     pub planner_limits: PlannerLimits,
     /// `None`: compile planners on every start.
     pub cache_dir: Option<PathBuf>,
@@ -222,6 +252,7 @@ impl Config {
             text,
             default_strategy,
             broker: raw.broker,
+            service: raw.service,
             planner_limits: PlannerLimits { call_timeout, memory_bytes: (memory_mib as usize) << 20 },
             cache_dir,
             strategies,

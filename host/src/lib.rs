@@ -18,6 +18,7 @@
 //!   `delay.toml` names; [`pump`] drives pump-driven strategies on SQS.
 //! * [`scheduler`] takes one message from request to confirmed publish,
 //!   preparing strategies and destinations on first use.
+//! * [`service`] is `hourglass serve`: the HTTP API and its metrics.
 //! * [`verify`] compares a broker with a strategy's topology.
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
 //!
@@ -33,6 +34,7 @@ pub mod pump;
 pub mod rabbitmq;
 pub mod render;
 pub mod scheduler;
+pub mod service;
 pub mod simulation;
 pub mod simulator;
 pub mod sqs;

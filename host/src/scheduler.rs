@@ -80,6 +80,15 @@ impl<E: Executor> Scheduler<E> {
         &self.executor
     }
 
+    pub fn strategy_names(&self) -> impl Iterator<Item = &str> {
+        self.strategies.names()
+    }
+
+    /// The plan a message would get, without sending anything.
+    pub fn plan_only(&mut self, strategy: &str, request: &PlanRequest) -> Result<crate::planner::Plan, ScheduleError> {
+        Ok(self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.plan(request)?)
+    }
+
     pub fn strategy_for(&self, destination: &str) -> String {
         self.destination_strategies.get(destination).cloned().unwrap_or_else(|| self.strategies.default_name().to_string())
     }

@@ -1,0 +1,242 @@
+//! `hourglass serve`: an HTTP API in front of the scheduler.
+//!
+//! `POST /v1/messages` answers `202` only after the broker confirmed the
+//! message; a bad request gets `400` (or `401`, `413`, `422`) with a JSON error
+//! naming the field, and nothing is published; a broker that cannot be reached
+//! gives `503`. `run(listener, …, shutdown)` serves until `shutdown` resolves,
+//! finishing requests in flight, so tests bind port 0.
+
+mod metrics;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+
+pub use metrics::Metrics;
+
+use crate::broker::Broker;
+use crate::command::FieldValue;
+use crate::executor::ExecutorError;
+use crate::planner::{PlanRequest, PlannerError};
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+
+/// Largest message body accepted, after base64 decoding.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+pub struct Service {
+    scheduler: Mutex<Scheduler<Broker>>,
+    token: Option<String>,
+    pub metrics: Metrics,
+    ready: AtomicBool,
+}
+
+impl Service {
+    pub fn new(scheduler: Scheduler<Broker>, token: Option<String>) -> Arc<Service> {
+        Arc::new(Service { scheduler: Mutex::new(scheduler), token, metrics: Metrics::default(), ready: AtomicBool::new(true) })
+    }
+}
+
+/// A JSON error naming what was wrong.
+struct ApiError {
+    status: StatusCode,
+    field: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(field: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, field: Some(field), message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message, "field": self.field }))).into_response()
+    }
+}
+
+fn schedule_error(err: ScheduleError) -> ApiError {
+    match err {
+        ScheduleError::BadRequest(message) => ApiError::bad("request", message),
+        ScheduleError::Planner(PlannerError::Refused { message, planner }) => {
+            ApiError::bad("delay", format!("planner {planner} refused: {message}"))
+        }
+        ScheduleError::Planner(other) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: other.to_string() },
+        ScheduleError::Broker(ExecutorError::Unavailable(message)) => {
+            ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message }
+        }
+        ScheduleError::Broker(other) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("destination"), message: other.to_string() },
+    }
+}
+
+fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &service.token else { return Ok(()) };
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(token.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError { status: StatusCode::UNAUTHORIZED, field: Some("authorization"), message: "missing or wrong bearer token".into() })
+    }
+}
+
+fn parse_delay(value: &Value) -> Result<u64, ApiError> {
+    match value {
+        Value::String(text) => hourglass_planner_sdk::parse_duration_ms(text).map_err(|e| ApiError::bad("delay", e)),
+        Value::Number(n) => n.as_u64().ok_or_else(|| ApiError::bad("delay", format!("{n} is not a non-negative whole number of milliseconds"))),
+        Value::Null => Err(ApiError::bad("delay", "missing: give \"10s\" or milliseconds")),
+        other => Err(ApiError::bad("delay", format!("{other} is neither a duration string nor milliseconds"))),
+    }
+}
+
+/// Checks and converts the JSON body of `POST /v1/messages`.
+fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
+    let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object"))?;
+    const FIELDS: [&str; 6] = ["destination", "delay", "body", "encoding", "headers", "strategy"];
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: {}", FIELDS.join(", "))));
+    }
+    let destination = match object.get("destination") {
+        Some(Value::String(d)) if !d.is_empty() => d.clone(),
+        Some(_) => return Err(ApiError::bad("destination", "must be a non-empty string")),
+        None => return Err(ApiError::bad("destination", "missing")),
+    };
+    let delay_ms = parse_delay(object.get("delay").unwrap_or(&Value::Null))?;
+    let text = match object.get("body") {
+        Some(Value::String(b)) => b.as_str(),
+        None => "",
+        Some(_) => return Err(ApiError::bad("body", "must be a string (text, or base64 with \"encoding\": \"base64\")")),
+    };
+    let body = match object.get("encoding").and_then(Value::as_str) {
+        None | Some("text") => text.as_bytes().to_vec(),
+        Some("base64") => base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| ApiError::bad("body", format!("not valid base64: {e}")))?,
+        Some(other) => return Err(ApiError::bad("encoding", format!("{other:?} is not \"text\" or \"base64\""))),
+    };
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            field: Some("body"),
+            message: format!("{} bytes; at most {MAX_BODY_BYTES}", body.len()),
+        });
+    }
+    let mut headers = BTreeMap::new();
+    match object.get("headers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (k, v) in map {
+                let v = v.as_str().ok_or_else(|| ApiError::bad("headers", format!("header {k:?} must be a string")))?;
+                headers.insert(k.clone(), FieldValue::Text(v.to_string()));
+            }
+        }
+        Some(_) => return Err(ApiError::bad("headers", "must be an object of strings")),
+    }
+    let strategy = match object.get("strategy") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::bad("strategy", "must be a string")),
+    };
+    Ok(ScheduleRequest { destination, delay_ms, body, headers, strategy, ..Default::default() })
+}
+
+async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, bytes: Bytes) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let request = match parse_message(&bytes) {
+        Ok(request) => request,
+        Err(err) => {
+            service.metrics.rejected(err.field.unwrap_or("request"));
+            return err.into_response();
+        }
+    };
+    let destination = request.destination.clone();
+    let mut scheduler = service.scheduler.lock().await;
+    if let Some(strategy) = &request.strategy
+        && scheduler.strategy_names().all(|s| s != strategy)
+    {
+        service.metrics.rejected("strategy");
+        return ApiError::bad("strategy", format!("unknown strategy {strategy:?}")).into_response();
+    }
+    let strategy = request.strategy.clone().unwrap_or_else(|| scheduler.strategy_for(&destination));
+    let started = Instant::now();
+    let result = scheduler.schedule(request).await;
+    drop(scheduler);
+    service.metrics.observe_schedule(started.elapsed());
+    match result {
+        Ok(scheduled) => {
+            service.metrics.scheduled(&strategy, &destination);
+            (StatusCode::ACCEPTED, axum::Json(json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms }))).into_response()
+        }
+        Err(err) => {
+            service.metrics.failed(&strategy, &destination);
+            schedule_error(err).into_response()
+        }
+    }
+}
+
+async fn get_plan(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let Some(destination) = query.get("destination").filter(|d| !d.is_empty()) else {
+        return ApiError::bad("destination", "missing").into_response();
+    };
+    let delay_ms = match parse_delay(&query.get("delay").map_or(Value::Null, |d| Value::String(d.clone()))) {
+        Ok(ms) => ms,
+        Err(err) => return err.into_response(),
+    };
+    let mut scheduler = service.scheduler.lock().await;
+    let strategy = query.get("strategy").cloned().unwrap_or_else(|| scheduler.strategy_for(destination));
+    let request = PlanRequest { destination: destination.clone(), delay_ms, message_id: "plan-preview".into(), routing_key: None };
+    match scheduler.plan_only(&strategy, &request) {
+        Ok(plan) => axum::Json(json!({ "strategy": strategy, "delivers_after_ms": plan.delivers_after_ms, "commands": plan.commands })).into_response(),
+        Err(err) => schedule_error(err).into_response(),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(service): State<Arc<Service>>) -> Response {
+    if service.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn get_metrics(State(service): State<Arc<Service>>) -> Response {
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], service.metrics.encode()).into_response()
+}
+
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(post_message))
+        .route("/v1/plan", get(get_plan))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(get_metrics))
+        // Base64 makes a 256 KiB body about 350 KiB of JSON.
+        .layer(axum::extract::DefaultBodyLimit::max(2 * MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+/// Serves until `shutdown` resolves, then lets requests in flight finish.
+pub async fn run(listener: TcpListener, service: Arc<Service>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    axum::serve(listener, router(service)).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,120 @@
+//! `hourglass serve`'s HTTP API on a real RabbitMQ: 202 only after the broker
+//! confirmed, clear 4xx errors with nothing published, metrics that add up.
+
+use std::time::Duration;
+
+use base64::Engine;
+use hourglass::service::{self, Service};
+use hourglass_e2e::*;
+use serde_json::{Value, json};
+
+struct Http {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Http {
+    async fn call(&self, method: &'static str, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, String) {
+        let url = format!("{}{path}", self.base);
+        let agent = self.agent.clone();
+        let token = token.map(str::to_string);
+        tokio::task::spawn_blocking(move || {
+            let auth = token.map(|t| format!("Bearer {t}"));
+            let mut response = match (method, body) {
+                ("POST", Some(body)) => {
+                    let mut request = agent.post(&url);
+                    if let Some(auth) = &auth {
+                        request = request.header("Authorization", auth);
+                    }
+                    request.send_json(body)
+                }
+                _ => {
+                    let mut request = agent.get(&url);
+                    if let Some(auth) = &auth {
+                        request = request.header("Authorization", auth);
+                    }
+                    request.call()
+                }
+            }
+            .expect("HTTP call");
+            (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn post(&self, body: Value) -> (u16, Value) {
+        let (status, text) = self.call("POST", "/v1/messages", Some("secret"), Some(body)).await;
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
+    let connection = connect().await;
+    let prefix = unique("serve");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut destination = Destination::declare(&connection, "serve").await;
+    let service = Service::new(scheduler(&config).await, Some("secret".into()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(service::run(listener, service, async move {
+        stopped.await.ok();
+    }));
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let http = Http { base: format!("http://{address}"), agent };
+    let dest = destination.name.clone();
+
+    let (status, accepted) = http.post(json!({ "destination": dest, "delay": "1s", "body": "hello", "headers": { "tenant": "acme" } })).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert!(accepted["id"].is_string() && accepted["due_at"].is_u64(), "{accepted}");
+    let binary = base64::engine::general_purpose::STANDARD.encode(b"bin\x00ary");
+    let (status, second) = http.post(json!({ "destination": dest, "delay": 1500, "body": binary, "encoding": "base64" })).await;
+    assert_eq!(status, 202, "{second}");
+
+    let bad_requests = [
+        (json!({ "delay": "1s", "body": "x" }), 400, "destination"),
+        (json!({ "destination": dest, "delay": -5, "body": "x" }), 400, "delay"),
+        (json!({ "destination": dest, "delay": "soon", "body": "x" }), 400, "delay"),
+        (json!({ "destination": dest, "delay": "1s", "body": "x", "strategy": "nope" }), 400, "strategy"),
+        (json!({ "destination": dest, "delay": "1s", "body": "%%%", "encoding": "base64" }), 400, "body"),
+        (json!({ "destination": dest, "delay": "1s", "body": "x".repeat(300_000) }), 413, "body"),
+    ];
+    for (body, want_status, field) in bad_requests {
+        let (status, error) = http.post(body).await;
+        assert_eq!(status, want_status, "{error}");
+        assert_eq!(error["field"], field, "{error}");
+        assert!(error["error"].as_str().is_some_and(|e| !e.is_empty()), "{error}");
+    }
+    let (status, _) = http.call("POST", "/v1/messages", Some("wrong"), Some(json!({ "destination": dest, "delay": "1s" }))).await;
+    assert_eq!(status, 401);
+
+    let received = destination.receive(2, Duration::from_secs(6)).await;
+    let hello = received.iter().find(|r| r.delivery.data == b"hello").expect("text body arrived");
+    assert!(hello.at_ms >= accepted["due_at"].as_u64().unwrap());
+    assert!(received.iter().any(|r| r.delivery.data == b"bin\x00ary"), "base64 body arrived decoded");
+    destination.assert_quiet(Duration::from_millis(500)).await;
+
+    let (status, plan) = http.call("GET", &format!("/v1/plan?destination={dest}&delay=10s"), Some("secret"), None).await;
+    assert_eq!(status, 200, "{plan}");
+    let plan: Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(plan["commands"][0]["exchange"], format!("{prefix}.delay-level-03"));
+    assert_eq!(http.call("GET", "/healthz", None, None).await.0, 200);
+    assert_eq!(http.call("GET", "/readyz", None, None).await.0, 200);
+
+    let (status, metrics) = http.call("GET", "/metrics", None, None).await;
+    assert_eq!(status, 200);
+    assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF: {metrics}");
+    let value = |name: &str| -> f64 {
+        metrics.lines().filter(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+    };
+    assert_eq!(value(&format!("hourglass_messages_scheduled_total{{strategy=\"main\",destination=\"{dest}\"}}")), 2.0, "{metrics}");
+    assert_eq!(value("hourglass_requests_rejected_total"), 6.0, "every bad request, refused before planning: {metrics}");
+    assert_eq!(value("hourglass_messages_failed_total"), 0.0, "{metrics}");
+
+    stop.send(()).unwrap();
+    server.await.unwrap().expect("graceful shutdown");
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
