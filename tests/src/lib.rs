@@ -89,16 +89,7 @@ impl Destination {
 
     /// Waits for `count` messages, failing after `deadline`.
     pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<Received> {
-        let until = Instant::now() + deadline;
-        let mut out = Vec::new();
-        while out.len() < count {
-            let left = until.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.received.recv()).await {
-                Ok(Some(received)) => out.push(received),
-                _ => panic!("{} of {count} messages reached {} within {deadline:?}", out.len(), self.name),
-            }
-        }
-        out
+        receive_within(&mut self.received, count, deadline, &self.name).await
     }
 
     /// Nothing more arrives within `quiet`.
@@ -111,6 +102,19 @@ impl Destination {
     pub async fn delete(self) {
         self.channel.queue_delete(self.name.as_str().into(), QueueDeleteOptions::default()).await.ok();
     }
+}
+
+/// Takes `count` items from a consumer's channel, failing the test after `deadline`.
+pub async fn receive_within<T>(received: &mut mpsc::UnboundedReceiver<T>, count: usize, deadline: Duration, queue: &str) -> Vec<T> {
+    let until = Instant::now() + deadline;
+    let mut out = Vec::new();
+    while out.len() < count {
+        match tokio::time::timeout(until.saturating_duration_since(Instant::now()), received.recv()).await {
+            Ok(Some(item)) => out.push(item),
+            _ => panic!("{} of {count} messages reached {queue} within {deadline:?}", out.len()),
+        }
+    }
+    out
 }
 
 /// Deletes every queue and exchange the commands declare.

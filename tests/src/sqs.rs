@@ -2,7 +2,7 @@
 //! consumer recording arrival times, and pumps in tasks.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use hourglass::broker::Broker;
@@ -103,15 +103,7 @@ impl SqsDestination {
     }
 
     pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<SqsReceived> {
-        let until = Instant::now() + deadline;
-        let mut out = Vec::new();
-        while out.len() < count {
-            match tokio::time::timeout(until.saturating_duration_since(Instant::now()), self.received.recv()).await {
-                Ok(Some(r)) => out.push(r),
-                _ => panic!("{} of {count} messages reached {} within {deadline:?}", out.len(), self.name),
-            }
-        }
-        out
+        crate::receive_within(&mut self.received, count, deadline, &self.name).await
     }
 
     /// Whatever else arrives within `quiet`.
