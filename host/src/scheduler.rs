@@ -80,6 +80,15 @@ impl<E: Executor> Scheduler<E> {
         &self.executor
     }
 
+    /// A strategy's static topology, without applying it.
+    pub fn topology_of(&mut self, strategy: &str) -> Result<Vec<crate::command::Command>, ScheduleError> {
+        Ok(self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?)
+    }
+
+    pub fn default_strategy(&self) -> &str {
+        self.strategies.default_name()
+    }
+
     pub fn strategy_names(&self) -> impl Iterator<Item = &str> {
         self.strategies.names()
     }

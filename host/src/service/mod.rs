@@ -208,6 +208,24 @@ async fn get_plan(State(service): State<Arc<Service>>, headers: HeaderMap, Query
     }
 }
 
+async fn get_topology(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let mut scheduler = service.scheduler.lock().await;
+    let strategy = query.get("strategy").cloned().unwrap_or_else(|| scheduler.default_strategy().to_string());
+    let commands = match scheduler.topology_of(&strategy) {
+        Ok(commands) => commands,
+        Err(err) => return schedule_error(err).into_response(),
+    };
+    match query.get("format").map(String::as_str).unwrap_or("json") {
+        "json" => axum::Json(json!({ "strategy": strategy, "commands": commands })).into_response(),
+        "mermaid" => crate::render::mermaid(&commands).into_response(),
+        "dot" => crate::render::dot(&commands).into_response(),
+        other => ApiError::bad("format", format!("{other:?} is not json, mermaid or dot")).into_response(),
+    }
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -228,6 +246,7 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/v1/messages", post(post_message))
         .route("/v1/plan", get(get_plan))
+        .route("/v1/topology", get(get_topology))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(get_metrics))
