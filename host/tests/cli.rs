@@ -207,3 +207,39 @@ fn the_example_planner_config_works_as_is() {
     assert_eq!(messages[0]["arrival_ms"], 4_000, "3 s rounds up to the 4 s bucket");
     assert_eq!(messages[0]["hops"][1]["name"], "backoff.4000ms");
 }
+
+#[test]
+fn serve_runs_on_the_default_config_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let cache = tempfile::tempdir().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(repo_root())
+        .env("HOURGLASS_CACHE_DIR", cache.path())
+        .env_remove("HOURGLASS_TOKEN")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    // The first line names the bound address (port 0 → a free one); read_line waits for it.
+    stderr.read_line(&mut line).unwrap();
+    let address = line.split("http://").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap_or_else(|| panic!("no address in {line:?}")).to_string();
+    assert!(line.contains("in-memory broker"), "{line}");
+
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = agent
+        .post(&format!("http://{address}/v1/messages"))
+        .send_json(serde_json::json!({ "destination": "orders", "delay": "10s", "body": "hi" }))
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 202);
+    let accepted: Value = response.body_mut().read_json().unwrap();
+    assert!(accepted["id"].is_string(), "{accepted}");
+
+    Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
+    let status = server.wait().unwrap();
+    assert!(status.success(), "serve exits 0 on SIGTERM: {status:?}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(rest.contains("hourglass stopped"), "{rest}");
+}
