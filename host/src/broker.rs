@@ -53,6 +53,13 @@ impl Broker {
 }
 
 impl Executor for Broker {
+    async fn is_ready(&self) -> bool {
+        match self {
+            Broker::Memory(_) | Broker::Sqs(_) => true,
+            Broker::RabbitMq(r) => r.is_ready().await,
+        }
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         match self {
             Broker::Memory(m) => m.apply(commands).await,

@@ -50,6 +50,11 @@ pub trait Executor {
     /// Sends one message through its planned commands; returns once the broker
     /// has confirmed it.
     fn send(&self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Whether the broker can take messages now.
+    fn is_ready(&self) -> impl Future<Output = bool> + Send {
+        async { true }
+    }
 }
 
 /// The embedded in-memory broker, on the wall clock.

@@ -14,6 +14,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind as AmqpExchangeKind};
 
+use std::time::{Duration, Instant};
+
 use tokio::sync::Mutex;
 
 use crate::command::{Command, ExchangeKind, FieldTable, FieldValue};
@@ -23,10 +25,20 @@ use crate::executor::{Envelope, Executor, ExecutorError};
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 pub struct RabbitMqExecutor {
-    connection: Connection,
-    channel: Mutex<Channel>,
+    link: Mutex<Link>,
     url: String,
 }
+
+/// The connection and its confirm-mode channel, and when to try reconnecting.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+    retry_delay: Duration,
+    next_attempt: Instant,
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// `amqp://user:secret@host` → `amqp://user:***@host`, for error messages.
 pub fn redact(url: &str) -> String {
@@ -70,24 +82,55 @@ async fn open_channel(connection: &Connection) -> Result<Channel, lapin::Error> 
 
 impl RabbitMqExecutor {
     pub async fn connect(url: &str) -> Result<Self, ExecutorError> {
+        let (connection, channel) = Self::open(url).await?;
+        let link = Link { connection, channel, retry_delay: FIRST_RETRY, next_attempt: Instant::now() };
+        Ok(RabbitMqExecutor { link: Mutex::new(link), url: url.to_string() })
+    }
+
+    async fn open(url: &str) -> Result<(Connection, Channel), ExecutorError> {
         let unavailable = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url)));
         let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(unavailable)?;
         let channel = open_channel(&connection).await.map_err(unavailable)?;
-        Ok(RabbitMqExecutor { connection, channel: Mutex::new(channel), url: url.to_string() })
+        Ok((connection, channel))
+    }
+
+    /// Whether the broker can take messages now; reconnects (with backoff) if not.
+    pub async fn is_ready(&self) -> bool {
+        self.channel().await.is_ok()
     }
 
     pub fn url(&self) -> String {
         redact(&self.url)
     }
 
+    /// The confirm-mode channel; after a lost connection, reconnects with
+    /// exponential backoff (250 ms doubling to 5 s) and answers "unavailable"
+    /// in between, so callers fail fast instead of hanging.
     async fn channel(&self) -> Result<Channel, ExecutorError> {
-        let mut channel = self.channel.lock().await;
-        if !channel.status().connected() {
-            *channel = open_channel(&self.connection)
+        let mut link = self.link.lock().await;
+        if !link.connection.status().connected() {
+            if Instant::now() < link.next_attempt {
+                return Err(ExecutorError::Unavailable(format!("RabbitMQ at {}: connection lost; reconnecting", self.url())));
+            }
+            match Self::open(&self.url).await {
+                Ok((connection, channel)) => {
+                    tracing::info!(url = %self.url(), "reconnected to RabbitMQ");
+                    link.connection = connection;
+                    link.channel = channel;
+                    link.retry_delay = FIRST_RETRY;
+                }
+                Err(err) => {
+                    link.next_attempt = Instant::now() + link.retry_delay;
+                    link.retry_delay = (link.retry_delay * 2).min(MAX_RETRY);
+                    return Err(err);
+                }
+            }
+        } else if !link.channel.status().connected() {
+            link.channel = open_channel(&link.connection)
                 .await
                 .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", self.url())))?;
         }
-        Ok(channel.clone())
+        Ok(link.channel.clone())
     }
 
     /// A broker error; the channel it closed is reopened on next use.

@@ -28,7 +28,7 @@ pub use metrics::Metrics;
 
 use crate::broker::Broker;
 use crate::command::FieldValue;
-use crate::executor::ExecutorError;
+use crate::executor::{Executor, ExecutorError};
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
@@ -231,7 +231,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
-    if service.ready.load(Ordering::Relaxed) {
+    let broker_ready = {
+        let scheduler = service.scheduler.lock().await;
+        scheduler.executor().is_ready().await
+    };
+    if broker_ready && service.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
