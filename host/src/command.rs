@@ -13,7 +13,7 @@ use crate::planner::bindings::hourglass::planner::types as wit;
 /// AMQP names, routing keys and header keys are short strings: at most 255 bytes.
 pub const AMQP_MAX_NAME: usize = 255;
 /// RabbitMQ refuses TTLs and expiries above ten years.
-pub const AMQP_MAX_TTL_MS: i64 = 10 * 365 * 24 * 3_600_000;
+pub const AMQP_MAX_TTL_MS: i64 = hourglass_planner_sdk::AMQP_MAX_TTL_MS as i64;
 pub const SQS_MAX_QUEUE_NAME: usize = 80;
 pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
 pub const SQS_MAX_MESSAGE_ATTRIBUTES: usize = 10;

@@ -5,11 +5,10 @@
 //! ([`MemoryExecutor`]) runs the simulator on the wall clock; the RabbitMQ and
 //! SQS executors implement the same trait.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable};
+use crate::scheduler::unix_now_ms;
 use crate::simulator::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
 
 /// Every delayed message carries its delay and its absolute due time (Unix ms),
@@ -70,13 +69,9 @@ struct MemoryState {
     due: Vec<DueSqsMessage>,
 }
 
-fn wall_clock_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Default for MemoryState {
     fn default() -> Self {
-        MemoryState { simulator: Simulator::new(), epoch_ms: wall_clock_ms(), due: Vec::new() }
+        MemoryState { simulator: Simulator::new(), epoch_ms: unix_now_ms(), due: Vec::new() }
     }
 }
 
@@ -84,7 +79,7 @@ impl MemoryExecutor {
     /// The simulator, caught up with the wall clock.
     fn now(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let at = wall_clock_ms().saturating_sub(state.epoch_ms);
+        let at = unix_now_ms().saturating_sub(state.epoch_ms);
         let due = state.simulator.advance_to(at);
         state.due.extend(due);
         state

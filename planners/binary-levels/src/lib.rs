@@ -9,8 +9,6 @@
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
 
-/// Brokers refuse TTLs above ten years.
-const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 const MAX_ROUTING_KEY: usize = 255;
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -176,7 +174,7 @@ impl Planner for BinaryLevels {
             return Err("unit: must be at least 1ms".into());
         }
         let top_ttl = (1u64 << (levels - 1)).checked_mul(unit_ms);
-        if top_ttl.is_none_or(|ttl| ttl > MAX_TTL_MS) {
+        if top_ttl.is_none_or(|ttl| ttl > AMQP_MAX_TTL_MS) {
             return Err(format!(
                 "levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"
             ));

@@ -14,7 +14,6 @@ use serde::Deserialize;
 
 pub const DESTINATION_HEADER: &str = "hourglass-destination";
 pub const ORIGINAL_KEY_HEADER: &str = "hourglass-original-routing-key";
-const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case")]
@@ -83,7 +82,7 @@ impl Planner for FixedIntervals {
         if intervals.is_empty() {
             return Err("intervals: give at least one interval".into());
         }
-        if let Some(bad) = intervals.iter().find(|&&i| i == 0 || i > MAX_TTL_MS) {
+        if let Some(bad) = intervals.iter().find(|&&i| i == 0 || i > AMQP_MAX_TTL_MS) {
             return Err(format!("intervals: {bad}ms is not between 1ms and 10 years"));
         }
         intervals.sort_unstable();

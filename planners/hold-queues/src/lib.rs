@@ -11,7 +11,6 @@
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
 
-const MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 const MAX_NAME: usize = 255;
 
 #[derive(Debug, Deserialize)]
@@ -53,14 +52,14 @@ impl Planner for HoldQueues {
         if expires_margin_ms == 0 {
             return Err("expires_margin: must be above zero, or a queue could vanish with its last message".into());
         }
-        if expires_margin_ms >= MAX_TTL_MS {
+        if expires_margin_ms >= AMQP_MAX_TTL_MS {
             return Err("expires_margin: must be below 10 years".into());
         }
         Ok(HoldQueues { prefix, expires_margin_ms })
     }
 
     fn delay_range(&self) -> DelayRange {
-        DelayRange::uniform(1, MAX_TTL_MS - self.expires_margin_ms)
+        DelayRange::uniform(1, AMQP_MAX_TTL_MS - self.expires_margin_ms)
     }
 
     fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {

@@ -1,5 +1,8 @@
 //! Short constructors for the commands and values planners build most.
 
+/// RabbitMQ refuses `x-message-ttl` and `x-expires` above ten years (in ms).
+pub const AMQP_MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
+
 use crate::{
     BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind,
     Field, Granularity, Info, Publish, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
