@@ -32,6 +32,7 @@ fn main() {
     let target_dir = out_dir.ancestors().nth(4).map(Path::to_path_buf).unwrap_or_else(|| root.join("target"));
     let wasm_target_dir = target_dir.join("wasm-planners");
 
+    ensure_wasm_target();
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut build = Command::new(cargo);
     build
@@ -61,4 +62,18 @@ fn main() {
         }
     }
     println!("cargo:rustc-env=HOURGLASS_PLANNER_WASM_DIR={}", built.display());
+}
+
+/// rustup installs rust-toolchain.toml's targets only with the toolchain; on
+/// a machine that already had the toolchain, add the target here so a plain
+/// `cargo run` works.
+fn ensure_wasm_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let Ok(output) = Command::new(rustc).args(["--print", "sysroot"]).output() else { return };
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if sysroot.join("lib/rustlib/wasm32-wasip2").exists() {
+        return;
+    }
+    println!("cargo:warning=adding the wasm32-wasip2 target with rustup (planners are built for it)");
+    let _ = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status();
 }

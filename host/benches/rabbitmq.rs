@@ -30,7 +30,7 @@ async fn main() {
 
     let strategies = Strategies::load(&config).unwrap();
     let broker = Broker::connect(&config.broker).await.unwrap();
-    let mut scheduler = Scheduler::new(&config, strategies, broker);
+    let scheduler = Scheduler::new(&config, strategies, broker);
     scheduler.prepare_destination("main", &destination).await.unwrap();
     let requests = || {
         (0..MESSAGES)

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use hourglass::broker::{Broker, amqp_url};
-use hourglass::config::{BrokerConfig, TopologyAtStart};
+use hourglass::config::{BrokerConfig, LogFormat};
 use hourglass::service::{self, Service};
 use hourglass::verify;
 use hourglass::command::{Command, FieldValue};
@@ -185,16 +185,31 @@ enum Commands {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,lapin=off".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    if !matches!(cli.command, Commands::Serve { .. }) {
+        init_logging(LogFormat::Human, "warn,lapin=off");
+    }
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Log lines on stderr; `RUST_LOG` overrides `default_filter`, and
+/// `HOURGLASS_LOG_FORMAT` (`human` or `json`) overrides `format`.
+fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let format = match std::env::var("HOURGLASS_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        Ok("human") => LogFormat::Human,
+        _ => format,
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Human => builder.init(),
     }
 }
 
@@ -275,7 +290,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             tokio_runtime()?.block_on(async {
                 let broker = Broker::connect(&config.broker).await?;
                 let place = broker.describe();
-                let mut scheduler = Scheduler::new(&config, strategies, broker);
+                let scheduler = Scheduler::new(&config, strategies, broker);
                 scheduler.apply_topology(&strategy).await?;
                 for destination in destinations {
                     scheduler.prepare_destination(&strategy, destination).await?;
@@ -303,7 +318,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let (scheduled, place) = tokio_runtime()?.block_on(async {
                 let broker = Broker::connect(&config.broker).await?;
                 let place = broker.describe();
-                let mut scheduler = Scheduler::new(&config, strategies, broker);
+                let scheduler = Scheduler::new(&config, strategies, broker);
                 Ok::<_, anyhow::Error>((scheduler.schedule(request).await?, place))
             })?;
             let due = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(scheduled.due_at_ms));
@@ -416,18 +431,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Commands::Serve { listen } => {
-            let (config, strategies) = load(&cli)?;
+            let config = Config::load(&cli.config)?;
+            init_logging(config.service.log_format.unwrap_or_default(), "info,lapin=off");
             let listen = listen.clone().or_else(|| config.service.listen.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
             tokio_runtime()?.block_on(async {
-                let broker = Broker::connect(&config.broker).await?;
-                let place = broker.describe();
-                let mut scheduler = Scheduler::new(&config, strategies, broker);
-                if config.service.topology != Some(TopologyAtStart::Skip) {
-                    scheduler.apply_topology(&config.default_strategy).await?;
-                }
                 let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listen on {listen}"))?;
+                let service = Service::start(config).await?;
+                let place = service.scheduler().executor().describe();
                 eprintln!("hourglass serving on http://{} with {place}", listener.local_addr()?);
-                let service = Service::new(scheduler, config.service.token());
+                tokio::spawn(reload_on_sighup(service.clone()));
                 service::run(listener, service, shutdown_signal()).await?;
                 eprintln!("hourglass stopped");
                 Ok::<_, anyhow::Error>(())
@@ -503,7 +515,7 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
         bail!("{}: pump needs broker.kind = \"sqs\"", config.path.display());
     };
     let executor = executor.clone();
-    let mut scheduler = Scheduler::new(config, strategies, broker);
+    let scheduler = Scheduler::new(config, strategies, broker);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut counters = Vec::new();
@@ -544,6 +556,22 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
         "requests_per_cycle": requests.message_requests() as f64 / visits.max(1) as f64,
     }))?);
     Ok(())
+}
+
+/// SIGHUP re-reads the config; a bad one is logged and the running one stays.
+async fn reload_on_sighup(service: std::sync::Arc<Service>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hangup.recv().await.is_some() {
+            match service.reload().await {
+                Ok(reloaded) => eprintln!("reloaded: strategies {:?}, default {}", reloaded.strategies, reloaded.default_strategy),
+                Err(err) => eprintln!("reload refused, the running config stays: {err}"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = service;
 }
 
 async fn shutdown_signal() {

@@ -67,15 +67,89 @@ pub struct ServiceConfig {
     /// Bearer token required on the API; `token_env` (default `HOURGLASS_TOKEN`) overrides it.
     pub token: Option<String>,
     pub token_env: Option<String>,
-    /// At start: `apply` the default strategy's topology (default) or `skip`.
+    /// `apply` (default), `verify` or `skip`; see [`TopologyAtStart`].
     pub topology: Option<TopologyAtStart>,
+    /// `human` (default) or `json` log lines on stderr.
+    pub log_format: Option<LogFormat>,
+    /// How long shutdown waits for in-flight work (default 20s).
+    pub shutdown_timeout: Option<DurationMs>,
+    /// Long-poll wait of each SQS pump receive (default 20s, at most 20s).
+    pub pump_wait: Option<DurationMs>,
+    /// The AMQP ingress queue (RabbitMQ brokers).
+    #[serde(default)]
+    pub ingress: IngressConfig,
 }
 
+/// What `serve` does with the broker objects its strategies need.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum TopologyAtStart {
+    /// Declare the default strategy's topology at start, and any other on first use.
     Apply,
+    /// Declare nothing; at start, check the default strategy's topology and the
+    /// configured destinations' setup exist as planned, and refuse to start on drift.
+    Verify,
+    /// Declare and check nothing: the operator manages the broker objects.
     Skip,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+/// A queue where any AMQP client publishes a message to delay, naming its
+/// destination and delay in headers.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    /// On by default when the broker is RabbitMQ.
+    pub enabled: bool,
+    pub queue: String,
+    /// Where messages that cannot be scheduled go, with the reason in a header.
+    pub invalid_queue: String,
+    /// Unacknowledged ingress messages in flight at once.
+    pub prefetch: u16,
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        IngressConfig {
+            enabled: true,
+            queue: "hourglass.ingress".into(),
+            invalid_queue: "hourglass.ingress.invalid".into(),
+            prefetch: 64,
+        }
+    }
+}
+
+/// The `[service]` values serde cannot check: (key, complaint).
+fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> {
+    let ingress = &service.ingress;
+    if ingress.prefetch == 0 {
+        return Err(("prefetch", "service.ingress.prefetch: must be at least 1".into()));
+    }
+    if ingress.queue.is_empty() || ingress.invalid_queue.is_empty() {
+        return Err(("queue", "service.ingress: queue and invalid_queue must be non-empty".into()));
+    }
+    if ingress.queue == ingress.invalid_queue {
+        return Err(("invalid_queue", format!("service.ingress.invalid_queue: {:?} is also the ingress queue", ingress.queue)));
+    }
+    if let Some(wait) = service.pump_wait
+        && wait.ms() > 20_000
+    {
+        return Err(("pump_wait", format!("service.pump_wait: {} ms is above SQS's 20 s long-poll limit", wait.ms())));
+    }
+    Ok(())
+}
+
+/// Where `key = ` first appears, to point an error at it (start of file if nowhere).
+fn key_offset(text: &str, key: &str) -> Range<usize> {
+    let at = text.match_indices(key).map(|(i, _)| i).find(|&i| text[i + key.len()..].trim_start().starts_with('=')).unwrap_or(0);
+    at..at
 }
 
 impl ServiceConfig {
@@ -131,7 +205,7 @@ pub struct StrategyConfig {
     key_spans: BTreeMap<String, Range<usize>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Config {
     pub path: PathBuf,
     text: String,
@@ -231,6 +305,8 @@ impl Config {
             }
             destinations.insert(name.into_inner(), destination);
         }
+
+        check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
 
         let settings = raw.planners;
         let defaults = PlannerLimits::default();

@@ -18,7 +18,9 @@
 //!   `delay.toml` names; [`pump`] drives pump-driven strategies on SQS.
 //! * [`scheduler`] takes one message from request to confirmed publish,
 //!   preparing strategies and destinations on first use.
-//! * [`service`] is `hourglass serve`: the HTTP API and its metrics.
+//! * [`service`] is `hourglass serve`: the HTTP API, reload, shutdown, and
+//!   the background work: [`ingress`] (an AMQP queue any client publishes
+//!   delayed messages to) and the pumps. [`metrics`] are shared by all of them.
 //! * [`verify`] compares a broker with a strategy's topology.
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
 //!
@@ -29,6 +31,8 @@ pub mod command;
 pub mod config;
 pub mod conformance;
 pub mod executor;
+pub mod ingress;
+pub mod metrics;
 pub mod planner;
 pub mod pump;
 pub mod rabbitmq;

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, SendMessageBatchRequestEntry};
 use serde::Serialize;
 
 use crate::command::{Command, FieldValue};
@@ -87,9 +87,17 @@ impl Pump {
 
     /// One receive (long poll) and everything it brought. Returns how many messages came.
     pub async fn pump_once(&mut self, interrupt: Interrupt) -> Result<usize, ExecutorError> {
-        let client = self.executor.client().clone();
+        let received = self.receive().await?;
+        self.process(&received, interrupt).await
+    }
+
+    /// A long poll for up to ten messages. Dropping it mid-poll is safe: a
+    /// message it had taken comes back after its visibility timeout.
+    async fn receive(&self) -> Result<Vec<Message>, ExecutorError> {
         count(&self.executor.requests.receive_message);
-        let received = client
+        let received = self
+            .executor
+            .client()
             .receive_message()
             .queue_url(&self.url)
             .max_number_of_messages(10)
@@ -99,7 +107,11 @@ impl Pump {
             .send()
             .await
             .map_err(|e| ExecutorError::Unavailable(format!("SQS ReceiveMessage on {}: {e}", self.queue)))?;
-        let messages = received.messages();
+        Ok(received.messages.unwrap_or_default())
+    }
+
+    /// Sends each received message on and deletes it. Never cancelled halfway by `run`.
+    async fn process(&mut self, messages: &[Message], interrupt: Interrupt) -> Result<usize, ExecutorError> {
         // Per message: the counter its action bumps, or why it cannot go on.
         let mut verdicts: Vec<Result<&AtomicU64, String>> = Vec::with_capacity(messages.len());
         // Onward sends, grouped by target queue so they go out in batches.
@@ -246,14 +258,16 @@ impl Pump {
     /// Pumps until `shutdown` turns true, finishing the batch in hand.
     pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), ExecutorError> {
         while !*shutdown.borrow() {
-            tokio::select! {
-                result = self.pump_once(Interrupt::None) => {
-                    if let Err(err) = result {
-                        tracing::warn!(queue = %self.queue, error = %err, "pump receive failed; retrying");
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
+            let received = tokio::select! {
+                received = self.receive() => received,
+                _ = shutdown.changed() => break,
+            };
+            if let Err(err) = async { self.process(&received?, Interrupt::None).await }.await {
+                tracing::warn!(queue = %self.queue, error = %err, "pump cycle failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = shutdown.changed() => {}
                 }
-                _ = shutdown.changed() => {}
             }
         }
         Ok(())

@@ -135,7 +135,10 @@ impl RabbitMqExecutor {
 
     /// A broker error; the channel it closed is reopened on next use.
     fn refused(&self, what: String, err: lapin::Error) -> ExecutorError {
-        if err.is_amqp_soft_error() || err.is_amqp_hard_error() || err.is_amqp_error() {
+        // A soft error is about this request (a channel-level refusal); a hard
+        // error closes the connection (CONNECTION_FORCED when the broker stops),
+        // so like a network failure it means "not now", not "never".
+        if err.is_amqp_soft_error() {
             ExecutorError::Refused(format!("{what}: {err}"))
         } else {
             ExecutorError::Unavailable(format!("{what}: RabbitMQ at {}: {err}", self.url()))
@@ -192,12 +195,16 @@ impl RabbitMqExecutor {
         };
         let mut all_headers = envelope.headers.clone();
         all_headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let mut properties = envelope
-            .properties
-            .clone()
-            .with_delivery_mode(2)
-            .with_message_id(envelope.id.as_str().into())
-            .with_headers(to_amqp_table(&all_headers));
+        // The caller's own AMQP headers keep their types; hourglass's are added on top.
+        let mut table = envelope.properties.headers().clone().unwrap_or_default();
+        for (key, value) in &to_amqp_table(&all_headers) {
+            table.insert(key.clone(), value.clone());
+        }
+        let mut properties = envelope.properties.clone().with_delivery_mode(2).with_headers(table);
+        // A producer's own message id stays; otherwise the message carries hourglass's.
+        if envelope.properties.message_id().is_none() {
+            properties = properties.with_message_id(envelope.id.as_str().into());
+        }
         if let Some(ms) = expiration_ms {
             properties = properties.with_expiration(ms.to_string().into());
         }

@@ -3,16 +3,25 @@
 //! The first message of a strategy declares its topology; the first message to
 //! a destination checks the destination exists and applies its setup. Both are
 //! remembered, so later messages cost one plan and one publish.
+//!
+//! Everything is `&self`: planning takes a short lock on the planners (a call
+//! is microseconds), the publish and its confirm take none, so concurrent
+//! callers keep a window of confirms outstanding. The configured strategies
+//! form a *generation*; [`Scheduler::reload`] swaps in a new one while
+//! messages planned with the old one finish as they were planned.
 
-use std::collections::{BTreeMap, HashSet};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
+use tokio::sync::mpsc;
 
-use crate::command::{FieldTable, FieldValue};
+use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
 use crate::executor::{DELAY_HEADER, DUE_AT_HEADER, Envelope, Executor, ExecutorError};
-use crate::planner::{PlanRequest, PlannerError};
+use crate::metrics::Metrics;
+use crate::planner::{Plan, PlanRequest, PlannerError};
 use crate::strategy::Strategies;
 
 #[derive(Debug, Error)]
@@ -32,6 +41,7 @@ pub struct ScheduleRequest {
     pub delay_ms: u64,
     pub body: Vec<u8>,
     pub headers: FieldTable,
+    /// AMQP properties carried untouched (their own headers included, of any AMQP type).
     pub properties: lapin::BasicProperties,
     /// Overrides the destination's strategy.
     pub strategy: Option<String>,
@@ -48,101 +58,230 @@ pub struct Scheduled {
     pub delivers_after_ms: u64,
 }
 
+/// A queue a pump must drain: it appeared in a destination's setup.
+#[derive(Clone, Debug)]
+pub struct PumpedQueue {
+    pub strategy: String,
+    pub queue: String,
+    /// The config whose planner the pump should load.
+    pub config: Arc<Config>,
+}
+
 pub fn unix_now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// One loaded config: its planners and what has been declared for them.
+struct Generation {
+    config: Arc<Config>,
+    strategies: Mutex<Strategies>,
+    names: Vec<String>,
+    /// Strategies whose topology is declared; (strategy, destination) pairs set up.
+    /// Async lock: preparation talks to the broker, and a second caller must
+    /// wait for the first instead of publishing into half-declared topology.
+    prepared: tokio::sync::Mutex<Prepared>,
+}
+
+#[derive(Default)]
+struct Prepared {
+    topology: HashSet<String>,
+    destinations: HashSet<(String, String)>,
+}
+
+impl Generation {
+    fn new(config: Config, strategies: Strategies) -> Generation {
+        let names = strategies.names().map(str::to_string).collect();
+        Generation {
+            config: Arc::new(config),
+            strategies: Mutex::new(strategies),
+            names,
+            prepared: Default::default(),
+        }
+    }
+
+    fn planners(&self) -> std::sync::MutexGuard<'_, Strategies> {
+        self.strategies.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn strategy_for(&self, destination: &str) -> String {
+        self.config.strategy_for(destination).to_string()
+    }
+
+    fn check_strategy(&self, strategy: &str) -> Result<(), ScheduleError> {
+        if self.names.iter().any(|n| n == strategy) {
+            Ok(())
+        } else {
+            Err(ScheduleError::BadRequest(format!("unknown strategy {strategy:?}; configured: {}", self.names.join(", "))))
+        }
+    }
+}
+
 pub struct Scheduler<E> {
     executor: E,
-    strategies: Strategies,
-    destination_strategies: BTreeMap<String, String>,
-    topology_applied: HashSet<String>,
-    destinations_ready: HashSet<(String, String)>,
+    current: RwLock<Arc<Generation>>,
+    metrics: Arc<Metrics>,
+    pumped_queues: OnceLock<mpsc::UnboundedSender<PumpedQueue>>,
+    /// Whether this scheduler declares broker objects, or trusts they exist.
+    declaring: bool,
 }
 
 impl<E: Executor> Scheduler<E> {
     pub fn new(config: &Config, strategies: Strategies, executor: E) -> Self {
-        let destination_strategies = config
-            .destinations
-            .iter()
-            .filter_map(|(name, d)| d.strategy.clone().map(|s| (name.clone(), s)))
-            .collect();
         Scheduler {
             executor,
-            strategies,
-            destination_strategies,
-            topology_applied: HashSet::new(),
-            destinations_ready: HashSet::new(),
+            current: RwLock::new(Arc::new(Generation::new(config.clone(), strategies))),
+            metrics: Arc::default(),
+            pumped_queues: OnceLock::new(),
+            declaring: true,
         }
+    }
+
+    /// `false`: never declare topology or destination setup (the operator
+    /// manages them); destinations are still checked to exist.
+    pub fn set_declaring(&mut self, declaring: bool) {
+        self.declaring = declaring;
     }
 
     pub fn executor(&self) -> &E {
         &self.executor
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Every pumped queue a destination setup declares from now on is sent here.
+    pub fn report_pumped_queues(&self, to: mpsc::UnboundedSender<PumpedQueue>) {
+        let _ = self.pumped_queues.set(to);
+    }
+
+    fn generation(&self) -> Arc<Generation> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The config of the current generation.
+    pub fn config(&self) -> Arc<Config> {
+        self.generation().config.clone()
+    }
+
+    /// Swaps in a new config and its strategies; returns the old config.
+    /// With `apply_default_topology`, the new default strategy's topology is
+    /// declared first, and a broker refusal leaves the old config in place.
+    /// Messages already planned finish with the old planners.
+    pub async fn reload(&self, config: Config, strategies: Strategies, apply_default_topology: bool) -> Result<Arc<Config>, ScheduleError> {
+        let next = Arc::new(Generation::new(config, strategies));
+        if apply_default_topology {
+            let default = next.config.default_strategy.clone();
+            let mut prepared = next.prepared.lock().await;
+            self.apply_topology_in(&next, &mut prepared, &default).await?;
+        }
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        Ok(std::mem::replace(&mut *current, next).config.clone())
+    }
+
     /// A strategy's static topology, without applying it.
-    pub fn topology_of(&mut self, strategy: &str) -> Result<Vec<crate::command::Command>, ScheduleError> {
-        Ok(self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?)
+    pub fn topology_of(&self, strategy: &str) -> Result<Vec<Command>, ScheduleError> {
+        let generation = self.generation();
+        generation.check_strategy(strategy)?;
+        let mut planners = generation.planners();
+        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?)
     }
 
-    pub fn default_strategy(&self) -> &str {
-        self.strategies.default_name()
+    pub fn default_strategy(&self) -> String {
+        self.generation().config.default_strategy.clone()
     }
 
-    pub fn strategy_names(&self) -> impl Iterator<Item = &str> {
-        self.strategies.names()
-    }
-
-    /// The plan a message would get, without sending anything.
-    pub fn plan_only(&mut self, strategy: &str, request: &PlanRequest) -> Result<crate::planner::Plan, ScheduleError> {
-        Ok(self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.plan(request)?)
+    pub fn strategy_names(&self) -> Vec<String> {
+        self.generation().names.clone()
     }
 
     pub fn strategy_for(&self, destination: &str) -> String {
-        self.destination_strategies.get(destination).cloned().unwrap_or_else(|| self.strategies.default_name().to_string())
+        self.generation().strategy_for(destination)
+    }
+
+    /// The plan a message would get, without sending anything.
+    pub fn plan_only(&self, strategy: &str, request: &PlanRequest) -> Result<Plan, ScheduleError> {
+        let generation = self.generation();
+        generation.check_strategy(strategy)?;
+        let mut planners = generation.planners();
+        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.plan(request)?)
     }
 
     /// Declares a strategy's static topology (idempotent on the broker).
-    pub async fn apply_topology(&mut self, strategy: &str) -> Result<(), ScheduleError> {
-        let commands = self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?;
-        self.executor.apply(&commands).await?;
-        self.topology_applied.insert(strategy.to_string());
+    pub async fn apply_topology(&self, strategy: &str) -> Result<(), ScheduleError> {
+        let generation = self.generation();
+        let mut prepared = generation.prepared.lock().await;
+        self.apply_topology_in(&generation, &mut prepared, strategy).await
+    }
+
+    async fn apply_topology_in(&self, generation: &Generation, prepared: &mut Prepared, strategy: &str) -> Result<(), ScheduleError> {
+        generation.check_strategy(strategy)?;
+        let commands = generation.planners().get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?;
+        if self.declaring {
+            self.executor.apply(&commands).await?;
+        }
+        prepared.topology.insert(strategy.to_string());
         Ok(())
     }
 
     /// Checks the destination exists and applies its setup for `strategy`.
-    pub async fn prepare_destination(&mut self, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
-        if !self.topology_applied.contains(strategy) {
-            self.apply_topology(strategy).await?;
+    pub async fn prepare_destination(&self, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
+        let generation = self.generation();
+        let mut prepared = generation.prepared.lock().await;
+        self.prepare_destination_in(&generation, &mut prepared, strategy, destination).await
+    }
+
+    async fn prepare_destination_in(
+        &self,
+        generation: &Generation,
+        prepared: &mut Prepared,
+        strategy: &str,
+        destination: &str,
+    ) -> Result<(), ScheduleError> {
+        if !prepared.topology.contains(strategy) {
+            self.apply_topology_in(generation, prepared, strategy).await?;
         }
         self.executor.check_destination(destination).await?;
-        let setup = self.strategies.get_mut(strategy).map_err(ScheduleError::BadRequest)?.destination_setup(destination)?;
-        self.executor.apply(&setup).await?;
-        self.destinations_ready.insert((strategy.to_string(), destination.to_string()));
+        let setup = generation.planners().get_mut(strategy).map_err(ScheduleError::BadRequest)?.destination_setup(destination)?;
+        if self.declaring {
+            self.executor.apply(&setup).await?;
+        }
+        if let Some(report) = self.pumped_queues.get() {
+            for command in &setup {
+                if let Command::SqsEnsureQueue { name, pumped: true, .. } = command {
+                    let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.clone(), config: generation.config.clone() });
+                }
+            }
+        }
+        prepared.destinations.insert((strategy.to_string(), destination.to_string()));
         Ok(())
     }
 
-    pub async fn schedule(&mut self, request: ScheduleRequest) -> Result<Scheduled, ScheduleError> {
+    pub async fn schedule(&self, request: ScheduleRequest) -> Result<Scheduled, ScheduleError> {
         let (scheduled, commands, envelope) = self.plan(request).await?;
-        self.executor.send(&commands, &envelope).await?;
+        self.send(scheduled, &commands, &envelope).await
+    }
+
+    async fn send(&self, scheduled: Scheduled, commands: &[Command], envelope: &Envelope) -> Result<Scheduled, ScheduleError> {
+        let started = Instant::now();
+        self.executor.send(commands, envelope).await?;
+        self.metrics.observe_confirm(started.elapsed());
         Ok(scheduled)
     }
 
     /// Schedules many messages with up to `window` publishes awaiting their
     /// confirms at once. Results come back in request order; a failed message
     /// never hides behind a successful one.
-    pub async fn schedule_many(&mut self, requests: Vec<ScheduleRequest>, window: usize) -> Vec<Result<Scheduled, ScheduleError>> {
+    pub async fn schedule_many(&self, requests: Vec<ScheduleRequest>, window: usize) -> Vec<Result<Scheduled, ScheduleError>> {
         use futures_util::StreamExt;
         let mut planned = Vec::with_capacity(requests.len());
         for request in requests {
             planned.push(self.plan(request).await);
         }
-        let executor = &self.executor;
         futures_util::stream::iter(planned)
             .map(|planned| async move {
                 let (scheduled, commands, envelope) = planned?;
-                executor.send(&commands, &envelope).await?;
-                Ok(scheduled)
+                self.send(scheduled, &commands, &envelope).await
             })
             .buffered(window.max(1))
             .collect()
@@ -150,26 +289,28 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Everything up to the publish: preparation on first use, the plan, the envelope.
-    async fn plan(&mut self, request: ScheduleRequest) -> Result<(Scheduled, Vec<crate::command::Command>, Envelope), ScheduleError> {
+    async fn plan(&self, request: ScheduleRequest) -> Result<(Scheduled, Vec<Command>, Envelope), ScheduleError> {
         if request.destination.is_empty() {
             return Err(ScheduleError::BadRequest("destination is empty".into()));
         }
         if let Some(reserved) = request.headers.keys().find(|k| k.starts_with("hourglass-")) {
             return Err(ScheduleError::BadRequest(format!("header {reserved:?} is reserved: hourglass-* headers are set by hourglass")));
         }
-        let strategy = request.strategy.clone().unwrap_or_else(|| self.strategy_for(&request.destination));
-        let key = (strategy.clone(), request.destination.clone());
-        if !self.destinations_ready.contains(&key) {
-            self.prepare_destination(&strategy, &request.destination).await?;
+        let generation = self.generation();
+        let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(&request.destination));
+        generation.check_strategy(&strategy)?;
+        {
+            let mut prepared = generation.prepared.lock().await;
+            if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
+                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination).await?;
+            }
         }
         let id = uuid::Uuid::new_v4().to_string();
-        let planner = self.strategies.get_mut(&strategy).map_err(ScheduleError::BadRequest)?;
-        let plan = planner.plan(&PlanRequest {
-            destination: request.destination.clone(),
-            delay_ms: request.delay_ms,
-            message_id: id.clone(),
-            routing_key: None,
-        })?;
+        let plan_request =
+            PlanRequest { destination: request.destination.clone(), delay_ms: request.delay_ms, message_id: id.clone(), routing_key: None };
+        let started = Instant::now();
+        let plan = generation.planners().get_mut(&strategy).map_err(ScheduleError::BadRequest)?.plan(&plan_request)?;
+        self.metrics.observe_planner_call(&strategy, started.elapsed());
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));

@@ -62,6 +62,22 @@ impl RequestCounts {
     }
 }
 
+impl RequestCounts {
+    /// Each request kind by its SQS API name, for metrics.
+    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
+        let s = self.snapshot();
+        [
+            ("GetQueueUrl", s.get_queue_url),
+            ("CreateQueue", s.create_queue),
+            ("GetQueueAttributes", s.get_queue_attributes),
+            ("SendMessage", s.send_message),
+            ("SendMessageBatch", s.send_message_batch),
+            ("ReceiveMessage", s.receive_message),
+            ("DeleteMessageBatch", s.delete_message_batch),
+        ]
+    }
+}
+
 pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -69,7 +85,7 @@ pub fn count(counter: &AtomicU64) {
 pub struct SqsExecutor {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
-    pub requests: RequestCounts,
+    pub requests: std::sync::Arc<RequestCounts>,
 }
 
 fn unavailable(what: impl std::fmt::Display, err: impl std::error::Error) -> ExecutorError {
@@ -164,7 +180,7 @@ impl SqsExecutor {
         if config.region().is_none() {
             return Err(ExecutorError::Unavailable("SQS: no region: set broker.region or AWS_REGION".into()));
         }
-        Ok(SqsExecutor { client: Client::new(&config), urls: Mutex::new(HashMap::new()), requests: RequestCounts::default() })
+        Ok(SqsExecutor { client: Client::new(&config), urls: Mutex::new(HashMap::new()), requests: Default::default() })
     }
 
     pub fn client(&self) -> &Client {

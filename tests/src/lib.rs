@@ -3,9 +3,11 @@
 //!
 //! A missing broker fails the tests with instructions; it never skips them.
 
+pub mod process;
+pub mod serve;
 pub mod sqs;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -18,6 +20,18 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::mpsc;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The binary `cargo test --workspace` builds next to this test executable.
+pub fn hourglass_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe.parent().and_then(Path::parent).unwrap().join("hourglass");
+    assert!(binary.exists(), "{} is missing: run the tests with `cargo test --workspace` (scripts/test does)", binary.display());
+    binary
+}
 
 pub fn amqp_url() -> String {
     std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::rabbitmq::DEFAULT_URL.to_string())
@@ -41,8 +55,26 @@ pub async fn connect() -> Connection {
 
 /// A config on the real broker with one strategy, `main`.
 pub fn config(strategy_table: &str) -> Config {
-    let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{}\"\n\n[strategies.main]\n{strategy_table}\n", amqp_url());
-    Config::parse(Path::new("e2e.toml"), text).expect("test config")
+    config_with(strategy_table, "")
+}
+
+/// The RabbitMQ config text with strategy `main` and more TOML after it.
+pub fn config_text(strategy_table: &str, more: &str) -> String {
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n", amqp_url())
+}
+
+/// [`config`] with more TOML after the strategy.
+pub fn config_with(strategy_table: &str, more: &str) -> Config {
+    Config::parse(Path::new("e2e.toml"), config_text(strategy_table, more)).expect("test config")
+}
+
+/// Polls `check` every 100 ms until it holds, failing the test after `deadline`.
+pub async fn until(what: &str, deadline: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let end = Instant::now() + deadline;
+    while !check().await {
+        assert!(Instant::now() < end, "{what} did not happen within {deadline:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 pub async fn scheduler(config: &Config) -> Scheduler<Broker> {
@@ -90,6 +122,11 @@ impl Destination {
     /// Waits for `count` messages, failing after `deadline`.
     pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<Received> {
         receive_within(&mut self.received, count, deadline, &self.name).await
+    }
+
+    /// The next message, as soon as it arrives.
+    pub async fn next(&mut self) -> Option<Received> {
+        self.received.recv().await
     }
 
     /// Nothing more arrives within `quiet`.

@@ -1,22 +1,9 @@
 //! The example RabbitMQ config works as is, through the `hourglass` binary.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use hourglass_e2e::*;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-/// The binary `cargo test --workspace` builds next to this test executable.
-fn hourglass_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe.parent().and_then(Path::parent).unwrap().join("hourglass");
-    assert!(binary.exists(), "{} is missing: run the tests with `cargo test --workspace` (scripts/test does)", binary.display());
-    binary
-}
 
 #[tokio::test]
 async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {

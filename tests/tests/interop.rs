@@ -48,7 +48,7 @@ async fn round_trip(preset: &str, level_name: impl Fn(u32) -> String, quorum: bo
     declare_like_the_other_client(&connection, &level_name(1), 1, &level_name(0), quorum).await;
     let config = config(&format!("planner = \"binary-levels\"\npreset = \"{preset}\""));
     let mut destination = Destination::declare(&connection, preset).await;
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
 
     let scheduled = scheduler
         .schedule(ScheduleRequest { destination: destination.name.clone(), delay_ms: 2_000, body: b"from hourglass".to_vec(), ..Default::default() })

@@ -38,7 +38,7 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
     let connection = connect().await;
     let config = config(strategy_table);
     let mut destination = Destination::declare(&connection, "dest").await;
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     let mut sent: HashMap<String, (usize, Scheduled)> = HashMap::new();
     for (i, &delay_ms) in delays_ms.iter().enumerate() {
         let request = ScheduleRequest {
@@ -115,7 +115,7 @@ async fn binary_levels_in_milliseconds_is_sub_second_precise() {
 async fn scheduling_to_a_missing_destination_fails_clearly() {
     let prefix = unique("missing");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     let destination = unique("no-such-queue");
     let request = ScheduleRequest { destination: destination.clone(), delay_ms: 1_000, ..Default::default() };
     let err = scheduler.schedule(request).await.unwrap_err().to_string();
@@ -155,7 +155,7 @@ async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
     arguments.insert("x-message-ttl".into(), AMQPValue::LongLongInt(5));
     channel.queue_declare(clashing.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, arguments).await.unwrap();
 
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     let err = scheduler.apply_topology("main").await.unwrap_err().to_string();
     assert!(err.contains(&format!("queue \"{clashing}\"")), "{err}");
     assert!(err.contains("x-message-ttl=1000"), "names what hourglass wanted: {err}");
@@ -167,7 +167,7 @@ async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
 async fn applying_the_topology_twice_is_harmless() {
     let prefix = unique("twice");
     let config = config(&format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"1s\"]"));
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     scheduler.apply_topology("main").await.unwrap();
     scheduler.apply_topology("main").await.expect("a second apply changes nothing");
     delete_declared(&connect().await, &topology_of(&config)).await;
@@ -179,7 +179,7 @@ async fn many_messages_with_a_window_of_confirms_all_arrive() {
     let prefix = unique("window");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
     let mut destination = Destination::declare(&connection, "window").await;
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     let requests: Vec<ScheduleRequest> = (0..500)
         .map(|i| ScheduleRequest {
             destination: destination.name.clone(),

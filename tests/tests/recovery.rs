@@ -1,16 +1,21 @@
-//! Broker loss under `serve`: readiness goes false and requests get 503 while
-//! RabbitMQ is stopped; the host reconnects by itself when it is back, and
-//! every message that got a 202 arrives. This test stops and starts the
+//! Broker loss under `serve`, with HTTP requests and ingress messages flowing:
+//! readiness goes false and requests get 503 while RabbitMQ is stopped; the
+//! host reconnects by itself when it is back; every message that got a 202 and
+//! every ingress message arrives. This test stops and starts the
 //! broker's application, so it lives in its own test binary (cargo runs test
 //! binaries one after another).
 
+use std::collections::BTreeSet;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use hourglass::service::{self, Service};
+use hourglass::service::Service;
+use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::{BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use lapin::BasicProperties;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde_json::json;
 
 fn rabbitmqctl(args: &[&str]) {
@@ -25,14 +30,6 @@ impl Drop for RestartOnDrop {
     fn drop(&mut self) {
         let _ = Command::new("rabbitmqctl").arg("start_app").status();
         let _ = Command::new("rabbitmqctl").args(["await_startup", "--timeout", "60"]).status();
-    }
-}
-
-async fn until(what: &str, deadline: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let end = Instant::now() + deadline;
-    while !check().await {
-        assert!(Instant::now() < end, "{what} did not happen within {deadline:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -51,10 +48,14 @@ async fn http(method: &'static str, url: String, body: Option<serde_json::Value>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_service_survives_a_broker_restart_and_loses_nothing_it_accepted() {
+async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_accepted() {
     let connection = connect().await;
     let prefix = unique("recovery");
-    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let ingress = unique("recovery-in");
+    let config = config_with(
+        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+        &format!("[service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\nprefetch = 8"),
+    );
     // Durable, so it and its messages survive the restart.
     let destination = unique("recovery-dest");
     let channel = connection.create_channel().await.unwrap();
@@ -62,41 +63,93 @@ async fn the_service_survives_a_broker_restart_and_loses_nothing_it_accepted() {
         .queue_declare(destination.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
         .await
         .unwrap();
-    let service = Service::new(scheduler(&config).await, None);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(service::run(listener, service, async move {
-        stopped.await.ok();
-    }));
-    let message = |body: &str| Some(json!({ "destination": destination, "delay": "2s", "body": body }));
+    let service = Service::start(config.clone()).await.expect("service starts");
+    let served = Served::start(service).await;
+    let base = served.http.base.clone();
+    until("ready", Duration::from_secs(10), async || http("GET", format!("{base}/readyz"), None).await == 200).await;
 
-    assert_eq!(http("POST", format!("{base}/v1/messages"), message("before")).await, 202);
+    let mut ingress_bodies = publish_ingress(&connection, &ingress, &destination, "ingress-before", 40).await;
+
+    // HTTP load for the whole test: every 2xx must be a 202 and must arrive.
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
+    let load = {
+        let (accepted, base, destination) = (accepted.clone(), base.clone(), destination.clone());
+        tokio::spawn(async move {
+            let mut refused = 0;
+            for i in 0.. {
+                if *load_stopped.borrow() {
+                    return refused;
+                }
+                let body = format!("http-{i}");
+                let status = http("POST", format!("{base}/v1/messages"), Some(json!({ "destination": destination, "delay": "2s", "body": body }))).await;
+                match status {
+                    202 => {
+                        accepted.lock().unwrap().insert(body);
+                    }
+                    503 => refused += 1,
+                    other => panic!("unexpected status {other} for {body}"),
+                }
+            }
+            refused
+        })
+    };
+    until("load before the restart", Duration::from_secs(10), async || accepted.lock().unwrap().len() >= 20).await;
+
     let restart = RestartOnDrop;
     rabbitmqctl(&["stop_app"]);
     until("readiness going false", Duration::from_secs(10), async || http("GET", format!("{base}/readyz"), None).await == 503).await;
-    assert_eq!(http("POST", format!("{base}/v1/messages"), message("during")).await, 503, "no 2xx while the broker is down");
+    let accepted_while_down = accepted.lock().unwrap().len();
     rabbitmqctl(&["start_app"]);
     rabbitmqctl(&["await_startup", "--timeout", "60"]);
     drop(restart);
-    until("readiness coming back", Duration::from_secs(20), async || http("GET", format!("{base}/readyz"), None).await == 200).await;
-    assert_eq!(http("POST", format!("{base}/v1/messages"), message("after")).await, 202);
+    until("readiness coming back", Duration::from_secs(30), async || http("GET", format!("{base}/readyz"), None).await == 200).await;
+    let after = connect().await;
+    ingress_bodies.extend(publish_ingress(&after, &ingress, &destination, "ingress-after", 40).await);
+    until("load after the restart", Duration::from_secs(20), async || accepted.lock().unwrap().len() >= accepted_while_down + 20).await;
+    stop_load.send(true).unwrap();
+    let refused = load.await.unwrap();
+    assert!(refused > 0, "some requests met the stopped broker and got 503");
 
-    let reader = connect().await.create_channel().await.unwrap();
-    let mut bodies = Vec::new();
-    until("both accepted messages arriving", Duration::from_secs(20), async || {
+    let reader = after.create_channel().await.unwrap();
+    let mut expected = accepted.lock().unwrap().clone();
+    expected.extend(ingress_bodies);
+    let mut arrived = BTreeSet::new();
+    until("every accepted message arriving", Duration::from_secs(30), async || {
         while let Ok(Some(got)) = reader.basic_get(destination.as_str().into(), BasicGetOptions { no_ack: true }).await {
-            bodies.push(String::from_utf8_lossy(&got.delivery.data).to_string());
+            arrived.insert(String::from_utf8_lossy(&got.delivery.data).to_string());
         }
-        bodies.len() >= 2
+        expected.is_subset(&arrived)
     })
     .await;
-    bodies.sort();
-    assert_eq!(bodies, vec!["after".to_string(), "before".to_string()], "the 503 message was never published");
+    let unexpected: Vec<_> = arrived.difference(&expected).filter(|b| !b.starts_with("http-")).collect();
+    assert!(unexpected.is_empty(), "{unexpected:?}");
 
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
-    let cleanup = connect().await;
-    delete_declared(&cleanup, &topology_of(&config)).await;
-    cleanup.create_channel().await.unwrap().queue_delete(destination.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    served.stop().await;
+    delete_declared(&after, &topology_of(&config)).await;
+    for queue in [destination.clone(), ingress.clone(), format!("{ingress}.invalid")] {
+        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+}
+
+/// Persistent ingress messages to `destination`, delayed 2 s; returns their bodies.
+async fn publish_ingress(connection: &lapin::Connection, ingress: &str, destination: &str, stem: &str, count: usize) -> BTreeSet<String> {
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let mut bodies = BTreeSet::new();
+    for i in 0..count {
+        let body = format!("{stem}-{i}");
+        let mut headers = FieldTable::default();
+        headers.insert("hourglass-destination".into(), AMQPValue::LongString(LongString::from(destination)));
+        headers.insert("hourglass-delay".into(), AMQPValue::LongString(LongString::from("2s")));
+        let properties = BasicProperties::default().with_headers(headers).with_delivery_mode(2);
+        channel
+            .basic_publish("".into(), ingress.into(), BasicPublishOptions::default(), body.as_bytes(), properties)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        bodies.insert(body);
+    }
+    bodies
 }

@@ -4,50 +4,10 @@
 use std::time::Duration;
 
 use base64::Engine;
-use hourglass::service::{self, Service};
+use hourglass::service::Service;
+use hourglass_e2e::serve::{Served, metric_sum};
 use hourglass_e2e::*;
 use serde_json::{Value, json};
-
-struct Http {
-    base: String,
-    agent: ureq::Agent,
-}
-
-impl Http {
-    async fn call(&self, method: &'static str, path: &str, token: Option<&str>, body: Option<Value>) -> (u16, String) {
-        let url = format!("{}{path}", self.base);
-        let agent = self.agent.clone();
-        let token = token.map(str::to_string);
-        tokio::task::spawn_blocking(move || {
-            let auth = token.map(|t| format!("Bearer {t}"));
-            let mut response = match (method, body) {
-                ("POST", Some(body)) => {
-                    let mut request = agent.post(&url);
-                    if let Some(auth) = &auth {
-                        request = request.header("Authorization", auth);
-                    }
-                    request.send_json(body)
-                }
-                _ => {
-                    let mut request = agent.get(&url);
-                    if let Some(auth) = &auth {
-                        request = request.header("Authorization", auth);
-                    }
-                    request.call()
-                }
-            }
-            .expect("HTTP call");
-            (response.status().as_u16(), response.body_mut().read_to_string().unwrap())
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn post(&self, body: Value) -> (u16, Value) {
-        let (status, text) = self.call("POST", "/v1/messages", Some("secret"), Some(body)).await;
-        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
@@ -55,22 +15,15 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     let prefix = unique("serve");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
     let mut destination = Destination::declare(&connection, "serve").await;
-    let service = Service::new(scheduler(&config).await, Some("secret".into()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(service::run(listener, service, async move {
-        stopped.await.ok();
-    }));
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let http = Http { base: format!("http://{address}"), agent };
+    let served = Served::start(Service::new(scheduler(&config).await, Some("secret".into()))).await;
+    let http = &served.http;
     let dest = destination.name.clone();
 
-    let (status, accepted) = http.post(json!({ "destination": dest, "delay": "1s", "body": "hello", "headers": { "tenant": "acme" } })).await;
+    let (status, accepted) = http.schedule(Some("secret"), json!({ "destination": dest, "delay": "1s", "body": "hello", "headers": { "tenant": "acme" } })).await;
     assert_eq!(status, 202, "{accepted}");
     assert!(accepted["id"].is_string() && accepted["due_at"].is_u64(), "{accepted}");
     let binary = base64::engine::general_purpose::STANDARD.encode(b"bin\x00ary");
-    let (status, second) = http.post(json!({ "destination": dest, "delay": 1500, "body": binary, "encoding": "base64" })).await;
+    let (status, second) = http.schedule(Some("secret"), json!({ "destination": dest, "delay": 1500, "body": binary, "encoding": "base64" })).await;
     assert_eq!(status, 202, "{second}");
 
     let bad_requests = [
@@ -82,7 +35,7 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
         (json!({ "destination": dest, "delay": "1s", "body": "x".repeat(300_000) }), 413, "body"),
     ];
     for (body, want_status, field) in bad_requests {
-        let (status, error) = http.post(body).await;
+        let (status, error) = http.schedule(Some("secret"), body).await;
         assert_eq!(status, want_status, "{error}");
         assert_eq!(error["field"], field, "{error}");
         assert!(error["error"].as_str().is_some_and(|e| !e.is_empty()), "{error}");
@@ -113,15 +66,14 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     let (status, metrics) = http.call("GET", "/metrics", None, None).await;
     assert_eq!(status, 200);
     assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF: {metrics}");
-    let value = |name: &str| -> f64 {
-        metrics.lines().filter(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
-    };
+    let value = |prefix: &str| metric_sum(&metrics, prefix);
     assert_eq!(value(&format!("hourglass_messages_scheduled_total{{strategy=\"main\",destination=\"{dest}\"}}")), 2.0, "{metrics}");
     assert_eq!(value("hourglass_requests_rejected_total"), 6.0, "every bad request, refused before planning: {metrics}");
     assert_eq!(value("hourglass_messages_failed_total"), 0.0, "{metrics}");
+    assert_eq!(value("hourglass_planner_call_seconds_count{strategy=\"main\"}"), 2.0, "one planner call per message: {metrics}");
+    assert_eq!(value("hourglass_broker_confirm_seconds_count"), 2.0, "one confirm wait per message: {metrics}");
 
-    stop.send(()).unwrap();
-    server.await.unwrap().expect("graceful shutdown");
+    served.stop().await;
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
 }

@@ -25,7 +25,7 @@ fn request(destination: &str, delay_ms: u64, i: usize) -> ScheduleRequest {
 #[tokio::test]
 async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
     let config = sqs_config(CYCLE_TABLE);
-    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let (scheduler, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor.clone(), "cycles").await;
     // 0, 1 s, below one cycle, exactly one cycle, 3.5 cycles, 5.5 cycles.
     let delays = [0u64, 1_000, 1_500, 2_000, 7_000, 11_000];
@@ -60,7 +60,7 @@ async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
 #[tokio::test]
 async fn invalid_inputs_fail_before_anything_is_sent() {
     let config = sqs_config(CYCLE_TABLE);
-    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let (scheduler, executor) = sqs_scheduler(&config).await;
 
     // A valid 76-character destination whose delay queue would need 87 characters.
     let long = format!("e2e-{}", uuid::Uuid::new_v4().simple()).repeat(3)[..76].to_string();
@@ -88,7 +88,7 @@ async fn invalid_inputs_fail_before_anything_is_sent() {
 #[tokio::test]
 async fn a_pump_dying_between_send_and_delete_loses_nothing() {
     let config = sqs_config(CYCLE_TABLE);
-    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let (scheduler, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor.clone(), "crash").await;
     let delay_queue = format!("{}-delay.fifo", destination.name);
     // A short visibility timeout so the undeleted message comes back quickly.
@@ -123,7 +123,7 @@ async fn a_pump_dying_between_send_and_delete_loses_nothing() {
 #[tokio::test]
 async fn two_pumps_on_one_delay_queue_deliver_everything() {
     let config = sqs_config(CYCLE_TABLE);
-    let (mut scheduler, executor) = sqs_scheduler(&config).await;
+    let (scheduler, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor.clone(), "twopumps").await;
     let count = 12;
     for i in 0..count {

@@ -26,7 +26,7 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     let prefix = unique("verify");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
     let destination = Destination::declare(&connection, "verify-dest").await;
-    let mut scheduler = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
     scheduler.prepare_destination("main", &destination.name).await.unwrap();
     let mut strategies = hourglass::strategy::Strategies::load(&config).unwrap();
     let planner = strategies.get_mut("main").unwrap();

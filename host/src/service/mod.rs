@@ -1,17 +1,22 @@
-//! `hourglass serve`: an HTTP API in front of the scheduler.
+//! `hourglass serve`: the long-lived host.
 //!
-//! `POST /v1/messages` answers `202` only after the broker confirmed the
-//! message; a bad request gets `400` (or `401`, `413`, `422`) with a JSON error
-//! naming the field, and nothing is published; a broker that cannot be reached
-//! gives `503`. `run(listener, …, shutdown)` serves until `shutdown` resolves,
-//! finishing requests in flight, so tests bind port 0.
+//! * An HTTP API in front of the scheduler. `POST /v1/messages` answers `202`
+//!   only after the broker confirmed the message; a bad request gets `400` (or
+//!   `401`, `413`, `422`) with a JSON error naming the field, and nothing is
+//!   published; a broker that cannot be reached gives `503`.
+//! * In the background ([`Service::start`]): the AMQP ingress on RabbitMQ, and
+//!   a pump for every pumped queue a destination setup declares on SQS.
+//! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
+//!   config and swaps the planners; a bad config is refused and the old one
+//!   keeps serving.
+//!
+//! `run(listener, service, shutdown)` serves until `shutdown` resolves, then
+//! stops taking work and finishes what is in flight, so tests bind port 0.
 
-mod metrics;
-
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -21,31 +26,310 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine;
 use serde_json::{Value, json};
+use thiserror::Error;
 use tokio::net::TcpListener;
-use tokio::sync::Mutex;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
-pub use metrics::Metrics;
+pub use crate::metrics::Metrics;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, amqp_url};
 use crate::command::FieldValue;
+use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::executor::{Executor, ExecutorError};
+use crate::ingress::Ingress;
 use crate::planner::{PlanRequest, PlannerError};
-use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+use crate::pump::Pump;
+use crate::scheduler::{PumpedQueue, ScheduleError, ScheduleRequest, Scheduler};
+use crate::strategy::{Strategies, StrategyError};
 
 /// Largest message body accepted, after base64 decoding.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
+
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Strategy(#[from] StrategyError),
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    #[error(transparent)]
+    Broker(#[from] ExecutorError),
+    #[error("{path}: topology drift on the broker (service.topology = \"verify\"): {drifts}")]
+    Drift { path: String, drifts: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The tasks that run beside the HTTP API, and how to stop them.
+struct Background {
+    stop: watch::Sender<bool>,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    ingress: Option<Arc<Ingress>>,
+    /// Pumped queues with a pump, and the pump tasks (for readiness).
+    pumps: std::sync::Mutex<(HashSet<String>, Vec<JoinHandle<()>>)>,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Background { stop: watch::channel(false).0, tasks: Default::default(), ingress: None, pumps: Default::default() }
+    }
+}
 
 pub struct Service {
-    scheduler: Mutex<Scheduler<Broker>>,
+    scheduler: Arc<Scheduler<Broker>>,
     token: Option<String>,
-    pub metrics: Metrics,
-    ready: AtomicBool,
+    pub metrics: Arc<Metrics>,
+    /// The config file `reload` re-reads; `None` when built from parts.
+    source: Option<PathBuf>,
+    topology: TopologyAtStart,
+    shutdown_timeout: Duration,
+    reloading: tokio::sync::Mutex<()>,
+    background: Background,
+}
+
+/// What a reload changed.
+#[derive(Debug, serde::Serialize)]
+pub struct Reloaded {
+    pub strategies: Vec<String>,
+    pub default_strategy: String,
+    /// Settings read only at start (broker, listen address, ingress, token): changed but not applied.
+    pub needs_restart: Vec<&'static str>,
 }
 
 impl Service {
+    /// An HTTP API over a ready scheduler, with nothing in the background and no reload.
     pub fn new(scheduler: Scheduler<Broker>, token: Option<String>) -> Arc<Service> {
-        Arc::new(Service { scheduler: Mutex::new(scheduler), token, metrics: Metrics::default(), ready: AtomicBool::new(true) })
+        let scheduler = Arc::new(scheduler);
+        Arc::new(Service {
+            metrics: scheduler.metrics().clone(),
+            scheduler,
+            token,
+            source: None,
+            topology: TopologyAtStart::Apply,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            reloading: Default::default(),
+            background: Background::default(),
+        })
     }
+
+    /// Everything `serve` runs for a config: loads the planners, connects to
+    /// the broker, applies or verifies the topology, prepares the configured
+    /// destinations, starts the ingress (RabbitMQ) and the pumps (SQS).
+    pub async fn start(config: Config) -> Result<Arc<Service>, ServiceError> {
+        let loaded = config.clone();
+        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded))
+            .await
+            .map_err(|e| ServiceError::Other(e.to_string()))??;
+        let broker = Broker::connect(&config.broker).await?;
+        let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
+        let mut scheduler = Scheduler::new(&config, strategies, broker);
+        scheduler.set_declaring(topology == TopologyAtStart::Apply);
+        let scheduler = Arc::new(scheduler);
+        match topology {
+            TopologyAtStart::Apply => scheduler.apply_topology(&config.default_strategy).await?,
+            TopologyAtStart::Verify => verify_topology(&config).await?,
+            TopologyAtStart::Skip => {}
+        }
+        if let Broker::Sqs(sqs) = scheduler.executor() {
+            scheduler.metrics().watch_sqs(sqs.requests.clone());
+        }
+        let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
+        scheduler.report_pumped_queues(pumped_tx);
+        let ingress = match &config.broker {
+            BrokerConfig::Rabbitmq { url, url_env, .. } if config.service.ingress.enabled => {
+                let ingress = Ingress::new(&amqp_url(url.as_deref(), url_env.as_deref()), config.service.ingress.clone(), scheduler.clone());
+                if topology == TopologyAtStart::Apply {
+                    ingress.declare().await?;
+                }
+                Some(ingress)
+            }
+            _ => None,
+        };
+        let service = Arc::new(Service {
+            metrics: scheduler.metrics().clone(),
+            scheduler,
+            token: config.service.token(),
+            source: Some(config.path.clone()),
+            topology,
+            shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
+            reloading: Default::default(),
+            background: Background { ingress, ..Background::default() },
+        });
+        let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
+        let supervisor = tokio::spawn(supervise_pumps(service.clone(), pumped_rx, pump_wait));
+        service.spawn(supervisor);
+        if let Some(ingress) = &service.background.ingress {
+            service.spawn(tokio::spawn(ingress.clone().run(service.background.stop.subscribe())));
+        }
+        service.prepare_configured_destinations(&config).await;
+        Ok(service)
+    }
+
+    fn spawn(&self, task: JoinHandle<()>) {
+        self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+    }
+
+    pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {
+        &self.scheduler
+    }
+
+    /// Sets up each configured destination now, so pumps start and mistakes
+    /// show in the log at start; a destination that fails is prepared again on
+    /// its first message.
+    async fn prepare_configured_destinations(&self, config: &Config) {
+        for destination in config.destinations.keys() {
+            let strategy = config.strategy_for(destination).to_string();
+            if let Err(err) = self.scheduler.prepare_destination(&strategy, destination).await {
+                tracing::warn!(%destination, %strategy, error = %err, "configured destination not ready yet");
+            }
+        }
+    }
+
+    /// Broker connected, ingress consuming, every pump running.
+    pub async fn is_ready(&self) -> bool {
+        let ingress_ready = self.background.ingress.as_ref().is_none_or(|i| i.is_consuming());
+        let pumps_ready = self.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).1.iter().all(|t| !t.is_finished());
+        ingress_ready && pumps_ready && self.scheduler.executor().is_ready().await
+    }
+
+    /// Re-reads the config file and swaps the strategies. On any error the
+    /// running config stays and the error says why.
+    pub async fn reload(&self) -> Result<Reloaded, ServiceError> {
+        let result = self.reload_inner().await;
+        match &result {
+            Ok(reloaded) => {
+                self.metrics.reload("applied");
+                tracing::info!(strategies = ?reloaded.strategies, default = %reloaded.default_strategy, "config reloaded");
+            }
+            Err(err) => {
+                self.metrics.reload("refused");
+                tracing::error!(error = %err, "config reload refused; the running config stays");
+            }
+        }
+        result
+    }
+
+    async fn reload_inner(&self) -> Result<Reloaded, ServiceError> {
+        let Some(path) = self.source.clone() else {
+            return Err(ServiceError::Other("this service was not started from a config file".into()));
+        };
+        let _one_at_a_time = self.reloading.lock().await;
+        let (config, strategies) = tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
+            let config = Config::load(&path)?;
+            let strategies = Strategies::load(&config)?;
+            Ok((config, strategies))
+        })
+        .await
+        .map_err(|e| ServiceError::Other(e.to_string()))??;
+        let old = self.scheduler.config();
+        let mut needs_restart = Vec::new();
+        if config.broker != old.broker {
+            needs_restart.push("broker");
+        }
+        if config.service != old.service {
+            needs_restart.push("service");
+        }
+        if self.topology == TopologyAtStart::Verify {
+            verify_topology(&config).await?;
+        }
+        let reloaded = Reloaded {
+            strategies: config.strategies.keys().cloned().collect(),
+            default_strategy: config.default_strategy.clone(),
+            needs_restart,
+        };
+        let apply_default = self.topology == TopologyAtStart::Apply;
+        self.scheduler.reload(config.clone(), strategies, apply_default).await?;
+        self.prepare_configured_destinations(&config).await;
+        Ok(reloaded)
+    }
+
+    /// Stops the background tasks and waits for them to finish their work in hand.
+    async fn stop_background(&self) {
+        let _ = self.background.stop.send(true);
+        let tasks = std::mem::take(&mut *self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let pumps = std::mem::take(&mut self.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).1);
+        for task in tasks.into_iter().chain(pumps) {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Starts a pump for each pumped queue reported, once per queue.
+async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, wait_seconds: i32) {
+    let mut stop = service.background.stop.subscribe();
+    loop {
+        let pumped = tokio::select! {
+            next = reported.recv() => match next { Some(p) => p, None => return },
+            _ = stop.changed() => return,
+        };
+        if service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).0.contains(&pumped.queue) {
+            continue;
+        }
+        let Broker::Sqs(sqs) = service.scheduler.executor() else {
+            tracing::error!(queue = %pumped.queue, strategy = %pumped.strategy, "a pumped queue needs the SQS broker; not pumping it");
+            continue;
+        };
+        let config = pumped.config.clone();
+        let strategy = pumped.strategy.clone();
+        let planner = match tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy)).await {
+            Ok(Ok(planner)) => planner,
+            Ok(Err(err)) => {
+                tracing::error!(queue = %pumped.queue, error = %err, "cannot load the pump's planner");
+                continue;
+            }
+            Err(err) => {
+                tracing::error!(queue = %pumped.queue, error = %err, "pump planner load panicked");
+                continue;
+            }
+        };
+        match Pump::new(sqs.clone(), planner, &pumped.queue, wait_seconds).await {
+            Ok(pump) => {
+                tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, "pumping");
+                service.metrics.watch_pump(&pumped.queue, pump.counters.clone());
+                let queue = pumped.queue.clone();
+                let pump_stop = service.background.stop.subscribe();
+                let task = tokio::spawn(async move {
+                    if let Err(err) = pump.run(pump_stop).await {
+                        tracing::error!(%queue, error = %err, "pump stopped");
+                    }
+                });
+                let mut pumps = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner());
+                pumps.0.insert(pumped.queue);
+                pumps.1.push(task);
+            }
+            Err(err) => tracing::error!(queue = %pumped.queue, error = %err, "cannot start a pump"),
+        }
+    }
+}
+
+/// Checks the default strategy's topology and the configured destinations'
+/// setup on RabbitMQ through the management API (or passive declares).
+async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
+    let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker else {
+        return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
+    };
+    let mut strategies = Strategies::load(config)?;
+    let planner = strategies.get_mut(&config.default_strategy).map_err(ServiceError::Other)?;
+    let mut commands = planner.topology().map_err(ScheduleError::from)?;
+    for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
+        commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
+    }
+    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+    let management = std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| management_url.clone());
+    let report = crate::verify::verify(&amqp, management.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
+    if report.drifts.is_empty() {
+        return Ok(());
+    }
+    let drifts = crate::verify::grouped(&report)
+        .into_iter()
+        .map(|(object, problems)| format!("{object}: {}", problems.join("; ")))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    Err(ServiceError::Drift { path: config.path.display().to_string(), drifts })
 }
 
 /// A JSON error naming what was wrong.
@@ -164,9 +448,9 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
         }
     };
     let destination = request.destination.clone();
-    let mut scheduler = service.scheduler.lock().await;
+    let scheduler = &service.scheduler;
     if let Some(strategy) = &request.strategy
-        && scheduler.strategy_names().all(|s| s != strategy)
+        && !scheduler.strategy_names().contains(strategy)
     {
         service.metrics.rejected("strategy");
         return ApiError::bad("strategy", format!("unknown strategy {strategy:?}")).into_response();
@@ -174,12 +458,12 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
     let strategy = request.strategy.clone().unwrap_or_else(|| scheduler.strategy_for(&destination));
     let started = Instant::now();
     let result = scheduler.schedule(request).await;
-    drop(scheduler);
     service.metrics.observe_schedule(started.elapsed());
     match result {
         Ok(scheduled) => {
-            service.metrics.scheduled(&strategy, &destination);
-            (StatusCode::ACCEPTED, axum::Json(json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms }))).into_response()
+            service.metrics.scheduled(&scheduled.strategy, &destination);
+            let body = json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms, "strategy": scheduled.strategy });
+            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
         }
         Err(err) => {
             service.metrics.failed(&strategy, &destination);
@@ -199,7 +483,7 @@ async fn get_plan(State(service): State<Arc<Service>>, headers: HeaderMap, Query
         Ok(ms) => ms,
         Err(err) => return err.into_response(),
     };
-    let mut scheduler = service.scheduler.lock().await;
+    let scheduler = &service.scheduler;
     let strategy = query.get("strategy").cloned().unwrap_or_else(|| scheduler.strategy_for(destination));
     let request = PlanRequest { destination: destination.clone(), delay_ms, message_id: "plan-preview".into(), routing_key: None };
     match scheduler.plan_only(&strategy, &request) {
@@ -212,9 +496,8 @@ async fn get_topology(State(service): State<Arc<Service>>, headers: HeaderMap, Q
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
     }
-    let mut scheduler = service.scheduler.lock().await;
-    let strategy = query.get("strategy").cloned().unwrap_or_else(|| scheduler.default_strategy().to_string());
-    let commands = match scheduler.topology_of(&strategy) {
+    let strategy = query.get("strategy").cloned().unwrap_or_else(|| service.scheduler.default_strategy());
+    let commands = match service.scheduler.topology_of(&strategy) {
         Ok(commands) => commands,
         Err(err) => return schedule_error(err).into_response(),
     };
@@ -231,14 +514,20 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
-    let broker_ready = {
-        let scheduler = service.scheduler.lock().await;
-        scheduler.executor().is_ready().await
-    };
-    if broker_ready && service.ready.load(Ordering::Relaxed) {
+    if service.is_ready().await {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    match service.reload().await {
+        Ok(reloaded) => axum::Json(reloaded).into_response(),
+        Err(err) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("config"), message: err.to_string() }.into_response(),
     }
 }
 
@@ -251,6 +540,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/messages", post(post_message))
         .route("/v1/plan", get(get_plan))
         .route("/v1/topology", get(get_topology))
+        .route("/v1/reload", post(post_reload))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(get_metrics))
@@ -259,7 +549,32 @@ pub fn router(service: Arc<Service>) -> Router {
         .with_state(service)
 }
 
-/// Serves until `shutdown` resolves, then lets requests in flight finish.
+/// Serves until `shutdown` resolves; then stops accepting, stops the ingress
+/// and the pumps, and waits (at most the shutdown timeout) for requests,
+/// confirms and acks in flight.
 pub async fn run(listener: TcpListener, service: Arc<Service>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    axum::serve(listener, router(service)).with_graceful_shutdown(shutdown).await
+    let (signalled, mut signal) = watch::channel(false);
+    let server = axum::serve(listener, router(service.clone())).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = signalled.send(true);
+    });
+    let server = tokio::spawn(async move { server.await });
+    tokio::pin!(server);
+    tokio::select! {
+        finished = &mut server => return finished.map_err(std::io::Error::other)?,
+        _ = signal.wait_for(|s| *s) => {}
+    }
+    tracing::info!(timeout = ?service.shutdown_timeout, "shutting down: finishing work in flight");
+    let drained = async {
+        let (served, ()) = tokio::join!(&mut server, service.stop_background());
+        served.map_err(std::io::Error::other)?
+    };
+    match tokio::time::timeout(service.shutdown_timeout, drained).await {
+        Ok(result) => result,
+        Err(_) => {
+            // Unacked ingress messages go back to their queue; clients without a 202 retry.
+            tracing::warn!(timeout = ?service.shutdown_timeout, "shutdown timeout: leaving work unfinished");
+            Ok(())
+        }
+    }
 }

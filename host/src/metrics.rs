@@ -1,0 +1,194 @@
+//! Prometheus metrics, shared by the scheduler, the service, the ingress and
+//! the pumps. Encoded as OpenMetrics text for `GET /metrics`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::pump::PumpCounters;
+use crate::sqs::RequestCounts;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Route {
+    strategy: String,
+    destination: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Field {
+    field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Strategy {
+    strategy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Queue {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: String,
+}
+
+/// Counters kept as atomics elsewhere (SQS requests, pump cycles), copied
+/// into Prometheus counters when the metrics are read.
+#[derive(Default)]
+struct Mirrored {
+    sqs: Vec<Arc<RequestCounts>>,
+    pumps: Vec<(String, Arc<PumpCounters>)>,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    mirrored: Mutex<Mirrored>,
+    scheduled: Family<Route, Counter>,
+    failed: Family<Route, Counter>,
+    rejected: Family<Field, Counter>,
+    schedule_seconds: Histogram,
+    planner_call_seconds: Family<Strategy, Histogram>,
+    confirm_seconds: Histogram,
+    sqs_requests: Family<Kind, Counter>,
+    pump_cycles: Family<Queue, Counter>,
+    ingress: Family<Outcome, Counter>,
+    ingress_in_flight: Gauge,
+    reloads: Family<Outcome, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs to ~0.8 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 15))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("hourglass");
+        let metrics = Metrics {
+            registry: Mutex::new(Registry::default()),
+            mirrored: Mutex::default(),
+            scheduled: Family::default(),
+            failed: Family::default(),
+            rejected: Family::default(),
+            schedule_seconds: latency_histogram(),
+            planner_call_seconds: Family::new_with_constructor(latency_histogram),
+            confirm_seconds: latency_histogram(),
+            sqs_requests: Family::default(),
+            pump_cycles: Family::default(),
+            ingress: Family::default(),
+            ingress_in_flight: Gauge::default(),
+            reloads: Family::default(),
+        };
+        registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
+        registry.register("messages_failed", "Messages that could not be scheduled", metrics.failed.clone());
+        registry.register("requests_rejected", "HTTP requests refused before planning, by offending field", metrics.rejected.clone());
+        registry.register("schedule_seconds", "Plan plus confirmed publish, per message", metrics.schedule_seconds.clone());
+        registry.register("planner_call_seconds", "One plan call into a planner's sandbox", metrics.planner_call_seconds.clone());
+        registry.register("broker_confirm_seconds", "From first publish to the broker's last confirm, per message", metrics.confirm_seconds.clone());
+        registry.register("sqs_requests", "SQS API requests by kind", metrics.sqs_requests.clone());
+        registry.register("pump_cycles", "Messages a pump received and sent on (around again or to the destination)", metrics.pump_cycles.clone());
+        registry.register("ingress_messages", "AMQP ingress messages by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
+        registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
+        registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
+        *metrics.registry.lock().expect("fresh mutex") = registry;
+        metrics
+    }
+}
+
+impl Metrics {
+    pub fn scheduled(&self, strategy: &str, destination: &str) {
+        self.scheduled.get_or_create(&Route { strategy: strategy.into(), destination: destination.into() }).inc();
+    }
+
+    pub fn failed(&self, strategy: &str, destination: &str) {
+        self.failed.get_or_create(&Route { strategy: strategy.into(), destination: destination.into() }).inc();
+    }
+
+    pub fn rejected(&self, field: &str) {
+        self.rejected.get_or_create(&Field { field: field.into() }).inc();
+    }
+
+    pub fn observe_schedule(&self, took: Duration) {
+        self.schedule_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn observe_planner_call(&self, strategy: &str, took: Duration) {
+        self.planner_call_seconds.get_or_create(&Strategy { strategy: strategy.into() }).observe(took.as_secs_f64());
+    }
+
+    pub fn observe_confirm(&self, took: Duration) {
+        self.confirm_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn ingress(&self, outcome: &str) {
+        self.ingress.get_or_create(&Outcome { outcome: outcome.into() }).inc();
+    }
+
+    pub fn ingress_started(&self) {
+        self.ingress_in_flight.inc();
+    }
+
+    pub fn ingress_finished(&self) {
+        self.ingress_in_flight.dec();
+    }
+
+    pub fn reload(&self, outcome: &str) {
+        self.reloads.get_or_create(&Outcome { outcome: outcome.into() }).inc();
+    }
+
+    /// Reports an SQS executor's request counts.
+    pub fn watch_sqs(&self, counts: Arc<RequestCounts>) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).sqs.push(counts);
+    }
+
+    /// Reports a pump's cycles.
+    pub fn watch_pump(&self, queue: &str, counters: Arc<PumpCounters>) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).pumps.push((queue.to_string(), counters));
+    }
+
+    fn mirror(&self) {
+        fn raise(counter: &Counter, to: u64) {
+            counter.inc_by(to.saturating_sub(counter.get()));
+        }
+        let mirrored = self.mirrored.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_kind = std::collections::BTreeMap::<&str, u64>::new();
+        for counts in &mirrored.sqs {
+            for (kind, value) in counts.by_kind() {
+                *by_kind.entry(kind).or_default() += value;
+            }
+        }
+        for (kind, value) in by_kind {
+            raise(&self.sqs_requests.get_or_create(&Kind { kind: kind.into() }), value);
+        }
+        let mut by_queue = std::collections::BTreeMap::<&str, u64>::new();
+        for (queue, counters) in &mirrored.pumps {
+            let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            *by_queue.entry(queue).or_default() += get(&counters.recycled) + get(&counters.handed_over);
+        }
+        for (queue, value) in by_queue {
+            raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), value);
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        self.mirror();
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,80 @@
+//! `hourglass serve` as a child process, for what only a real process shows:
+//! signals (SIGHUP reloads, SIGTERM stops) and the exit status.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use crate::serve::Http;
+
+pub struct ServeProcess {
+    child: Child,
+    pub http: Http,
+    /// Every stderr line so far.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServeProcess {
+    /// Starts `hourglass --config CONFIG serve` on a free port and waits until it listens.
+    pub fn start(config: &Path) -> ServeProcess {
+        let mut child = Command::new(crate::hourglass_binary())
+            .arg("--config")
+            .arg(config)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info,lapin=off")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn hourglass serve");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("serving on http://").nth(1) {
+                    let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let Ok(address) = address_rx.recv_timeout(Duration::from_secs(60)) else {
+            let _ = child.kill();
+            panic!("hourglass serve did not start listening: {:#?}", log.lock().unwrap());
+        };
+        ServeProcess { child, http: Http::new(&format!("http://{address}")), log }
+    }
+
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits for the process to exit, failing after `deadline`.
+    pub fn wait(&mut self, deadline: Duration) -> ExitStatus {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                panic!("hourglass serve did not exit within {deadline:?}: {:#?}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
