@@ -415,6 +415,28 @@ mod tests {
     }
 
     #[test]
+    fn service_settings_default_sensibly_and_bad_ones_name_their_line() {
+        let config = parse("[strategies.a]\nplanner = \"hold-queues\"\n").unwrap();
+        assert_eq!(config.service.ingress, IngressConfig::default());
+        assert!(config.service.ingress.enabled && config.service.ingress.prefetch == 64);
+        let config = parse("[service]\nlog_format = \"json\"\ntopology = \"verify\"\n[service.ingress]\nqueue = \"in\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap();
+        assert_eq!(config.service.log_format, Some(LogFormat::Json));
+        assert_eq!(config.service.topology, Some(TopologyAtStart::Verify));
+        assert_eq!((config.service.ingress.queue.as_str(), config.service.ingress.invalid_queue.as_str()), ("in", "hourglass.ingress.invalid"));
+
+        let bad = [
+            ("[service]\n[service.ingress]\nprefetch = 0\n", "delay.toml:3:", "prefetch: must be at least 1"),
+            ("[service]\npump_wait = \"30s\"\n", "delay.toml:2:", "above SQS's 20 s"),
+            ("[service.ingress]\nqueue = \"q\"\ninvalid_queue = \"q\"\n", "delay.toml:3:", "is also the ingress queue"),
+            ("[service]\ntopology = \"maybe\"\n", "delay.toml:2:", "unknown variant"),
+        ];
+        for (service, location, message) in bad {
+            let err = parse(&format!("{service}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();
+            assert!(err.starts_with(location) && err.contains(message), "{err}");
+        }
+    }
+
+    #[test]
     fn unknown_top_level_keys_name_file_line_and_column() {
         let err = parse("[strategies.a]\nplanner = \"hold-queues\"\n\n[brokr]\nkind = \"memory\"\n").unwrap_err().to_string();
         assert!(err.starts_with("delay.toml:4:"), "{err}");

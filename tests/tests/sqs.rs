@@ -176,3 +176,40 @@ async fn examples_sqs_toml_schedules_and_pumps_as_is() {
     assert!(report["requests_per_delivered_message"].as_f64().unwrap() > 0.0, "{report}");
     assert_eq!(report["pumps"][0]["handed_over"], 1, "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_schedules_on_sqs_and_serve_runs_the_pumps_itself() {
+    use hourglass::service::Service;
+    use hourglass_e2e::serve::Served;
+    use serde_json::json;
+
+    let text = format!(
+        "[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[service]\npump_wait = \"1s\"\n\n[strategies.main]\n{CYCLE_TABLE}\n",
+        endpoint()
+    );
+    let config = hourglass::config::Config::parse(std::path::Path::new("e2e-sqs-serve.toml"), text).unwrap();
+    let (_, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor, "serve").await;
+    let served = Served::start(Service::start(config).await.expect("service starts on SQS")).await;
+    let http = &served.http;
+
+    let (status, accepted) = http.schedule(None, json!({ "destination": destination.name, "delay": "5s", "body": "hello sqs", "headers": { "tenant": "acme" } })).await;
+    assert_eq!(status, 202, "{accepted}");
+    let (status, error) = http.schedule(None, json!({ "destination": destination.name, "delay": "later" })).await;
+    assert_eq!((status, error["field"].as_str()), (400, Some("delay")), "{error}");
+    assert_eq!(http.call("GET", "/readyz", None, None).await.0, 200, "broker reachable and the pump running");
+
+    let received = destination.receive(1, Duration::from_secs(15)).await;
+    let due_at = accepted["due_at"].as_u64().unwrap();
+    assert_eq!(received[0].body, "hello sqs");
+    assert_eq!(received[0].attribute("tenant").as_deref(), Some("acme"));
+    assert!(received[0].at_ms >= due_at, "{} ms early", due_at - received[0].at_ms);
+    assert!(received[0].at_ms <= due_at + 3_000, "{} ms late", received[0].at_ms - due_at);
+    assert!(destination.drain(Duration::from_millis(500)).await.is_empty(), "the bad request published nothing");
+
+    assert_eq!(http.metric("hourglass_messages_scheduled_total").await, 1.0);
+    assert_eq!(http.metric("hourglass_sqs_requests_total{kind=\"SendMessage\"}").await, 1.0, "one send per scheduled message");
+    let cycles = http.metric("hourglass_pump_cycles_total").await;
+    assert!(cycles >= 2.0, "5 s on a 2 s cycle: at least one recycle and the hand-over, counted {cycles}");
+    served.stop().await;
+}

@@ -67,3 +67,32 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     destination.delete().await;
 }
 
+
+#[tokio::test]
+async fn serve_with_topology_verify_refuses_to_start_on_drift_and_declares_nothing() {
+    use hourglass::service::Service;
+    let connection = connect().await;
+    let prefix = unique("serve-verify");
+    let strategy = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
+    let more = format!(
+        "[service]\ntopology = \"verify\"\n[service.ingress]\nenabled = false\n\n[destinations.\"{}\"]\nstrategy = \"main\"",
+        "absent-but-listed"
+    );
+    let config = config_with(&strategy, &more);
+    let Err(err) = Service::start(config.clone()).await else { panic!("started on a broker without the topology") };
+    let err = err.to_string();
+    assert!(err.contains("topology drift") && err.contains(&format!("queue {prefix}.delay-level-00: missing")), "{err}");
+    // It declared nothing while checking.
+    let passive = lapin::options::QueueDeclareOptions { passive: true, ..Default::default() };
+    let probe = connection.create_channel().await.unwrap();
+    assert!(probe.queue_declare(format!("{prefix}.delay-level-00").as_str().into(), passive, FieldTable::default()).await.is_err());
+
+    // With the topology in place (and the listed destination set up), it starts.
+    let destination = Destination::declare(&connection, "serve-verify-dest").await;
+    let config = config_with(&strategy, &more.replace("absent-but-listed", &destination.name));
+    scheduler(&config).await.prepare_destination("main", &destination.name).await.unwrap();
+    let service = Service::start(config.clone()).await.expect("starts once the topology is there");
+    drop(service);
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
