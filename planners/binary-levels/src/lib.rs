@@ -42,6 +42,8 @@ pub struct Config {
     pub queue_type: Option<QueueType>,
     /// Name prefix for the `hourglass` preset: `<prefix>.delay-level-NN`.
     pub prefix: Option<String>,
+    /// The policy `decide_redelivery` follows, when this strategy delays redeliveries.
+    pub redelivery: Option<RedeliveryPolicy>,
 }
 
 #[derive(Debug)]
@@ -51,6 +53,7 @@ pub struct BinaryLevels {
     levels: u32,
     unit_ms: u64,
     queue_type: QueueType,
+    redelivery: Option<RedeliveryPolicy>,
 }
 
 impl BinaryLevels {
@@ -179,7 +182,9 @@ impl Planner for BinaryLevels {
                 "levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"
             ));
         }
-        Ok(BinaryLevels { preset: config.preset, prefix, levels, unit_ms, queue_type })
+        let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1);
+        let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
+        Ok(BinaryLevels { preset: config.preset, prefix, levels, unit_ms, queue_type, redelivery })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -214,6 +219,10 @@ impl Planner for BinaryLevels {
         Ok(vec![bind_queue(destination, &self.delivery_exchange(), &key)])
     }
 
+    fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
+        decide_with(self.redelivery.as_ref(), request)
+    }
+
     fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
         self.check_destination(&request.destination)?;
         let units = units_rounded_up(request.delay_ms, self.unit_ms);
@@ -242,7 +251,7 @@ mod tests {
     use super::*;
 
     fn planner(preset: Preset) -> BinaryLevels {
-        BinaryLevels::new(Config { preset, levels: None, unit: None, queue_type: None, prefix: None }).unwrap()
+        BinaryLevels::new(Config { preset, levels: None, unit: None, queue_type: None, prefix: None, redelivery: None }).unwrap()
     }
 
     fn request(delay_ms: u64) -> PlanRequest {
@@ -311,6 +320,7 @@ mod tests {
             unit: None,
             queue_type: None,
             prefix: None,
+            redelivery: None,
         })
         .unwrap_err();
         assert!(err.contains("levels = 28"), "{err}");
@@ -320,6 +330,7 @@ mod tests {
             unit: None,
             queue_type: Some(QueueType::Classic),
             prefix: None,
+            redelivery: None,
         })
         .is_err());
     }

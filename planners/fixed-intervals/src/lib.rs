@@ -32,6 +32,8 @@ pub struct Config {
     #[serde(default)]
     pub rounding: Rounding,
     pub prefix: Option<String>,
+    /// Another redelivery policy; by default redelivery n waits the n-th interval.
+    pub redelivery: Option<RedeliveryPolicy>,
 }
 
 #[derive(Debug)]
@@ -39,6 +41,7 @@ pub struct FixedIntervals {
     intervals: Vec<u64>,
     rounding: Rounding,
     prefix: String,
+    redelivery: RedeliveryPolicy,
 }
 
 impl FixedIntervals {
@@ -91,7 +94,10 @@ impl Planner for FixedIntervals {
         if prefix.is_empty() || prefix.len() > 200 {
             return Err(format!("prefix: {prefix:?} must be 1 to 200 bytes"));
         }
-        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix })
+        let longest = intervals.last().copied().unwrap_or(0);
+        let redelivery = checked_policy(config.redelivery, longest)?
+            .unwrap_or_else(|| RedeliveryPolicy::Intervals { intervals: intervals.iter().map(|&i| DurationMs(i)).collect() });
+        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix, redelivery })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -141,11 +147,8 @@ impl Planner for FixedIntervals {
     }
 
     fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
-        let index = request.attempt.checked_sub(1).ok_or("attempt numbers start at 1")? as usize;
-        Ok(match self.intervals.get(index) {
-            Some(&interval) => RedeliveryDecision::RetryAfterMs(interval),
-            None => RedeliveryDecision::GiveUp(format!("{} redeliveries made", self.intervals.len())),
-        })
+        // A delay between intervals is delivered at the next one (or refused with rounding = "reject").
+        decide_with(Some(&self.redelivery), request)
     }
 }
 
@@ -160,6 +163,7 @@ mod tests {
             intervals: vec![DurationMs(30_000), DurationMs(5_000), DurationMs(15_000)],
             rounding,
             prefix: None,
+            redelivery: None,
         })
         .unwrap()
     }

@@ -20,12 +20,15 @@ pub struct Config {
     pub prefix: Option<String>,
     /// How long an unused hold queue outlives its TTL before the broker deletes it.
     pub expires_margin: Option<DurationMs>,
+    /// The policy `decide_redelivery` follows, when this strategy delays redeliveries.
+    pub redelivery: Option<RedeliveryPolicy>,
 }
 
 #[derive(Debug)]
 pub struct HoldQueues {
     prefix: String,
     expires_margin_ms: u64,
+    redelivery: Option<RedeliveryPolicy>,
 }
 
 impl HoldQueues {
@@ -55,11 +58,16 @@ impl Planner for HoldQueues {
         if expires_margin_ms >= AMQP_MAX_TTL_MS {
             return Err("expires_margin: must be below 10 years".into());
         }
-        Ok(HoldQueues { prefix, expires_margin_ms })
+        let redelivery = checked_policy(config.redelivery, AMQP_MAX_TTL_MS)?;
+        Ok(HoldQueues { prefix, expires_margin_ms, redelivery })
     }
 
     fn delay_range(&self) -> DelayRange {
         DelayRange::uniform(1, AMQP_MAX_TTL_MS - self.expires_margin_ms)
+    }
+
+    fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
+        decide_with(self.redelivery.as_ref(), request)
     }
 
     fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
@@ -99,7 +107,7 @@ mod tests {
     use super::*;
 
     fn planner() -> HoldQueues {
-        HoldQueues::new(Config { prefix: None, expires_margin: None }).unwrap()
+        HoldQueues::new(Config { prefix: None, expires_margin: None, redelivery: None }).unwrap()
     }
 
     #[test]

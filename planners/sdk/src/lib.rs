@@ -29,6 +29,7 @@
 mod adapter;
 mod duration;
 mod helpers;
+mod redelivery;
 
 #[doc(hidden)]
 pub mod __bindings {
@@ -52,6 +53,7 @@ pub use __bindings::hourglass::planner::types::{
 pub use adapter::Adapter;
 pub use duration::{DurationMs, parse_duration_ms};
 pub use helpers::*;
+pub use redelivery::{RedeliveryPolicy, checked_policy, decide_with};
 
 /// A delay strategy. One value is built per strategy from its `delay.toml` table.
 pub trait Planner: Sized + 'static {
