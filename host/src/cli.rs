@@ -176,8 +176,25 @@ enum Commands {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
+    /// Delayed redelivery of rejected messages, as a running `serve` reports it.
+    Redelivery {
+        #[command(subcommand)]
+        action: RedeliveryAction,
+    },
     /// List the configured strategies and their planners.
     Strategies {
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+}
+
+#[derive(Subcommand)]
+enum RedeliveryAction {
+    /// Per queue: messages waiting in delay queues, redelivered, and given up (since the service started).
+    Status {
+        /// The service's base URL (default: http:// + service.listen from the config).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
@@ -227,6 +244,28 @@ fn pick<'s>(cli: &Cli, config: &Config, strategies: &'s mut Strategies, destinat
     };
     let planner = strategies.get_mut(&name).map_err(anyhow::Error::msg)?;
     Ok((name, planner))
+}
+
+/// `GET /v1/redelivery` from a running service.
+fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::redelivery::QueueStatus>> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        queues: Vec<hourglass::redelivery::QueueStatus>,
+    }
+    let url = format!("{}/v1/redelivery", base.trim_end_matches('/'));
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
+    let mut request = agent.get(&url);
+    if let Some(token) = token {
+        request = request.header("Authorization", &format!("Bearer {token}"));
+    }
+    let mut response = request.call().with_context(|| format!("{url}: is `hourglass serve` running there?"))?;
+    let status = response.status();
+    let body = response.body_mut().read_to_string().with_context(|| format!("{url}: reading the answer"))?;
+    if !status.is_success() {
+        bail!("{url}: HTTP {status}: {body}");
+    }
+    let answer: Answer = serde_json::from_str(&body).with_context(|| format!("{url}: unexpected answer {body:?}"))?;
+    Ok(answer.queues)
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
@@ -314,6 +353,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 headers: headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))).collect(),
                 properties,
                 strategy: cli.strategy.clone(),
+                ..Default::default()
             };
             let (scheduled, place) = tokio_runtime()?.block_on(async {
                 let broker = Broker::connect(&config.broker).await?;
@@ -428,6 +468,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("no destinations to pump for: give --to DEST or list them under [destinations] with strategy = {strategy:?}");
             }
             tokio_runtime()?.block_on(run_pumps(&config, strategies, &strategy, &destinations, *wait_seconds))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Commands::Redelivery { action: RedeliveryAction::Status { url, format } } => {
+            let config = Config::load(&cli.config)?;
+            let base = url.clone().unwrap_or_else(|| format!("http://{}", config.service.listen.as_deref().unwrap_or("127.0.0.1:8080")));
+            let status = redelivery_status(&base, config.service.token().as_deref())?;
+            match format {
+                TextOrJson::Json => print_json(&status)?,
+                TextOrJson::Table => print!("{}", render::redelivery_table(&status)),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Commands::Serve { listen } => {

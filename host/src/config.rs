@@ -78,6 +78,43 @@ pub struct ServiceConfig {
     /// The AMQP ingress queue (RabbitMQ brokers).
     #[serde(default)]
     pub ingress: IngressConfig,
+    /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
+    pub redelivery_input: Option<String>,
+}
+
+/// A consumer queue whose rejected messages hourglass redelivers later.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedeliveryConfig {
+    /// The consumer's queue.
+    pub queue: String,
+    /// The strategy that carries the delays (default: the default strategy).
+    pub strategy: Option<String>,
+    /// The strategy whose planner decides each redelivery (default: `strategy`).
+    pub policy: Option<String>,
+    /// Deliveries in all, the first included, before giving up whatever the policy says.
+    pub max_attempts: Option<u32>,
+    /// Where given-up messages go (default `<queue>.error`).
+    pub error_queue: Option<String>,
+    /// How the queue gets its dead-letter exchange.
+    #[serde(default)]
+    pub dead_letter: DeadLetterSetup,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadLetterSetup {
+    /// Declare the queue with `x-dead-letter-exchange` (the consumer declares it the same way, or passively).
+    #[default]
+    Declare,
+    /// A RabbitMQ policy through the management API, for a queue that exists with other arguments.
+    BrokerPolicy,
+}
+
+impl RedeliveryConfig {
+    pub fn error_queue(&self) -> String {
+        self.error_queue.clone().unwrap_or_else(|| format!("{}.error", self.queue))
+    }
 }
 
 /// What `serve` does with the broker objects its strategies need.
@@ -153,6 +190,10 @@ fn key_offset(text: &str, key: &str) -> Range<usize> {
 }
 
 impl ServiceConfig {
+    pub fn redelivery_input(&self) -> &str {
+        self.redelivery_input.as_deref().unwrap_or("hourglass.redelivery")
+    }
+
     pub fn token(&self) -> Option<String> {
         let variable = self.token_env.as_deref().unwrap_or("HOURGLASS_TOKEN");
         std::env::var(variable).ok().filter(|t| !t.is_empty()).or_else(|| self.token.clone())
@@ -191,6 +232,8 @@ struct RawConfig {
     strategies: BTreeMap<Spanned<String>, SpannedTable>,
     #[serde(default)]
     destinations: BTreeMap<Spanned<String>, Spanned<DestinationConfig>>,
+    #[serde(default)]
+    redelivery: Vec<Spanned<RedeliveryConfig>>,
 }
 
 /// One named strategy: a planner and its own table.
@@ -217,6 +260,8 @@ pub struct Config {
     pub cache_dir: Option<PathBuf>,
     pub strategies: BTreeMap<String, StrategyConfig>,
     pub destinations: BTreeMap<String, DestinationConfig>,
+    /// Consumer queues with delayed redelivery.
+    pub redelivery: Vec<RedeliveryConfig>,
 }
 
 impl Config {
@@ -308,6 +353,37 @@ impl Config {
 
         check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
 
+        let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
+        for entry in raw.redelivery {
+            let span = entry.span();
+            let entry = entry.into_inner();
+            let named = |what: &str, name: &Option<String>| match name {
+                Some(strategy) if !strategies.contains_key(strategy) => Err(invalid(
+                    span.clone(),
+                    format!("redelivery {:?}: {what}: {}", entry.queue, unknown_strategy(strategy, &strategies)),
+                )),
+                _ => Ok(()),
+            };
+            if !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) {
+                return Err(invalid(span, format!("redelivery {:?}: needs broker.kind = \"rabbitmq\" (consumers reject messages to a RabbitMQ dead-letter exchange)", entry.queue)));
+            }
+            named("strategy", &entry.strategy)?;
+            named("policy", &entry.policy)?;
+            if entry.queue.is_empty() {
+                return Err(invalid(span, "redelivery: queue must be a non-empty queue name".into()));
+            }
+            if entry.max_attempts == Some(0) {
+                return Err(invalid(span, format!("redelivery {:?}: max_attempts counts the first delivery too; give 1 or more", entry.queue)));
+            }
+            if redelivery.iter().any(|r| r.queue == entry.queue) {
+                return Err(invalid(span, format!("redelivery {:?}: the queue is listed twice", entry.queue)));
+            }
+            if entry.error_queue() == entry.queue || entry.queue == raw.service.redelivery_input() {
+                return Err(invalid(span, format!("redelivery {:?}: the error queue and the redelivery input must differ from the queue", entry.queue)));
+            }
+            redelivery.push(entry);
+        }
+
         let settings = raw.planners;
         let defaults = PlannerLimits::default();
         let memory_mib = settings.memory_limit_mib.unwrap_or((defaults.memory_bytes >> 20) as u32);
@@ -333,6 +409,7 @@ impl Config {
             cache_dir,
             strategies,
             destinations,
+            redelivery,
         })
     }
 
@@ -433,6 +510,27 @@ mod tests {
         for (service, location, message) in bad {
             let err = parse(&format!("{service}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();
             assert!(err.starts_with(location) && err.contains(message), "{err}");
+        }
+    }
+
+    #[test]
+    fn redelivery_entries_default_sensibly_and_mistakes_name_their_line() {
+        let rabbit = "[broker]\nkind = \"rabbitmq\"\n[strategies.a]\nplanner = \"fixed-intervals\"\nintervals = [\"1s\"]\n";
+        let config = parse(&format!("{rabbit}[[redelivery]]\nqueue = \"orders\"\nmax_attempts = 3\n")).unwrap();
+        let entry = &config.redelivery[0];
+        assert_eq!((entry.queue.as_str(), entry.error_queue(), entry.dead_letter), ("orders", "orders.error".to_string(), DeadLetterSetup::Declare));
+        assert_eq!(config.service.redelivery_input(), "hourglass.redelivery");
+        let cases = [
+            (format!("{rabbit}\n[[redelivery]]\nqueue = \"q\"\npolicy = \"nope\"\n"), 7, "unknown strategy \"nope\""),
+            (format!("{rabbit}\n[[redelivery]]\nqueue = \"q\"\nmax_attempts = 0\n"), 7, "max_attempts"),
+            (format!("{rabbit}\n[[redelivery]]\nqueue = \"q\"\n[[redelivery]]\nqueue = \"q\"\n"), 9, "listed twice"),
+            (format!("{rabbit}\n[[redelivery]]\nqueue = \"q\"\nerror_queue = \"q\"\n"), 7, "must differ"),
+            (format!("{rabbit}\n[[redelivery]]\nqueue = \"q\"\ndead_letter = \"maybe\"\n"), 9, "unknown variant `maybe`"),
+            ("[strategies.a]\nplanner = \"hold-queues\"\n[[redelivery]]\nqueue = \"q\"\n".to_string(), 3, "needs broker.kind = \"rabbitmq\""),
+        ];
+        for (text, line, want) in cases {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("delay.toml:{line}:")) && err.contains(want), "{err:?} should be at line {line} and mention {want:?}");
         }
     }
 

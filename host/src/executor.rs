@@ -35,6 +35,8 @@ pub struct Envelope {
     pub headers: FieldTable,
     /// The caller's AMQP properties (content type, correlation id, …), carried untouched.
     pub properties: lapin::BasicProperties,
+    /// Give a message without a message id this envelope's id (off for redeliveries, which keep properties as they were).
+    pub stamp_message_id: bool,
 }
 
 /// Sends may run concurrently (`&self`), so a broker with publisher confirms
@@ -146,7 +148,7 @@ mod tests {
             mandatory: true,
         };
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
-        let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default() };
+        let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default(), stamp_message_id: true };
         broker.send(&[publish], &envelope).await.unwrap();
         assert_eq!(broker.arrivals()[0].message.id, "m1");
         assert!(broker.take_due().is_empty());

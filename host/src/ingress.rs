@@ -12,23 +12,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
-use tokio::sync::watch;
+use lapin::{BasicProperties, Channel};
 
 use crate::broker::Broker;
 use crate::config::IngressConfig;
+use crate::consumer::{Handler, ack, publish_confirmed, requeue, text, whole_number};
 use crate::executor::ExecutorError;
-use crate::rabbitmq::redact;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 /// The destination queue (required).
@@ -40,16 +33,10 @@ pub const STRATEGY_HEADER: &str = "hourglass-strategy";
 /// On invalid messages: why the message could not be scheduled.
 pub const INVALID_REASON_HEADER: &str = "hourglass-invalid-reason";
 
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const MAX_RETRY: Duration = Duration::from_secs(5);
-/// How long a message waits before it is requeued while the broker is unavailable.
-const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
-
+/// The ingress queue's handler; run it under a [`Consumer`](crate::consumer::Consumer).
 pub struct Ingress {
-    url: String,
     config: IngressConfig,
     scheduler: Arc<Scheduler<Broker>>,
-    consuming: AtomicBool,
 }
 
 /// Why a message is invalid, or that it must wait for the broker.
@@ -59,31 +46,30 @@ enum Refusal {
 }
 
 impl Ingress {
-    pub fn new(url: &str, config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
-        Arc::new(Ingress { url: url.to_string(), config, scheduler, consuming: AtomicBool::new(false) })
+    pub fn new(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
+        Arc::new(Ingress { config, scheduler })
     }
 
-    pub fn queue(&self) -> &str {
+    /// The message as it came, plus the reason, on the invalid-messages queue; confirmed.
+    async fn publish_invalid(&self, delivery: &Delivery, publisher: &Channel, reason: &str) -> Result<(), String> {
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(INVALID_REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
+        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+        publish_confirmed(publisher, &self.config.invalid_queue, &delivery.data, properties).await
+    }
+}
+
+impl Handler for Ingress {
+    fn queue(&self) -> &str {
         &self.config.queue
     }
 
-    /// Whether the ingress consumer is attached to its queue.
-    pub fn is_consuming(&self) -> bool {
-        self.consuming.load(Ordering::Relaxed)
+    fn prefetch(&self) -> u16 {
+        self.config.prefetch
     }
 
-    /// Declares the ingress and invalid-messages queues (durable), so a
-    /// producer can publish before `serve` first consumes.
-    pub async fn declare(&self) -> Result<(), ExecutorError> {
-        let unavailable = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(&self.url)));
-        let connection = Connection::connect(&self.url, ConnectionProperties::default()).await.map_err(unavailable)?;
-        let channel = connection.create_channel().await.map_err(unavailable)?;
-        self.declare_on(&channel).await?;
-        connection.close(200, "declared".into()).await.ok();
-        Ok(())
-    }
-
-    async fn declare_on(&self, channel: &Channel) -> Result<(), ExecutorError> {
+    /// The ingress and invalid-messages queues, durable.
+    async fn declare(&self, channel: &Channel) -> Result<(), ExecutorError> {
         let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         for queue in [&self.config.queue, &self.config.invalid_queue] {
             channel
@@ -91,69 +77,6 @@ impl Ingress {
                 .await
                 .map_err(|e| ExecutorError::Refused(format!("ingress queue {queue:?} (wanted: durable, no arguments): {e}")))?;
         }
-        Ok(())
-    }
-
-    /// Consumes until `stop` turns true, reconnecting with backoff after a
-    /// lost connection. On stop, cancels the consumer and finishes the
-    /// messages in hand (their forwards confirmed and acked) before returning.
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut retry = FIRST_RETRY;
-        while !*stop.borrow() {
-            match self.consume(&mut stop).await {
-                Ok(()) => break,
-                Err((was_consuming, err)) => {
-                    self.consuming.store(false, Ordering::Relaxed);
-                    if was_consuming {
-                        retry = FIRST_RETRY;
-                    }
-                    tracing::warn!(queue = %self.config.queue, error = %err, retry_in = ?retry, "ingress consumer lost; reconnecting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(retry) => {}
-                        _ = stop.changed() => {}
-                    }
-                    retry = (retry * 2).min(MAX_RETRY);
-                }
-            }
-        }
-        self.consuming.store(false, Ordering::Relaxed);
-    }
-
-    /// One connection's worth of consuming. `Err((consumed at all, why))` when it was lost.
-    async fn consume(&self, stop: &mut watch::Receiver<bool>) -> Result<(), (bool, String)> {
-        let lost = |e: lapin::Error| (false, format!("RabbitMQ at {}: {e}", redact(&self.url)));
-        let connection = Connection::connect(&self.url, ConnectionProperties::default()).await.map_err(lost)?;
-        let channel = connection.create_channel().await.map_err(lost)?;
-        channel.basic_qos(self.config.prefetch, BasicQosOptions::default()).await.map_err(lost)?;
-        self.declare_on(&channel).await.map_err(|e| (false, e.to_string()))?;
-        let publisher = connection.create_channel().await.map_err(lost)?;
-        publisher.confirm_select(ConfirmSelectOptions::default()).await.map_err(lost)?;
-        let consumer = channel
-            .basic_consume(self.config.queue.as_str().into(), "hourglass-ingress".into(), BasicConsumeOptions::default(), AmqpTable::default())
-            .await
-            .map_err(lost)?;
-        self.consuming.store(true, Ordering::Relaxed);
-        tracing::info!(queue = %self.config.queue, prefetch = self.config.prefetch, "ingress consuming");
-        let publisher = &publisher;
-        let processing = consumer.for_each_concurrent(self.config.prefetch as usize, |delivery| async move {
-            match delivery {
-                Ok(delivery) => self.handle(delivery, publisher).await,
-                Err(err) => tracing::warn!(error = %err, "ingress delivery failed"),
-            }
-        });
-        tokio::pin!(processing);
-        tokio::select! {
-            _ = &mut processing => {
-                return Err((true, format!("consumer on {} ended: connection or channel lost", self.config.queue)));
-            }
-            _ = stop.changed() => {}
-        }
-        // Stop taking new messages; the broker keeps the ones not yet delivered.
-        channel.basic_cancel("hourglass-ingress".into(), BasicCancelOptions::default()).await.ok();
-        processing.await;
-        self.consuming.store(false, Ordering::Relaxed);
-        connection.close(200, "hourglass stopping".into()).await.ok();
-        tracing::info!(queue = %self.config.queue, "ingress stopped");
         Ok(())
     }
 
@@ -181,75 +104,28 @@ impl Ingress {
             }
         };
         let outcome = match result {
-            Ok(()) => match delivery.acker.ack(BasicAckOptions::default()).await {
-                Ok(true) => "forwarded",
-                // The broker delivers it again: forwarded twice, never lost.
-                _ => "forwarded_unacked",
-            },
+            // Not acked: the broker delivers it again; forwarded twice, never lost.
+            Ok(()) => if ack(&delivery).await { "forwarded" } else { "forwarded_unacked" },
             Err(Refusal::Invalid(reason)) => match self.publish_invalid(&delivery, publisher, &reason).await {
                 Ok(()) => {
                     tracing::info!(queue = %self.config.invalid_queue, %reason, "invalid ingress message set aside");
-                    match delivery.acker.ack(BasicAckOptions::default()).await {
-                        Ok(true) => "invalid",
-                        _ => "invalid_unacked",
-                    }
+                    if ack(&delivery).await { "invalid" } else { "invalid_unacked" }
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "could not set aside an invalid ingress message; requeueing it");
-                    self.requeue(&delivery).await
+                    requeue(&delivery).await;
+                    "requeued"
                 }
             },
             Err(Refusal::Unavailable(why)) => {
                 tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
-                self.requeue(&delivery).await
+                requeue(&delivery).await;
+                "requeued"
             }
         };
         metrics.ingress(outcome);
         metrics.ingress_finished();
     }
-
-    async fn requeue(&self, delivery: &Delivery) -> &'static str {
-        tokio::time::sleep(REQUEUE_PAUSE).await;
-        delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.ok();
-        "requeued"
-    }
-
-    /// The message as it came, plus the reason, on the invalid-messages queue; confirmed.
-    async fn publish_invalid(&self, delivery: &Delivery, publisher: &Channel, reason: &str) -> Result<(), String> {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-        headers.insert(INVALID_REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
-        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
-        let options = BasicPublishOptions { mandatory: true, ..Default::default() };
-        let confirm = publisher
-            .basic_publish("".into(), self.config.invalid_queue.as_str().into(), options, &delivery.data, properties)
-            .await
-            .map_err(|e| e.to_string())?;
-        match confirm.await.map_err(|e| e.to_string())? {
-            Confirmation::Ack(None) => Ok(()),
-            other => Err(format!("invalid-messages queue {:?} did not take it: {other:?}", self.config.invalid_queue)),
-        }
-    }
-}
-
-fn text(value: &AMQPValue) -> Option<String> {
-    match value {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        _ => None,
-    }
-}
-
-fn whole_number(value: &AMQPValue) -> Option<i128> {
-    Some(match value {
-        AMQPValue::ShortShortInt(v) => *v as i128,
-        AMQPValue::ShortShortUInt(v) => *v as i128,
-        AMQPValue::ShortInt(v) => *v as i128,
-        AMQPValue::ShortUInt(v) => *v as i128,
-        AMQPValue::LongInt(v) => *v as i128,
-        AMQPValue::LongUInt(v) => *v as i128,
-        AMQPValue::LongLongInt(v) => *v as i128,
-        _ => return None,
-    })
 }
 
 /// The schedule request an ingress message asks for, or why it is invalid.
@@ -291,6 +167,7 @@ fn parse_parts(properties: &BasicProperties, body: &[u8]) -> Result<ScheduleRequ
         headers: Default::default(),
         properties: properties.clone().with_headers(AmqpTable::from(headers)),
         strategy,
+        ..Default::default()
     })
 }
 

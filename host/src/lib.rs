@@ -20,8 +20,11 @@
 //!   preparing strategies and destinations on first use.
 //! * [`service`] is `hourglass serve`: the HTTP API, reload, shutdown, and
 //!   the background work: [`ingress`] (an AMQP queue any client publishes
-//!   delayed messages to) and the pumps. [`metrics`] are shared by all of them.
-//! * [`verify`] compares a broker with a strategy's topology.
+//!   delayed messages to), [`redelivery`] (rejected messages back to their
+//!   queue after a policy's delay) and the pumps. Both AMQP consumers run on
+//!   [`consumer`]. [`metrics`] are shared by all of them.
+//! * [`verify`] compares a broker with a strategy's topology through the
+//!   [`management`] API (which also sets redelivery's broker policies).
 //! * [`render`] prints plans, topologies and traces as tables, JSON, Mermaid or DOT.
 //!
 //! The `hourglass` binary (`main.rs`, `cli.rs`) is a thin command line over these.
@@ -30,12 +33,15 @@ pub mod broker;
 pub mod command;
 pub mod config;
 pub mod conformance;
+pub mod consumer;
 pub mod executor;
 pub mod ingress;
+pub mod management;
 pub mod metrics;
 pub mod planner;
 pub mod pump;
 pub mod rabbitmq;
+pub mod redelivery;
 pub mod render;
 pub mod scheduler;
 pub mod service;

@@ -46,6 +46,12 @@ struct Outcome {
     outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueOutcome {
+    queue: String,
+    outcome: String,
+}
+
 /// Counters kept as atomics elsewhere (SQS requests, pump cycles), copied
 /// into Prometheus counters when the metrics are read.
 #[derive(Default)]
@@ -68,6 +74,7 @@ pub struct Metrics {
     ingress: Family<Outcome, Counter>,
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
+    redeliveries: Family<QueueOutcome, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -92,6 +99,7 @@ impl Default for Metrics {
             ingress: Family::default(),
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
+            redeliveries: Family::default(),
         };
         registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
         registry.register("messages_failed", "Messages that could not be scheduled", metrics.failed.clone());
@@ -104,6 +112,11 @@ impl Default for Metrics {
         registry.register("ingress_messages", "AMQP ingress messages by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
         registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
         registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
+        registry.register(
+            "redeliveries",
+            "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued",
+            metrics.redeliveries.clone(),
+        );
         *metrics.registry.lock().expect("fresh mutex") = registry;
         metrics
     }
@@ -144,6 +157,10 @@ impl Metrics {
 
     pub fn ingress_finished(&self) {
         self.ingress_in_flight.dec();
+    }
+
+    pub fn redelivery(&self, queue: &str, outcome: &str) {
+        self.redeliveries.get_or_create(&QueueOutcome { queue: queue.into(), outcome: outcome.into() }).inc();
     }
 
     pub fn reload(&self, outcome: &str) {

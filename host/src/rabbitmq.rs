@@ -202,7 +202,7 @@ impl RabbitMqExecutor {
         }
         let mut properties = envelope.properties.clone().with_delivery_mode(2).with_headers(table);
         // A producer's own message id stays; otherwise the message carries hourglass's.
-        if envelope.properties.message_id().is_none() {
+        if envelope.stamp_message_id && envelope.properties.message_id().is_none() {
             properties = properties.with_message_id(envelope.id.as_str().into());
         }
         if let Some(ms) = expiration_ms {

@@ -41,6 +41,29 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// `hourglass redelivery status`: one row per consumer queue.
+pub fn redelivery_table(queues: &[crate::redelivery::QueueStatus]) -> String {
+    if queues.is_empty() {
+        return "no queues configured for redelivery ([[redelivery]] in the service's config)\n".into();
+    }
+    let rows: Vec<Vec<String>> = queues
+        .iter()
+        .map(|q| {
+            vec![
+                q.queue.clone(),
+                q.waiting.to_string(),
+                q.redelivered.to_string(),
+                q.given_up.to_string(),
+                q.strategy.clone(),
+                q.policy.clone(),
+                q.max_attempts.map_or("-".into(), |m| m.to_string()),
+                q.error_queue.clone(),
+            ]
+        })
+        .collect();
+    table(&["QUEUE", "WAITING", "REDELIVERED", "GIVEN UP", "STRATEGY", "POLICY", "MAX ATTEMPTS", "ERROR QUEUE"], &rows)
+}
+
 fn arguments(table: &FieldTable) -> String {
     table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
 }

@@ -21,7 +21,7 @@ use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
 use crate::executor::{DELAY_HEADER, DUE_AT_HEADER, Envelope, Executor, ExecutorError};
 use crate::metrics::Metrics;
-use crate::planner::{Plan, PlanRequest, PlannerError};
+use crate::planner::{Plan, PlanRequest, PlannerError, RedeliveryDecision};
 use crate::strategy::Strategies;
 
 #[derive(Debug, Error)]
@@ -45,6 +45,10 @@ pub struct ScheduleRequest {
     pub properties: lapin::BasicProperties,
     /// Overrides the destination's strategy.
     pub strategy: Option<String>,
+    /// The routing key the message arrives with, for strategies that can keep one (default: the destination).
+    pub routing_key: Option<String>,
+    /// Send the properties exactly as given: no message id is stamped on a message without one.
+    pub as_is: bool,
 }
 
 /// What the broker confirmed.
@@ -207,6 +211,14 @@ impl<E: Executor> Scheduler<E> {
         Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.plan(request)?)
     }
 
+    /// Asks `strategy`'s planner what to do after delivery `attempt` of a message on `queue` failed.
+    pub fn decide_redelivery(&self, strategy: &str, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, ScheduleError> {
+        let generation = self.generation();
+        generation.check_strategy(strategy)?;
+        let mut planners = generation.planners();
+        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.decide_redelivery(queue, attempt, seed, reason)?)
+    }
+
     /// Declares a strategy's static topology (idempotent on the broker).
     pub async fn apply_topology(&self, strategy: &str) -> Result<(), ScheduleError> {
         let generation = self.generation();
@@ -306,8 +318,12 @@ impl<E: Executor> Scheduler<E> {
             }
         }
         let id = uuid::Uuid::new_v4().to_string();
-        let plan_request =
-            PlanRequest { destination: request.destination.clone(), delay_ms: request.delay_ms, message_id: id.clone(), routing_key: None };
+        let plan_request = PlanRequest {
+            destination: request.destination.clone(),
+            delay_ms: request.delay_ms,
+            message_id: id.clone(),
+            routing_key: request.routing_key.clone(),
+        };
         let started = Instant::now();
         let plan = generation.planners().get_mut(&strategy).map_err(ScheduleError::BadRequest)?.plan(&plan_request)?;
         self.metrics.observe_planner_call(&strategy, started.elapsed());
@@ -315,7 +331,7 @@ impl<E: Executor> Scheduler<E> {
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
-        let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties };
+        let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties, stamp_message_id: !request.as_is };
         let scheduled = Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms };
         Ok((scheduled, plan.commands, envelope))
     }

@@ -7,17 +7,15 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
-use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties, ExchangeKind as AmqpExchangeKind};
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable, FieldValue};
+use crate::management::{Management, default_management_url, vhost_of};
 use crate::rabbitmq::redact;
 
 #[derive(Debug, Error)]
@@ -40,27 +38,6 @@ pub struct Report {
     /// Commands that could not be checked by this method.
     pub unchecked: usize,
     pub drifts: Vec<Drift>,
-}
-
-/// The management API's base URL (`http://user:pass@host:15672`) derived from an AMQP URL.
-pub fn default_management_url(amqp_url: &str) -> Option<String> {
-    let uri: AMQPUri = amqp_url.parse().ok()?;
-    let user = &uri.authority.userinfo;
-    Some(format!("http://{}:{}@{}:15672", user.username, user.password, uri.authority.host))
-}
-
-fn vhost_of(amqp_url: &str) -> String {
-    amqp_url.parse::<AMQPUri>().map(|u| u.vhost).unwrap_or_else(|_| "/".into())
-}
-
-fn encode(segment: &str) -> String {
-    segment
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Whether a broker-side JSON argument equals what hourglass declares.
@@ -88,52 +65,6 @@ fn compare_arguments(wanted: &FieldTable, actual: &Value) -> Vec<String> {
         problems.push(format!("{key}: broker has {}, not declared by the strategy", actual[key]));
     }
     problems
-}
-
-struct Management {
-    agent: ureq::Agent,
-    base: String,
-    authorization: String,
-    vhost: String,
-}
-
-impl Management {
-    fn new(management_url: &str, vhost: String) -> Result<Self, String> {
-        let (scheme, rest) = management_url.split_once("://").ok_or("management URL needs http:// or https://")?;
-        let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-        let authorization = format!("Basic {}", BASE64.encode(credentials.as_bytes()));
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(std::time::Duration::from_secs(10)))
-            .http_status_as_error(false)
-            .build()
-            .into();
-        Ok(Management { agent, base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization, vhost })
-    }
-
-    /// `Ok(None)` for 404.
-    fn get(&self, path: &str) -> Result<Option<Value>, String> {
-        let url = format!("{}/api/{path}", self.base);
-        let mut response = self
-            .agent
-            .get(&url)
-            .header("Authorization", &self.authorization)
-            .call()
-            .map_err(|e| format!("{url}: {e}"))?;
-        match response.status().as_u16() {
-            404 => Ok(None),
-            200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
-            code => Err(format!("{url}: HTTP {code}")),
-        }
-    }
-
-    fn object(&self, kind: &str, name: &str) -> Result<Option<Value>, String> {
-        self.get(&format!("{kind}/{}/{}", encode(&self.vhost), encode(name)))
-    }
-
-    fn bindings(&self, source: &str, target_kind: char, target: &str) -> Result<Vec<Value>, String> {
-        let path = format!("bindings/{}/e/{}/{target_kind}/{}", encode(&self.vhost), encode(source), encode(target));
-        Ok(self.get(&path)?.and_then(|v| v.as_array().cloned()).unwrap_or_default())
-    }
 }
 
 fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<Drift>, String> {
@@ -259,16 +190,6 @@ pub fn grouped(report: &Report) -> BTreeMap<String, Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_management_url_follows_the_amqp_url() {
-        assert_eq!(
-            default_management_url("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(),
-            Some("http://guest:guest@127.0.0.1:15672")
-        );
-        assert_eq!(vhost_of("amqp://guest:guest@127.0.0.1:5672/%2f"), "/");
-        assert_eq!(encode("/"), "%2F");
-    }
 
     #[test]
     fn arguments_compare_by_value_and_report_extras() {

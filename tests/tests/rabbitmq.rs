@@ -137,7 +137,7 @@ async fn an_unroutable_publish_comes_back_as_an_error() {
         expiration_ms: None,
         mandatory: true,
     };
-    let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: BasicProperties::default() };
+    let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: BasicProperties::default(), stamp_message_id: true };
     let err = executor.send(&[publish], &envelope).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");
     assert!(err.to_string().contains("NO_ROUTE"), "{err}");

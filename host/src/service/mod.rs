@@ -4,8 +4,9 @@
 //!   only after the broker confirmed the message; a bad request gets `400` (or
 //!   `401`, `413`, `422`) with a JSON error naming the field, and nothing is
 //!   published; a broker that cannot be reached gives `503`.
-//! * In the background ([`Service::start`]): the AMQP ingress on RabbitMQ, and
-//!   a pump for every pumped queue a destination setup declares on SQS.
+//! * In the background ([`Service::start`]): the AMQP ingress and the
+//!   redelivery input on RabbitMQ, and a pump for every pumped queue a
+//!   destination setup declares on SQS.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -37,7 +38,9 @@ use crate::broker::{Broker, amqp_url};
 use crate::command::FieldValue;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::executor::{Executor, ExecutorError};
+use crate::consumer::Consumer;
 use crate::ingress::Ingress;
+use crate::redelivery::Redelivery;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::pump::Pump;
 use crate::scheduler::{PumpedQueue, ScheduleError, ScheduleRequest, Scheduler};
@@ -68,14 +71,15 @@ pub enum ServiceError {
 struct Background {
     stop: watch::Sender<bool>,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    ingress: Option<Arc<Ingress>>,
+    ingress: Option<Arc<Consumer<Ingress>>>,
+    redelivery: Option<Arc<Consumer<Redelivery>>>,
     /// Pumped queues with a pump, and the pump tasks (for readiness).
     pumps: std::sync::Mutex<(HashSet<String>, Vec<JoinHandle<()>>)>,
 }
 
 impl Default for Background {
     fn default() -> Self {
-        Background { stop: watch::channel(false).0, tasks: Default::default(), ingress: None, pumps: Default::default() }
+        Background { stop: watch::channel(false).0, tasks: Default::default(), ingress: None, redelivery: None, pumps: Default::default() }
     }
 }
 
@@ -141,11 +145,19 @@ impl Service {
         scheduler.report_pumped_queues(pumped_tx);
         let ingress = match &config.broker {
             BrokerConfig::Rabbitmq { url, url_env, .. } if config.service.ingress.enabled => {
-                let ingress = Ingress::new(&amqp_url(url.as_deref(), url_env.as_deref()), config.service.ingress.clone(), scheduler.clone());
+                let handler = Ingress::new(config.service.ingress.clone(), scheduler.clone());
+                let ingress = Consumer::new(&amqp_url(url.as_deref(), url_env.as_deref()), handler);
                 if topology == TopologyAtStart::Apply {
                     ingress.declare().await?;
                 }
                 Some(ingress)
+            }
+            _ => None,
+        };
+        let redelivery = match &config.broker {
+            BrokerConfig::Rabbitmq { url, url_env, management_url } if !config.redelivery.is_empty() => {
+                let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+                Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?)
             }
             _ => None,
         };
@@ -157,13 +169,16 @@ impl Service {
             topology,
             shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
             reloading: Default::default(),
-            background: Background { ingress, ..Background::default() },
+            background: Background { ingress, redelivery, ..Background::default() },
         });
         let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
         let supervisor = tokio::spawn(supervise_pumps(service.clone(), pumped_rx, pump_wait));
         service.spawn(supervisor);
         if let Some(ingress) = &service.background.ingress {
             service.spawn(tokio::spawn(ingress.clone().run(service.background.stop.subscribe())));
+        }
+        if let Some(redelivery) = &service.background.redelivery {
+            service.spawn(tokio::spawn(redelivery.clone().run(service.background.stop.subscribe())));
         }
         service.prepare_configured_destinations(&config).await;
         Ok(service)
@@ -189,9 +204,15 @@ impl Service {
         }
     }
 
-    /// Broker connected, ingress consuming, every pump running.
+    /// Per redelivery queue: waiting, redelivered, given up.
+    pub fn redelivery_status(&self) -> Vec<crate::redelivery::QueueStatus> {
+        self.background.redelivery.as_ref().map(|r| r.handler().status()).unwrap_or_default()
+    }
+
+    /// Broker connected, ingress and redelivery consuming, every pump running.
     pub async fn is_ready(&self) -> bool {
-        let ingress_ready = self.background.ingress.as_ref().is_none_or(|i| i.is_consuming());
+        let ingress_ready = self.background.ingress.as_ref().is_none_or(|i| i.is_consuming())
+            && self.background.redelivery.as_ref().is_none_or(|r| r.is_consuming());
         let pumps_ready = self.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).1.iter().all(|t| !t.is_finished());
         ingress_ready && pumps_ready && self.scheduler.executor().is_ready().await
     }
@@ -232,6 +253,24 @@ impl Service {
         }
         if config.service != old.service {
             needs_restart.push("service");
+        }
+        if config.redelivery != old.redelivery {
+            needs_restart.push("redelivery");
+        }
+        // Redelivery keeps running with the queues it started with: their strategies must stay.
+        if let Some(redelivery) = &self.background.redelivery {
+            let handler = redelivery.handler();
+            for entry in handler.entries() {
+                for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
+                    if !config.strategies.contains_key(&strategy) {
+                        return Err(ServiceError::Other(format!(
+                            "{}: strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
+                            config.path.display(),
+                            entry.queue
+                        )));
+                    }
+                }
+            }
         }
         if self.topology == TopologyAtStart::Verify {
             verify_topology(&config).await?;
@@ -304,6 +343,56 @@ async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedRec
             Err(err) => tracing::error!(queue = %pumped.queue, error = %err, "cannot start a pump"),
         }
     }
+}
+
+/// Sets up redelivery: checks every policy answers, declares the input, the
+/// error queues and the consumer queues' dead-lettering (or sets broker
+/// policies), and prepares each queue as a destination of its strategy.
+async fn start_redelivery(
+    config: &Config,
+    scheduler: &Arc<Scheduler<Broker>>,
+    topology: TopologyAtStart,
+    amqp: &str,
+    management_url: Option<&str>,
+) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
+    let handler = Redelivery::new(config, scheduler.clone(), topology == TopologyAtStart::Apply);
+    let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
+    for entry in handler.entries() {
+        // A policy that cannot answer the first redelivery is a config mistake: refuse now, not at the first rejection.
+        scheduler.decide_redelivery(&handler.policy_of(entry), &entry.queue, 1, 0, None).map_err(|e| named(&entry.queue, &e))?;
+    }
+    let consumer = Consumer::new(amqp, handler.clone());
+    if topology == TopologyAtStart::Apply {
+        consumer.declare().await?;
+        let with_policy: Vec<String> =
+            handler.entries().filter(|e| e.dead_letter == crate::config::DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
+        if !with_policy.is_empty() {
+            let management = std::env::var("HOURGLASS_MANAGEMENT_URL")
+                .ok()
+                .or_else(|| management_url.map(str::to_string))
+                .or_else(|| crate::management::default_management_url(amqp))
+                .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
+            let api = crate::management::Management::new(&management, crate::management::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
+            let handler = handler.clone();
+            tokio::task::spawn_blocking(move || {
+                for queue in &with_policy {
+                    handler.apply_broker_policy(&api, queue).map_err(|e| (queue.clone(), format!("setting the broker policy: {e}")))?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| ServiceError::Other(e.to_string()))?
+            .map_err(|(queue, e)| named(&queue, &e))?;
+        }
+    }
+    for entry in handler.entries() {
+        let strategy = handler.strategy_of(entry);
+        if let Err(err) = scheduler.prepare_destination(&strategy, &entry.queue).await {
+            tracing::warn!(queue = %entry.queue, %strategy, error = %err, "redelivery queue not ready yet; prepared again on its first rejection");
+        }
+    }
+    tracing::info!(input = %handler.input(), queues = handler.entries().count(), "redelivery set up");
+    Ok(consumer)
 }
 
 /// Checks the default strategy's topology and the configured destinations'
@@ -509,6 +598,14 @@ async fn get_topology(State(service): State<Arc<Service>>, headers: HeaderMap, Q
     }
 }
 
+async fn get_redelivery(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let input = service.background.redelivery.as_ref().map(|r| r.handler().input().to_string());
+    axum::Json(json!({ "input": input, "queues": service.redelivery_status() })).into_response()
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -541,6 +638,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/plan", get(get_plan))
         .route("/v1/topology", get(get_topology))
         .route("/v1/reload", post(post_reload))
+        .route("/v1/redelivery", get(get_redelivery))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(get_metrics))

@@ -1,0 +1,510 @@
+//! Delayed redelivery for consumers in any language.
+//!
+//! A consumer queue named in `[[redelivery]]` dead-letters to the host's
+//! redelivery input (a fanout exchange and a queue of the same name), so a
+//! consumer only has to reject a message it cannot process. For each such
+//! message the host reads which queue it failed on (`x-death`) and which
+//! delivery that was (its own `hourglass-attempt` header, else `x-death`'s
+//! count), asks the policy's planner for a delay, and schedules the message
+//! back to that queue through the strategy: body, properties, routing key and
+//! application headers as they were, the broker's death headers removed (so
+//! its cycle detection never drops the message) and `hourglass-attempt`
+//! raised by one. When the policy gives up (or `max_attempts` is reached) the
+//! message goes to the queue's error queue with the attempts made and the last
+//! failure. The input message is acked only after that publish is confirmed;
+//! while the broker is unavailable it is requeued. Nothing is dropped: a
+//! message from a queue that is not configured goes to `<input>.unknown`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use lapin::message::Delivery;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, ExchangeKind};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::broker::Broker;
+use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
+use crate::consumer::{Handler, ack, publish_confirmed, requeue, text, whole_number};
+use crate::executor::ExecutorError;
+use crate::planner::RedeliveryDecision;
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, unix_now_ms};
+
+/// On every redelivered message: which delivery this is (2 for the first redelivery).
+pub const ATTEMPT_HEADER: &str = "hourglass-attempt";
+/// On error-queue messages: deliveries made in all.
+pub const ATTEMPTS_HEADER: &str = "hourglass-attempts";
+/// On error-queue messages: why the last delivery failed (the broker's dead-letter reason).
+pub const FAILURE_REASON_HEADER: &str = "hourglass-failure-reason";
+/// On error-queue messages: why hourglass stopped redelivering.
+pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
+/// On error-queue and unknown messages: the queue the message failed on.
+pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
+
+/// The redelivery input's handler; run it under a [`Consumer`](crate::consumer::Consumer).
+pub struct Redelivery {
+    input: String,
+    prefetch: u16,
+    /// Declare the consumer queues with their dead-letter exchange (`dead_letter = "declare"`).
+    declaring: bool,
+    default_strategy: String,
+    queues: BTreeMap<String, RedeliveryConfig>,
+    scheduler: Arc<Scheduler<Broker>>,
+    stats: Mutex<BTreeMap<String, QueueStats>>,
+}
+
+#[derive(Default)]
+struct QueueStats {
+    redelivered: u64,
+    given_up: u64,
+    /// Due times (Unix ms) of redeliveries not yet due.
+    due: Vec<u64>,
+}
+
+/// One consumer queue's redelivery, for `GET /v1/redelivery` and `hourglass redelivery status`.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct QueueStatus {
+    pub queue: String,
+    pub strategy: String,
+    pub policy: String,
+    pub error_queue: String,
+    pub max_attempts: Option<u32>,
+    /// Redeliveries scheduled and not yet due.
+    pub waiting: u64,
+    /// Messages scheduled back to the queue since the service started.
+    pub redelivered: u64,
+    /// Messages sent to the error queue since the service started.
+    pub given_up: u64,
+}
+
+/// Where a rejected message came from, as its headers tell.
+#[derive(Debug, PartialEq)]
+struct Failure {
+    queue: String,
+    reason: String,
+    routing_key: Option<String>,
+    /// The delivery that failed: 1 for the first.
+    attempt: u32,
+}
+
+/// What happens to one message from the input.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    Retry { delay_ms: u64, next_attempt: u32 },
+    GiveUp(String),
+}
+
+impl Redelivery {
+    pub fn new(config: &Config, scheduler: Arc<Scheduler<Broker>>, declaring: bool) -> Arc<Redelivery> {
+        Arc::new(Redelivery {
+            input: config.service.redelivery_input().to_string(),
+            prefetch: config.service.ingress.prefetch,
+            declaring,
+            default_strategy: config.default_strategy.clone(),
+            queues: config.redelivery.iter().map(|r| (r.queue.clone(), r.clone())).collect(),
+            scheduler,
+            stats: Default::default(),
+        })
+    }
+
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+
+    fn unknown_queue(&self) -> String {
+        format!("{}.unknown", self.input)
+    }
+
+    pub fn strategy_of(&self, entry: &RedeliveryConfig) -> String {
+        entry.strategy.clone().unwrap_or_else(|| self.default_strategy.clone())
+    }
+
+    pub fn policy_of(&self, entry: &RedeliveryConfig) -> String {
+        entry.policy.clone().unwrap_or_else(|| self.strategy_of(entry))
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &RedeliveryConfig> {
+        self.queues.values()
+    }
+
+    /// Per queue: waiting, redelivered, given up.
+    pub fn status(&self) -> Vec<QueueStatus> {
+        let now = unix_now_ms();
+        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        self.queues
+            .values()
+            .map(|entry| {
+                let counts = stats.entry(entry.queue.clone()).or_default();
+                counts.due.retain(|&due| due > now);
+                QueueStatus {
+                    queue: entry.queue.clone(),
+                    strategy: self.strategy_of(entry),
+                    policy: self.policy_of(entry),
+                    error_queue: entry.error_queue(),
+                    max_attempts: entry.max_attempts,
+                    waiting: counts.due.len() as u64,
+                    redelivered: counts.redelivered,
+                    given_up: counts.given_up,
+                }
+            })
+            .collect()
+    }
+
+    fn count(&self, queue: &str, due_at_ms: Option<u64>) {
+        let now = unix_now_ms();
+        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = stats.entry(queue.to_string()).or_default();
+        match due_at_ms {
+            Some(due) => {
+                counts.redelivered += 1;
+                counts.due.retain(|&d| d > now);
+                counts.due.push(due);
+            }
+            None => counts.given_up += 1,
+        }
+    }
+
+    /// Asks the policy; `max_attempts` overrides it.
+    fn decide(&self, entry: &RedeliveryConfig, failure: &Failure, seed: u64) -> Decision {
+        if let Some(max) = entry.max_attempts
+            && failure.attempt >= max
+        {
+            return Decision::GiveUp(format!("max_attempts {max} reached"));
+        }
+        let policy = self.policy_of(entry);
+        match self.scheduler.decide_redelivery(&policy, &entry.queue, failure.attempt, seed, Some(&failure.reason)) {
+            Ok(RedeliveryDecision::RetryAfterMs(delay_ms)) => Decision::Retry { delay_ms, next_attempt: failure.attempt + 1 },
+            Ok(RedeliveryDecision::GiveUp(why)) => Decision::GiveUp(format!("policy {policy}: {why}")),
+            Err(err) => Decision::GiveUp(format!("policy {policy} failed: {err}")),
+        }
+    }
+
+    /// Schedules the message back to its queue. `Err(None)` when the broker is unavailable.
+    async fn redeliver(&self, delivery: &Delivery, entry: &RedeliveryConfig, failure: &Failure, delay_ms: u64, next_attempt: u32) -> Result<u64, Option<String>> {
+        let request = ScheduleRequest {
+            destination: entry.queue.clone(),
+            delay_ms,
+            body: delivery.data.clone(),
+            headers: Default::default(),
+            properties: for_redelivery(&delivery.properties, next_attempt),
+            strategy: Some(self.strategy_of(entry)),
+            routing_key: failure.routing_key.clone(),
+            as_is: true,
+        };
+        match self.scheduler.schedule(request).await {
+            Ok(scheduled) => Ok(scheduled.due_at_ms),
+            Err(ScheduleError::Broker(ExecutorError::Unavailable(why))) => {
+                tracing::warn!(queue = %entry.queue, %why, "broker unavailable; requeueing the rejected message");
+                Err(None)
+            }
+            Err(err) => Err(Some(format!("could not schedule the redelivery: {err}"))),
+        }
+    }
+
+    async fn give_up(&self, delivery: &Delivery, publisher: &Channel, error_queue: &str, failure: &Failure, why: &str) -> Result<(), String> {
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(ATTEMPTS_HEADER.into(), AMQPValue::LongLongInt(failure.attempt as i64));
+        headers.insert(FAILURE_REASON_HEADER.into(), long(&failure.reason));
+        headers.insert(GAVE_UP_HEADER.into(), long(why));
+        headers.insert(FAILED_QUEUE_HEADER.into(), long(&failure.queue));
+        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+        publish_confirmed(publisher, error_queue, &delivery.data, properties).await
+    }
+
+    /// A message no configured queue claims: kept aside with the reason.
+    async fn set_aside(&self, delivery: &Delivery, publisher: &Channel, why: &str) -> &'static str {
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(GAVE_UP_HEADER.into(), long(why));
+        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+        match publish_confirmed(publisher, &self.unknown_queue(), &delivery.data, properties).await {
+            Ok(()) => {
+                tracing::warn!(queue = %self.unknown_queue(), %why, "message in the redelivery input set aside");
+                if ack(delivery).await { "unknown" } else { "unknown_unacked" }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not set aside a message from the redelivery input; requeueing it");
+                requeue(delivery).await;
+                "requeued"
+            }
+        }
+    }
+
+    /// Sets the broker policy that gives an existing queue its dead-letter exchange.
+    pub fn apply_broker_policy(&self, management: &crate::management::Management, queue: &str) -> Result<(), String> {
+        let policy = serde_json::json!({
+            "pattern": format!("^{}$", regex_escape(queue)),
+            "definition": { "dead-letter-exchange": self.input },
+            "apply-to": "queues",
+            "priority": 10,
+        });
+        management.put_policy(&policy_name(queue), &policy)
+    }
+}
+
+/// The broker policy hourglass sets for a queue.
+pub fn policy_name(queue: &str) -> String {
+    format!("hourglass-redelivery-{queue}")
+}
+
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn long(text: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(text))
+}
+
+/// Reads the failure from the death headers: the most recent `x-death` entry
+/// for a queue `is_known` claims (the broker puts the most recent first).
+fn read_failure(properties: &BasicProperties, is_known: impl Fn(&str) -> bool) -> Result<Failure, String> {
+    let headers = properties.headers().as_ref().map(|h| h.inner().clone()).unwrap_or_default();
+    let Some(AMQPValue::FieldArray(deaths)) = headers.get("x-death") else {
+        return Err("no x-death header: not dead-lettered by the broker".into());
+    };
+    let entries = deaths.as_slice().iter().filter_map(|d| match d {
+        AMQPValue::FieldTable(t) => Some(t.inner()),
+        _ => None,
+    });
+    let mut seen = Vec::new();
+    for entry in entries {
+        let Some(queue) = entry.get("queue").and_then(text) else { continue };
+        if !is_known(&queue) {
+            seen.push(queue);
+            continue;
+        }
+        let reason = entry.get("reason").and_then(text).unwrap_or_else(|| "unknown".into());
+        let routing_key = match entry.get("routing-keys") {
+            Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().and_then(text),
+            _ => None,
+        };
+        let from_header = headers.get(ATTEMPT_HEADER).and_then(whole_number);
+        let from_count = entry.get("count").and_then(whole_number);
+        let attempt = from_header.or(from_count).unwrap_or(1).clamp(1, u32::MAX as i128) as u32;
+        return Ok(Failure { queue, reason, routing_key, attempt });
+    }
+    Err(format!("x-death names no queue configured for redelivery (it names: {})", seen.join(", ")))
+}
+
+/// The properties for the next attempt: as they were, minus the broker's
+/// death records, hourglass's own headers and any expiration, plus the attempt number.
+fn for_redelivery(properties: &BasicProperties, next_attempt: u32) -> BasicProperties {
+    let mut headers: BTreeMap<ShortString, AMQPValue> = properties.headers().as_ref().map(|h| h.inner().clone()).unwrap_or_default();
+    headers.retain(|key, _| {
+        let key = key.as_str();
+        !(key == "x-death" || key.starts_with("x-first-death-") || key.starts_with("x-last-death-") || key.starts_with("hourglass-"))
+    });
+    headers.insert(ATTEMPT_HEADER.into(), AMQPValue::LongLongInt(next_attempt as i64));
+    without_expiration(properties).with_headers(AmqpTable::from(headers))
+}
+
+/// A copy without `expiration` (which would cut a delay short); lapin has no setter to clear one field.
+fn without_expiration(p: &BasicProperties) -> BasicProperties {
+    let mut out = BasicProperties::default();
+    macro_rules! keep {
+        ($($get:ident => $with:ident),*) => {$(
+            if let Some(value) = p.$get().clone() {
+                out = out.$with(value);
+            }
+        )*};
+    }
+    keep!(content_type => with_content_type, content_encoding => with_content_encoding, headers => with_headers,
+        delivery_mode => with_delivery_mode, priority => with_priority, correlation_id => with_correlation_id,
+        reply_to => with_reply_to, message_id => with_message_id, timestamp => with_timestamp, kind => with_type,
+        user_id => with_user_id, app_id => with_app_id, cluster_id => with_cluster_id);
+    out
+}
+
+/// The jitter seed: the same for every attempt of one message, different between messages.
+fn seed_of(properties: &BasicProperties, body: &[u8]) -> u64 {
+    let digest = match properties.message_id() {
+        Some(id) => Sha256::digest(id.as_str().as_bytes()),
+        None => Sha256::digest(body),
+    };
+    u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+}
+
+impl Handler for Redelivery {
+    fn queue(&self) -> &str {
+        &self.input
+    }
+
+    fn prefetch(&self) -> u16 {
+        self.prefetch
+    }
+
+    /// The input (fanout exchange and queue), the unknown and error queues,
+    /// and — with `dead_letter = "declare"` — the consumer queues with their
+    /// dead-letter exchange.
+    async fn declare(&self, channel: &Channel) -> Result<(), ExecutorError> {
+        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+        let refused = |what: String| move |e: lapin::Error| ExecutorError::Refused(format!("{what}: {e}"));
+        let input = self.input.as_str();
+        channel
+            .exchange_declare(input.into(), ExchangeKind::Fanout, ExchangeDeclareOptions { durable: true, ..Default::default() }, AmqpTable::default())
+            .await
+            .map_err(refused(format!("redelivery input exchange {input:?} (wanted: fanout, durable)")))?;
+        let mut own = vec![self.input.clone(), self.unknown_queue()];
+        own.extend(self.queues.values().map(RedeliveryConfig::error_queue));
+        for queue in &own {
+            channel
+                .queue_declare(queue.as_str().into(), durable, AmqpTable::default())
+                .await
+                .map_err(refused(format!("queue {queue:?} (wanted: durable, no arguments)")))?;
+        }
+        channel
+            .queue_bind(input.into(), input.into(), "".into(), QueueBindOptions::default(), AmqpTable::default())
+            .await
+            .map_err(refused(format!("binding queue {input:?} to exchange {input:?}")))?;
+        if self.declaring {
+            for entry in self.queues.values().filter(|e| e.dead_letter == DeadLetterSetup::Declare) {
+                let mut arguments = AmqpTable::default();
+                arguments.insert("x-dead-letter-exchange".into(), long(input));
+                let queue = entry.queue.as_str();
+                channel.queue_declare(queue.into(), durable, arguments).await.map_err(refused(format!(
+                    "consumer queue {queue:?} (wanted: durable, x-dead-letter-exchange={input}; a queue declared with other arguments needs dead_letter = \"broker-policy\")"
+                )))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, delivery: Delivery, publisher: &Channel) {
+        let failure = match read_failure(&delivery.properties, |q| self.queues.contains_key(q)) {
+            Ok(failure) => failure,
+            Err(why) => {
+                let outcome = self.set_aside(&delivery, publisher, &why).await;
+                self.scheduler.metrics().redelivery("", outcome);
+                return;
+            }
+        };
+        let entry = &self.queues[&failure.queue];
+        let seed = seed_of(&delivery.properties, &delivery.data);
+        let mut decision = self.decide(entry, &failure, seed);
+        if let Decision::Retry { delay_ms, next_attempt } = decision {
+            match self.redeliver(&delivery, entry, &failure, delay_ms, next_attempt).await {
+                Ok(due_at_ms) => {
+                    tracing::debug!(queue = %failure.queue, attempt = next_attempt, delay_ms, "redelivery scheduled");
+                    self.count(&failure.queue, Some(due_at_ms));
+                    let outcome = if ack(&delivery).await { "redelivered" } else { "redelivered_unacked" };
+                    self.scheduler.metrics().redelivery(&failure.queue, outcome);
+                    return;
+                }
+                Err(None) => {
+                    requeue(&delivery).await;
+                    self.scheduler.metrics().redelivery(&failure.queue, "requeued");
+                    return;
+                }
+                Err(Some(why)) => decision = Decision::GiveUp(why),
+            }
+        }
+        let Decision::GiveUp(why) = decision else { unreachable!("a retry returned above") };
+        let error_queue = entry.error_queue();
+        let outcome = match self.give_up(&delivery, publisher, &error_queue, &failure, &why).await {
+            Ok(()) => {
+                tracing::info!(queue = %failure.queue, %error_queue, attempts = failure.attempt, %why, "gave up redelivering");
+                self.count(&failure.queue, None);
+                if ack(&delivery).await { "given_up" } else { "given_up_unacked" }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, %error_queue, "could not move a message to its error queue; requeueing it");
+                requeue(&delivery).await;
+                "requeued"
+            }
+        };
+        self.scheduler.metrics().redelivery(&failure.queue, outcome);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn death(queue: &str, reason: &str, count: i64, key: &str) -> AMQPValue {
+        let mut t = AmqpTable::default();
+        t.insert("queue".into(), long(queue));
+        t.insert("reason".into(), long(reason));
+        t.insert("count".into(), AMQPValue::LongLongInt(count));
+        t.insert("exchange".into(), long(""));
+        t.insert("routing-keys".into(), AMQPValue::FieldArray(vec![long(key)].into()));
+        AMQPValue::FieldTable(t)
+    }
+
+    fn dead_lettered(deaths: Vec<AMQPValue>, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+        let mut headers = AmqpTable::default();
+        headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
+        headers.insert("x-first-death-queue".into(), long("orders"));
+        headers.insert("tenant".into(), long("acme"));
+        for (k, v) in extra {
+            headers.insert((*k).into(), v.clone());
+        }
+        BasicProperties::default()
+            .with_headers(headers)
+            .with_content_type("application/json".into())
+            .with_correlation_id("c-1".into())
+            .with_expiration("5000".into())
+    }
+
+    #[test]
+    fn the_most_recent_death_on_a_configured_queue_names_the_failure() {
+        // After a fixed-intervals trip, the delay queue's expiry sits behind the consumer's rejection.
+        let properties = dead_lettered(vec![death("orders", "rejected", 1, "order.created"), death("delay.1s", "expired", 1, "order.created")], &[]);
+        let failure = read_failure(&properties, |q| q == "orders").unwrap();
+        assert_eq!(failure, Failure { queue: "orders".into(), reason: "rejected".into(), routing_key: Some("order.created".into()), attempt: 1 });
+    }
+
+    #[test]
+    fn the_attempt_header_wins_over_the_death_count() {
+        let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(3))]);
+        assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 3);
+        let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[]);
+        assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 7);
+    }
+
+    #[test]
+    fn a_message_from_an_unconfigured_queue_is_not_claimed() {
+        let properties = dead_lettered(vec![death("other", "rejected", 1, "k")], &[]);
+        let err = read_failure(&properties, |q| q == "orders").unwrap_err();
+        assert!(err.contains("other"), "{err}");
+        assert!(read_failure(&BasicProperties::default(), |_| true).unwrap_err().contains("no x-death"));
+    }
+
+    #[test]
+    fn redelivered_properties_lose_death_records_and_keep_the_rest() {
+        let properties = dead_lettered(
+            vec![death("orders", "rejected", 1, "k")],
+            &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(1)), ("hourglass-due-at", AMQPValue::LongLongInt(5)), ("x-last-death-queue", long("orders"))],
+        );
+        let next = for_redelivery(&properties, 2);
+        let headers = next.headers().clone().unwrap();
+        let mut keys: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
+        keys.sort();
+        assert_eq!(keys, vec![ATTEMPT_HEADER, "tenant"]);
+        assert_eq!(headers.inner().get(ATTEMPT_HEADER), Some(&AMQPValue::LongLongInt(2)));
+        assert_eq!(next.content_type(), properties.content_type());
+        assert_eq!(next.correlation_id(), properties.correlation_id());
+        assert_eq!(next.expiration(), &None);
+    }
+
+    #[test]
+    fn the_seed_is_stable_per_message_and_differs_between_messages() {
+        let with_id = |id: &str| BasicProperties::default().with_message_id(id.into());
+        assert_eq!(seed_of(&with_id("a"), b"x"), seed_of(&with_id("a"), b"y"));
+        assert_ne!(seed_of(&with_id("a"), b"x"), seed_of(&with_id("b"), b"x"));
+        assert_ne!(seed_of(&BasicProperties::default(), b"x"), seed_of(&BasicProperties::default(), b"y"));
+    }
+
+    #[test]
+    fn policies_match_exactly_the_queue_named() {
+        assert_eq!(regex_escape("orders.v2(eu)"), "orders\\.v2\\(eu\\)");
+        assert_eq!(policy_name("orders"), "hourglass-redelivery-orders");
+    }
+}

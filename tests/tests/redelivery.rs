@@ -1,0 +1,409 @@
+//! Delayed redelivery on a real RabbitMQ: a consumer only rejects; hourglass
+//! brings the message back after each policy delay, identical but for its
+//! attempt number, and gives up to the error queue.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hourglass::redelivery::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
+use hourglass::scheduler::unix_now_ms;
+use hourglass::service::Service;
+use hourglass_e2e::serve::Served;
+use hourglass_e2e::*;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
+use tokio::sync::mpsc;
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+fn header<'d>(delivery: &'d Delivery, name: &str) -> Option<&'d AMQPValue> {
+    delivery.properties.headers().as_ref().and_then(|h| h.inner().get(name))
+}
+
+fn number(delivery: &Delivery, name: &str) -> Option<i64> {
+    match header(delivery, name)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(*v as i64),
+        _ => None,
+    }
+}
+
+fn string(delivery: &Delivery, name: &str) -> Option<String> {
+    match header(delivery, name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
+/// The delivery number hourglass stamps (none on the first delivery).
+fn attempt(delivery: &Delivery) -> i64 {
+    number(delivery, ATTEMPT_HEADER).unwrap_or(1)
+}
+
+/// The application's headers: everything but hourglass's and the broker's.
+fn application_headers(delivery: &Delivery) -> Vec<(String, AMQPValue)> {
+    let mut kept: Vec<(String, AMQPValue)> = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
+        .unwrap_or_default();
+    kept.retain(|(k, _)| !k.starts_with("hourglass-") && !k.starts_with("x-"));
+    kept
+}
+
+/// A redelivery setup under unique names: a fixed-intervals strategy (or the
+/// table given), the input, and one consumer queue bound to an exchange so
+/// the routing key is the producer's, not the queue's.
+struct Setup {
+    input: String,
+    queue: String,
+    exchange: String,
+    config: hourglass::config::Config,
+}
+
+impl Setup {
+    fn new(stem: &str, strategy_table: &str, redelivery_table: &str) -> Setup {
+        let input = unique(&format!("{stem}-input"));
+        let queue = unique(stem);
+        let exchange = unique(&format!("{stem}-x"));
+        let more = format!("[service]\nredelivery_input = \"{input}\"\n\n[[redelivery]]\nqueue = \"{queue}\"\n{redelivery_table}\n");
+        Setup { config: config_with(strategy_table, &more), input, queue, exchange }
+    }
+
+    fn intervals(stem: &str, intervals: &str, redelivery_table: &str) -> Setup {
+        Setup::new(stem, &format!("planner = \"fixed-intervals\"\nprefix = \"{}\"\nintervals = {intervals}", unique(stem)), redelivery_table)
+    }
+
+    fn error_queue(&self) -> String {
+        format!("{}.error", self.queue)
+    }
+
+    /// The producer's side: a topic exchange routing `order.*` to the queue.
+    async fn bind_exchange(&self, channel: &Channel) {
+        let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+        channel.exchange_declare(self.exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default()).await.unwrap();
+        channel
+            .queue_bind(self.queue.as_str().into(), self.exchange.as_str().into(), "order.*".into(), QueueBindOptions::default(), FieldTable::default())
+            .await
+            .unwrap();
+    }
+
+    async fn publish(&self, channel: &Channel, body: &str, message_id: &str) {
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from("tenant"), text("acme"));
+        headers.insert(ShortString::from("score"), AMQPValue::Double(0.75));
+        headers.insert(ShortString::from("count"), AMQPValue::LongInt(42));
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_correlation_id(format!("corr-{body}").into())
+            .with_message_id(message_id.into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        channel
+            .basic_publish(self.exchange.as_str().into(), "order.created".into(), BasicPublishOptions::default(), body.as_bytes(), properties)
+            .await
+            .unwrap()
+            .await
+            .expect("broker confirmed the publish");
+    }
+
+    async fn cleanup(self, connection: &Connection) {
+        delete_declared(connection, &topology_of(&self.config)).await;
+        let channel = connection.create_channel().await.unwrap();
+        for queue in [&self.queue, &self.error_queue(), &self.input, &format!("{}.unknown", self.input)] {
+            channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+        }
+        for exchange in [&self.exchange, &self.input] {
+            channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
+        }
+    }
+}
+
+/// A consumer in its own task that rejects deliveries numbered up to
+/// `reject_through` (without requeue) and acks the rest, recording each.
+async fn consumer(connection: &Connection, queue: &str, reject_through: i64) -> mpsc::UnboundedReceiver<Received> {
+    let channel = connection.create_channel().await.unwrap();
+    let mut deliveries = channel
+        .basic_consume(queue.into(), "e2e-consumer".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .unwrap();
+    let (sender, received) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _channel = channel;
+        while let Some(Ok(delivery)) = deliveries.next().await {
+            let at_ms = unix_now_ms();
+            if attempt(&delivery) <= reject_through {
+                delivery.acker.reject(BasicRejectOptions { requeue: false }).await.ok();
+            } else {
+                delivery.acker.ack(BasicAckOptions::default()).await.ok();
+            }
+            if sender.send(Received { delivery, at_ms }).is_err() {
+                break;
+            }
+        }
+    });
+    received
+}
+
+async fn start(setup: &Setup) -> Served {
+    let served = Served::start(Service::start(setup.config.clone()).await.expect("service starts")).await;
+    until("redelivery consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
+        .await;
+    served
+}
+
+async fn status(served: &Served) -> serde_json::Value {
+    let (code, body) = served.http.call("GET", "/v1/redelivery", None, None).await;
+    assert_eq!(code, 200, "{body}");
+    let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+    value["queues"][0].clone()
+}
+
+async fn take_all(channel: &Channel, queue: &str, want: usize) -> Vec<Delivery> {
+    let mut got = Vec::new();
+    until(&format!("{want} messages in {queue}"), Duration::from_secs(10), async || {
+        while let Ok(Some(message)) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await {
+            got.push(message.delivery);
+        }
+        got.len() >= want
+    })
+    .await;
+    got
+}
+
+/// Every attempt carries what the producer sent, untouched.
+fn assert_identical(first: &Delivery, later: &Delivery) {
+    let (a, b) = (&first.properties, &later.properties);
+    assert_eq!(later.data, first.data, "body");
+    assert_eq!(b.content_type(), a.content_type(), "content type");
+    assert_eq!(b.correlation_id(), a.correlation_id(), "correlation id");
+    assert_eq!(b.message_id(), a.message_id(), "message id");
+    assert_eq!(b.delivery_mode(), a.delivery_mode(), "delivery mode");
+    assert_eq!(later.routing_key, first.routing_key, "routing key");
+    assert_eq!(application_headers(later), application_headers(first), "application headers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_rejected_every_time_comes_back_after_each_interval_then_goes_to_the_error_queue() {
+    let connection = connect().await;
+    let setup = Setup::intervals("redeliver-always", "[\"1s\", \"2s\", \"3s\"]", "");
+    let served = start(&setup).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    setup.bind_exchange(&channel).await;
+    let mut received = consumer(&connection, &setup.queue, i64::MAX).await;
+
+    setup.publish(&channel, "always-fails", "order-1").await;
+    let seen = receive_within(&mut received, 4, Duration::from_secs(15), &setup.queue).await;
+    let intervals = [1_000, 2_000, 3_000];
+    for (n, pair) in seen.windows(2).enumerate() {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert_eq!(attempt(&after.delivery), n as i64 + 2, "attempt header on delivery {}", n + 2);
+        let due = number(&after.delivery, "hourglass-due-at").expect("due-at header") as u64;
+        assert!(after.at_ms >= due, "delivery {} came {} ms before it was due", n + 2, due - after.at_ms);
+        let gap = after.at_ms - before.at_ms;
+        assert!((intervals[n]..intervals[n] + 1_000).contains(&gap), "delivery {} came {gap} ms after the previous; wanted {} ms + < 1 s", n + 2, intervals[n]);
+        assert_identical(&seen[0].delivery, &after.delivery);
+    }
+    assert!(header(&seen[0].delivery, ATTEMPT_HEADER).is_none(), "the first delivery is the producer's own");
+    assert_eq!(seen[0].delivery.routing_key.as_str(), "order.created");
+
+    let given_up = take_all(&channel, &setup.error_queue(), 1).await;
+    let error = &given_up[0];
+    assert_eq!(error.data, b"always-fails");
+    assert_eq!(number(error, ATTEMPTS_HEADER), Some(4), "attempts made");
+    assert_eq!(string(error, FAILURE_REASON_HEADER).as_deref(), Some("rejected"));
+    let why = string(error, GAVE_UP_HEADER).unwrap_or_default();
+    assert!(why.contains("3 redeliveries made"), "gave-up reason {why:?}");
+    assert_eq!(application_headers(error), application_headers(&seen[0].delivery));
+    assert_quiet(&mut received, "nothing after giving up").await;
+
+    let queue = status(&served).await;
+    assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64(), queue["waiting"].as_u64()), (Some(3), Some(1), Some(0)), "{queue}");
+    let redelivered = served.http.metric(&format!("hourglass_redeliveries_total{{queue=\"{}\",outcome=\"redelivered\"}}", setup.queue)).await;
+    assert_eq!(redelivered, 3.0);
+
+    // The CLI reads the same numbers from the running service.
+    let config_path = std::env::temp_dir().join(format!("{}.toml", setup.queue));
+    std::fs::write(&config_path, config_text("planner = \"binary-levels\"", "")).unwrap();
+    let output = std::process::Command::new(hourglass_binary())
+        .args(["--config", config_path.to_str().unwrap(), "redelivery", "status", "--url", &served.http.base, "--format", "json"])
+        .output()
+        .unwrap();
+    std::fs::remove_file(&config_path).ok();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let cli: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(cli[0]["queue"], setup.queue.as_str());
+    assert_eq!((cli[0]["redelivered"].as_u64(), cli[0]["given_up"].as_u64()), (Some(3), Some(1)));
+
+    served.stop().await;
+    setup.cleanup(&connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given_up() {
+    let connection = connect().await;
+    // The consumer declared its queue first, with its own arguments: a broker policy adds the dead-lettering.
+    let setup = Setup::intervals("redeliver-twice", "[\"1s\", \"2s\", \"3s\"]", "dead_letter = \"broker-policy\"");
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let mut own_arguments = FieldTable::default();
+    own_arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(10_000));
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(setup.queue.as_str().into(), durable, own_arguments).await.unwrap();
+    let served = start(&setup).await;
+    let policy = hourglass::redelivery::policy_name(&setup.queue);
+    let management = Management::new();
+    until("the broker applying the redelivery policy", Duration::from_secs(10), async || management.policy_of(&setup.queue).await == Some(policy.clone()))
+        .await;
+    setup.bind_exchange(&channel).await;
+    let mut received = consumer(&connection, &setup.queue, 2).await;
+
+    setup.publish(&channel, "fails-twice", "order-2").await;
+    let seen = receive_within(&mut received, 3, Duration::from_secs(10), &setup.queue).await;
+    let attempts: Vec<i64> = seen.iter().map(|r| attempt(&r.delivery)).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    for later in &seen[1..] {
+        assert_identical(&seen[0].delivery, &later.delivery);
+    }
+    assert_quiet(&mut received, "acked on the third delivery: nothing more").await;
+    assert_eq!(depth(&channel, &setup.error_queue()).await, 0, "nothing in the error queue");
+    let queue = status(&served).await;
+    assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64()), (Some(2), Some(0)), "{queue}");
+
+    served.stop().await;
+    management.delete_policy(&policy).await;
+    setup.cleanup(&connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exponential_delays_stay_within_their_bounds_and_repeat_for_the_same_seed() {
+    let connection = connect().await;
+    let policy = "redelivery = { policy = \"exponential\", initial = \"400ms\", factor = 2, cap = \"1s\", jitter = 0.5, max_redeliveries = 3 }";
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"\n{policy}", unique("expo"));
+    let setup = Setup::new("redeliver-expo", &table, "");
+    let served = start(&setup).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    setup.bind_exchange(&channel).await;
+    let mut received = consumer(&connection, &setup.queue, i64::MAX).await;
+
+    // Two messages share a message id (the seed); a third has its own.
+    for (body, id) in [("a", "same-seed"), ("b", "same-seed"), ("c", "other-seed")] {
+        setup.publish(&channel, body, id).await;
+    }
+    let seen = receive_within(&mut received, 12, Duration::from_secs(15), &setup.queue).await;
+    let delays_of = |body: &str| -> Vec<u64> {
+        let mut mine: Vec<&Received> = seen.iter().filter(|r| r.delivery.data == body.as_bytes()).collect();
+        mine.sort_by_key(|r| attempt(&r.delivery));
+        assert_eq!(mine.len(), 4, "{body}: four deliveries");
+        for pair in mine.windows(2) {
+            let due = number(&pair[1].delivery, "hourglass-due-at").unwrap() as u64;
+            assert!(pair[1].at_ms >= due, "{body} came early");
+        }
+        mine[1..].iter().map(|r| number(&r.delivery, "hourglass-delay-ms").expect("delay header") as u64).collect()
+    };
+    let (a, b, c) = (delays_of("a"), delays_of("b"), delays_of("c"));
+    let bases = [400.0, 800.0, 1_000.0];
+    for delays in [&a, &b, &c] {
+        for (delay, base) in delays.iter().zip(bases) {
+            let low = (base * 0.5) as u64;
+            assert!((low..=base as u64).contains(delay), "delay {delay} ms outside [{low}, {base}] ms: {delays:?}");
+        }
+    }
+    assert_eq!(a, b, "the same seed gives the same delays");
+    assert_ne!(a, c, "another seed gives other delays");
+    take_all(&channel, &setup.error_queue(), 3).await;
+
+    served.stop().await;
+    setup.cleanup(&connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
+    let connection = connect().await;
+    let strategy = format!(
+        "planner = \"fixed-intervals\"\nprefix = \"{}\"\nintervals = [\"2s\"]\nredelivery = {{ policy = \"intervals\", intervals = [\"2s\", \"2s\"] }}",
+        unique("restart")
+    );
+    let setup = Setup::new("redeliver-restart", &strategy, "");
+    let served = start(&setup).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    setup.bind_exchange(&channel).await;
+    let mut received = consumer(&connection, &setup.queue, 2).await;
+
+    const MESSAGES: usize = 5;
+    for i in 0..MESSAGES {
+        setup.publish(&channel, &format!("m{i}"), &format!("restart-{i}")).await;
+    }
+    receive_within(&mut received, MESSAGES, Duration::from_secs(5), &setup.queue).await;
+    until("every first redelivery scheduled", Duration::from_secs(5), async || status(&served).await["redelivered"].as_u64() == Some(MESSAGES as u64)).await;
+    served.stop().await;
+
+    // While the host is down the messages come back from the delay queue, are
+    // rejected again, and wait in the redelivery input.
+    let second = receive_within(&mut received, MESSAGES, Duration::from_secs(6), &setup.queue).await;
+    assert!(second.iter().all(|r| attempt(&r.delivery) == 2));
+    until("the second rejections waiting in the input", Duration::from_secs(5), async || depth(&channel, &setup.input).await == MESSAGES as u32).await;
+
+    let served = start(&setup).await;
+    let third = receive_within(&mut received, MESSAGES, Duration::from_secs(8), &setup.queue).await;
+    assert!(third.iter().all(|r| attempt(&r.delivery) == 3), "third deliveries after the restart");
+    let mut bodies: Vec<String> = third.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).into_owned()).collect();
+    bodies.sort();
+    assert_eq!(bodies, (0..MESSAGES).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    assert_eq!(depth(&channel, &setup.error_queue()).await, 0);
+
+    served.stop().await;
+    setup.cleanup(&connection).await;
+}
+
+async fn assert_quiet(received: &mut mpsc::UnboundedReceiver<Received>, why: &str) {
+    if let Ok(Some(extra)) = tokio::time::timeout(Duration::from_millis(1_500), received.recv()).await {
+        panic!("{why}, but delivery {} came", attempt(&extra.delivery));
+    }
+}
+
+async fn depth(channel: &Channel, queue: &str) -> u32 {
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.unwrap().message_count()
+}
+
+/// The broker's management API, to see a policy take effect and to remove it after.
+struct Management {
+    agent: ureq::Agent,
+}
+
+impl Management {
+    const BASE: &str = "http://127.0.0.1:15672/api";
+    const AUTH: &str = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
+
+    fn new() -> Management {
+        Management { agent: ureq::Agent::config_builder().http_status_as_error(false).build().into() }
+    }
+
+    async fn policy_of(&self, queue: &str) -> Option<String> {
+        let (agent, url) = (self.agent.clone(), format!("{}/queues/%2F/{queue}", Self::BASE));
+        tokio::task::spawn_blocking(move || {
+            let mut response = agent.get(&url).header("Authorization", Self::AUTH).call().ok()?;
+            let value: serde_json::Value = response.body_mut().read_json().ok()?;
+            value["policy"].as_str().map(str::to_string)
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn delete_policy(&self, name: &str) {
+        let (agent, url) = (self.agent.clone(), format!("{}/policies/%2F/{name}", Self::BASE));
+        tokio::task::spawn_blocking(move || agent.delete(&url).header("Authorization", Self::AUTH).call().ok()).await.unwrap();
+    }
+}
