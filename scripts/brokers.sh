@@ -70,3 +70,17 @@ ensure_sqs() {
   export AWS_ENDPOINT_URL_SQS="http://127.0.0.1:$port"
   export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 }
+
+# Python with pika, for the example consumer's test (examples/redelivery_consumer.py).
+# The venv is kept between runs.
+ensure_example_python() {
+  local venv="${HOURGLASS_EXAMPLES_VENV:-$HOME/.cache/hourglass/examples-venv}"
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
+    echo "installing pika from PyPI into $venv (for the example consumer's test)" >&2
+    if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'pika==1.3.2'; }; then
+      echo "error: could not install pika into $venv; the example consumer's test needs it (python3 with venv and pip, and PyPI)" >&2
+      exit 1
+    fi
+  fi
+  export HOURGLASS_TEST_PYTHON="$venv/bin/python"
+}

@@ -24,6 +24,8 @@ impl ServeProcess {
             .arg(config)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info,lapin=off")
+            // Configs with `url_env = "HOURGLASS_AMQP_URL"` (the examples) reach the test broker.
+            .env("HOURGLASS_AMQP_URL", crate::amqp_url())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()

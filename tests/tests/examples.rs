@@ -1,9 +1,12 @@
-//! The example RabbitMQ config works as is, through the `hourglass` binary.
+//! The example RabbitMQ configs work as is, through the `hourglass` binary;
+//! the example redelivery consumer (Python, pika) works against them.
 
 use std::process::Command;
 use std::time::Duration;
 
+use hourglass_e2e::process::ServeProcess;
 use hourglass_e2e::*;
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 
 #[tokio::test]
 async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
@@ -47,4 +50,55 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
     let topology = strategies.get_mut("seconds").unwrap().topology().unwrap();
     delete_declared(&connection, &topology).await;
     destination.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_succeeds() {
+    let python = std::env::var("HOURGLASS_TEST_PYTHON")
+        .unwrap_or_else(|_| panic!("HOURGLASS_TEST_PYTHON is not set: run the tests with scripts/test, which installs pika into a venv for this test"));
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    // The example's names are fixed: start from nothing left by an earlier run.
+    let queues = ["work", "work.error", "hourglass.redelivery", "hourglass.redelivery.unknown"];
+    for queue in queues {
+        channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
+    }
+    let config = repo_root().join("examples/redelivery.toml");
+    let mut serve = ServeProcess::start(&config);
+    until("the example service ready", Duration::from_secs(20), async || serve.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+
+    let consumer = repo_root().join("examples/redelivery_consumer.py");
+    let url = amqp_url();
+    let output = tokio::task::spawn_blocking(move || Command::new(python).arg(consumer).args(["--url", &url, "--timeout", "60"]).output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let attempts: Vec<&str> = stdout.lines().filter(|l| l.starts_with("job-1 attempt")).collect();
+    assert_eq!(attempts.len(), 3, "{stdout}");
+    assert!(attempts[0].starts_with("job-1 attempt 1 ") && attempts[0].ends_with("failing (reject)"), "{stdout}");
+    assert!(attempts[1].starts_with("job-1 attempt 2 ") && attempts[1].ends_with("failing (reject)"), "{stdout}");
+    assert!(attempts[2].starts_with("job-1 attempt 3 ") && attempts[2].ends_with("succeeded"), "{stdout}");
+    let seconds: f64 = attempts[2].split(" at ").nth(1).and_then(|t| t.split(' ').next()).and_then(|t| t.parse().ok()).unwrap();
+    assert!(seconds >= 7.0, "the third attempt came after {seconds} s; the intervals are 2 s then 5 s");
+
+    let base = serve.http.base.clone();
+    let status = Command::new(hourglass_binary())
+        .args(["--config", config.to_str().unwrap(), "redelivery", "status", "--url", &base])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let row: Vec<&str> = table.lines().find(|l| l.starts_with("work ")).unwrap_or_else(|| panic!("no row for work: {table}")).split_whitespace().collect();
+    assert_eq!(&row[..4], &["work", "0", "2", "0"], "queue, waiting, redelivered, given up: {table}");
+
+    serve.signal("TERM");
+    assert!(serve.wait(Duration::from_secs(30)).success());
+    for queue in queues {
+        channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await.ok();
+    }
+    channel.exchange_delete("hourglass.redelivery".into(), ExchangeDeleteOptions::default()).await.ok();
+    let loaded = hourglass::config::Config::load(&config).unwrap();
+    let mut strategies = hourglass::strategy::Strategies::load(&loaded).unwrap();
+    delete_declared(&connection, &strategies.get_mut("retries").unwrap().topology().unwrap()).await;
 }

@@ -49,7 +49,7 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
             properties: BasicProperties::default()
                 .with_content_type("text/plain".into())
                 .with_correlation_id(format!("corr-{i}").as_str().into()),
-            strategy: None,
+            ..Default::default()
         };
         let scheduled = scheduler.schedule(request).await.expect("schedule");
         sent.insert(scheduled.id.clone(), (i, scheduled));
