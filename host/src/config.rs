@@ -112,6 +112,16 @@ pub enum DeadLetterSetup {
 }
 
 impl RedeliveryConfig {
+    /// The strategy carrying the delays, given the config's default strategy.
+    pub fn strategy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
+        self.strategy.as_deref().unwrap_or(default_strategy)
+    }
+
+    /// The strategy whose planner decides, given the config's default strategy.
+    pub fn policy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
+        self.policy.as_deref().unwrap_or(self.strategy_or(default_strategy))
+    }
+
     pub fn error_queue(&self) -> String {
         self.error_queue.clone().unwrap_or_else(|| format!("{}.error", self.queue))
     }

@@ -118,11 +118,11 @@ impl Redelivery {
     }
 
     pub fn strategy_of(&self, entry: &RedeliveryConfig) -> String {
-        entry.strategy.clone().unwrap_or_else(|| self.default_strategy.clone())
+        entry.strategy_or(&self.default_strategy).to_string()
     }
 
     pub fn policy_of(&self, entry: &RedeliveryConfig) -> String {
-        entry.policy.clone().unwrap_or_else(|| self.strategy_of(entry))
+        entry.policy_or(&self.default_strategy).to_string()
     }
 
     pub fn entries(&self) -> impl Iterator<Item = &RedeliveryConfig> {

@@ -407,3 +407,26 @@ impl Management {
         tokio::task::spawn_blocking(move || agent.delete(&url).header("Authorization", Self::AUTH).call().ok()).await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_redelivery_whose_policy_cannot_answer_and_declares_nothing_for_it() {
+    let connection = connect().await;
+    let setup = Setup::new("redeliver-nopolicy", &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("nopolicy")), "");
+    let err = Service::start(setup.config.clone()).await.err().expect("refused").to_string();
+    assert!(err.contains(&format!("redelivery {:?}", setup.queue)) && err.contains("redelivery = {"), "{err}");
+    let channel = connection.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let declared = channel.queue_declare(setup.input.as_str().into(), passive, FieldTable::default()).await;
+    assert!(declared.is_err(), "the redelivery input was declared although the service refused to start");
+    let level_queue = topology_of(&setup.config)
+        .into_iter()
+        .find_map(|c| match c {
+            hourglass::command::Command::DeclareQueue { name, .. } => Some(name),
+            _ => None,
+        })
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let declared = channel.queue_declare(level_queue.as_str().into(), passive, FieldTable::default()).await;
+    assert!(declared.is_err(), "the strategy's topology was declared although the service refused to start");
+    setup.cleanup(&connection).await;
+}

@@ -133,6 +133,7 @@ impl Service {
         let mut scheduler = Scheduler::new(&config, strategies, broker);
         scheduler.set_declaring(topology == TopologyAtStart::Apply);
         let scheduler = Arc::new(scheduler);
+        check_redelivery_policies(&config, &scheduler)?;
         match topology {
             TopologyAtStart::Apply => scheduler.apply_topology(&config.default_strategy).await?,
             TopologyAtStart::Verify => verify_topology(&config).await?,
@@ -345,7 +346,18 @@ async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedRec
     }
 }
 
-/// Sets up redelivery: checks every policy answers, declares the input, the
+/// A policy that cannot answer the first redelivery is a config mistake:
+/// refused before anything is declared, not at the first rejection.
+fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> Result<(), ServiceError> {
+    for entry in &config.redelivery {
+        scheduler
+            .decide_redelivery(entry.policy_or(&config.default_strategy), &entry.queue, 1, 0, None)
+            .map_err(|e| ServiceError::Other(format!("{}: redelivery {:?}: {e}", config.path.display(), entry.queue)))?;
+    }
+    Ok(())
+}
+
+/// Sets up redelivery: declares the input, the
 /// error queues and the consumer queues' dead-lettering (or sets broker
 /// policies), and prepares each queue as a destination of its strategy.
 async fn start_redelivery(
@@ -357,10 +369,6 @@ async fn start_redelivery(
 ) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
     let handler = Redelivery::new(config, scheduler.clone(), topology == TopologyAtStart::Apply);
     let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
-    for entry in handler.entries() {
-        // A policy that cannot answer the first redelivery is a config mistake: refuse now, not at the first rejection.
-        scheduler.decide_redelivery(&handler.policy_of(entry), &entry.queue, 1, 0, None).map_err(|e| named(&entry.queue, &e))?;
-    }
     let consumer = Consumer::new(amqp, handler.clone());
     if topology == TopologyAtStart::Apply {
         consumer.declare().await?;
