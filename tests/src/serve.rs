@@ -97,3 +97,63 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
         .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("bad sample line {l:?}")))
         .sum()
 }
+
+/// Checks `text` is well-formed OpenMetrics/Prometheus text: every line is a
+/// `# HELP`/`# TYPE`/`# UNIT` comment, the closing `# EOF`, or a sample
+/// `name{label="value",…} number` of a family declared by a `# TYPE` line.
+pub fn assert_prometheus_text(text: &str) {
+    let mut families: Vec<String> = Vec::new();
+    let valid_name = |n: &str| !n.is_empty() && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "the text must end with # EOF");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let (name, kind) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+            assert!(valid_name(name), "bad family name in {line:?}");
+            assert!(["counter", "gauge", "histogram", "summary", "unknown", "info", "stateset", "gaugehistogram"].contains(&kind), "bad type in {line:?}");
+            families.push(name.to_string());
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        assert!(value.parse::<f64>().is_ok(), "value of {line:?} is not a number");
+        let name = match series.split_once('{') {
+            Some((name, labels)) => {
+                let labels = labels.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                for pair in labels.split("\",").filter(|p| !p.is_empty()) {
+                    let (key, quoted) = pair.split_once('=').unwrap_or_else(|| panic!("bad label {pair:?} in {line:?}"));
+                    assert!(valid_name(key) && quoted.starts_with('"'), "bad label {pair:?} in {line:?}");
+                }
+                name
+            }
+            None => series,
+        };
+        assert!(valid_name(name), "bad sample name in {line:?}");
+        assert!(families.iter().any(|f| name.starts_with(f.as_str())), "sample {name} has no # TYPE line before it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assert_prometheus_text;
+
+    #[test]
+    fn well_formed_text_passes() {
+        assert_prometheus_text("# HELP a_total A.\n# TYPE a counter\na_total{q=\"x\",o=\"y\"} 3\n# EOF\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "no # TYPE line")]
+    fn an_undeclared_sample_fails() {
+        assert_prometheus_text("b_total 1\n# EOF\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "not a number")]
+    fn a_bad_value_fails() {
+        assert_prometheus_text("# TYPE a counter\na_total{q=\"x\"} many\n# EOF\n");
+    }
+}

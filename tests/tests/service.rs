@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use hourglass::service::Service;
-use hourglass_e2e::serve::{Served, metric_sum};
+use hourglass_e2e::serve::{Served, assert_prometheus_text, metric_sum};
 use hourglass_e2e::*;
 use serde_json::{Value, json};
 
@@ -65,7 +65,7 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
 
     let (status, metrics) = http.call("GET", "/metrics", None, None).await;
     assert_eq!(status, 200);
-    assert!(metrics.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF: {metrics}");
+    assert_prometheus_text(&metrics);
     let value = |prefix: &str| metric_sum(&metrics, prefix);
     assert_eq!(value(&format!("hourglass_messages_scheduled_total{{strategy=\"main\",destination=\"{dest}\"}}")), 2.0, "{metrics}");
     assert_eq!(value("hourglass_requests_rejected_total"), 6.0, "every bad request, refused before planning: {metrics}");
