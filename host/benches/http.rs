@@ -3,18 +3,15 @@
 //! on $HOURGLASS_AMQP_URL (default guest on 127.0.0.1:5672).
 //! Run: `cargo bench -p hourglass --bench http`. Method: BENCHMARKS.md.
 
-use std::path::Path;
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hourglass::broker::{Broker, amqp_url};
-use hourglass::command::Command;
-use hourglass::config::Config;
+use hourglass::broker::Broker;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::service::{self, Service};
-use hourglass::strategy::Strategies;
-use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::FieldTable;
+use support::BenchBroker;
 
 const CLIENTS: usize = 32;
 const PER_CLIENT: usize = 250;
@@ -80,20 +77,8 @@ fn http(base: &str, destination: &str) {
 
 #[tokio::main]
 async fn main() {
-    let url = amqp_url(None, None);
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let prefix = format!("bench-{}", &run[..8]);
-    let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n");
-    let config = Config::parse(Path::new("bench.toml"), text).unwrap();
-    let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.expect("RabbitMQ");
-    let channel = connection.create_channel().await.unwrap();
-    let destination = format!("{prefix}.destination");
-    channel.queue_declare(destination.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
-
-    let strategies = Strategies::load(&config).unwrap();
-    let broker = Broker::connect(&config.broker).await.unwrap();
-    let scheduler = Scheduler::new(&config, strategies, broker);
-    scheduler.prepare_destination("main", &destination).await.unwrap();
+    let (bench, scheduler) = BenchBroker::start().await;
+    let destination = bench.destination.clone();
     let service = Service::new(scheduler, None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -106,13 +91,5 @@ async fn main() {
         tokio::task::spawn_blocking(move || http(&base, &destination)).await.unwrap();
     }
 
-    let mut strategies = Strategies::load(&config).unwrap();
-    for command in strategies.get_mut("main").unwrap().topology().unwrap() {
-        match command {
-            Command::DeclareQueue { name, .. } => drop(channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
-            Command::DeclareExchange { name, .. } => drop(channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
-            _ => {}
-        }
-    }
-    channel.queue_delete(destination.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    bench.cleanup().await;
 }

@@ -437,8 +437,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 commands.extend(planner.destination_setup(destination)?);
             }
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-            let management = std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| management_url.clone());
-            let report = tokio_runtime()?.block_on(verify::verify(&amqp, management.as_deref(), &commands))?;
+            let report = tokio_runtime()?.block_on(verify::verify(&amqp, management_url.as_deref(), &commands))?;
             match format {
                 TextOrJson::Json => print_json(&report)?,
                 TextOrJson::Table => {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable as AmqpTable};
+use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::watch;
 
@@ -137,13 +137,37 @@ pub async fn requeue(delivery: &Delivery) {
 }
 
 /// Publishes through the default exchange to `queue` and waits for the confirm.
-pub async fn publish_confirmed(publisher: &Channel, queue: &str, body: &[u8], properties: BasicProperties) -> Result<(), String> {
+async fn publish_confirmed(publisher: &Channel, queue: &str, body: &[u8], properties: BasicProperties) -> Result<(), String> {
     let options = BasicPublishOptions { mandatory: true, ..Default::default() };
     let confirm = publisher.basic_publish("".into(), queue.into(), options, body, properties).await.map_err(|e| e.to_string())?;
     match confirm.await.map_err(|e| e.to_string())? {
         Confirmation::Ack(None) => Ok(()),
         other => Err(format!("queue {queue:?} did not take it: {other:?}")),
     }
+}
+
+/// Moves a delivery aside: publishes it to `queue` as it came (body, properties,
+/// headers) plus `added` headers, persistent, and acks it once the broker
+/// confirmed. `Ok(acked)`; if the publish fails the delivery is requeued and
+/// the error returned, so the message is never lost.
+pub async fn move_to(publisher: &Channel, queue: &str, delivery: &Delivery, added: Vec<(&str, AMQPValue)>) -> Result<bool, String> {
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    for (key, value) in added {
+        headers.insert(key.into(), value);
+    }
+    let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
+    match publish_confirmed(publisher, queue, &delivery.data, properties).await {
+        Ok(()) => Ok(ack(delivery).await),
+        Err(err) => {
+            requeue(delivery).await;
+            Err(err)
+        }
+    }
+}
+
+/// A header value holding `text`.
+pub fn long_string(text: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(text))
 }
 
 /// Acks; `false` when the ack could not be sent (the broker will deliver the message again).

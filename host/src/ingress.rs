@@ -15,12 +15,12 @@ use std::sync::Arc;
 
 use lapin::message::Delivery;
 use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable as AmqpTable, ShortString};
 use lapin::{BasicProperties, Channel};
 
 use crate::broker::Broker;
 use crate::config::IngressConfig;
-use crate::consumer::{Handler, ack, publish_confirmed, requeue, text, whole_number};
+use crate::consumer::{Handler, ack, long_string, move_to, requeue, text, whole_number};
 use crate::executor::ExecutorError;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
@@ -48,14 +48,6 @@ enum Refusal {
 impl Ingress {
     pub fn new(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
         Arc::new(Ingress { config, scheduler })
-    }
-
-    /// The message as it came, plus the reason, on the invalid-messages queue; confirmed.
-    async fn publish_invalid(&self, delivery: &Delivery, publisher: &Channel, reason: &str) -> Result<(), String> {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-        headers.insert(INVALID_REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
-        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
-        publish_confirmed(publisher, &self.config.invalid_queue, &delivery.data, properties).await
     }
 }
 
@@ -106,14 +98,14 @@ impl Handler for Ingress {
         let outcome = match result {
             // Not acked: the broker delivers it again; forwarded twice, never lost.
             Ok(()) => if ack(&delivery).await { "forwarded" } else { "forwarded_unacked" },
-            Err(Refusal::Invalid(reason)) => match self.publish_invalid(&delivery, publisher, &reason).await {
-                Ok(()) => {
+            // The message as it came, plus the reason, on the invalid-messages queue.
+            Err(Refusal::Invalid(reason)) => match move_to(publisher, &self.config.invalid_queue, &delivery, vec![(INVALID_REASON_HEADER, long_string(&reason))]).await {
+                Ok(acked) => {
                     tracing::info!(queue = %self.config.invalid_queue, %reason, "invalid ingress message set aside");
-                    if ack(&delivery).await { "invalid" } else { "invalid_unacked" }
+                    if acked { "invalid" } else { "invalid_unacked" }
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, "could not set aside an invalid ingress message; requeueing it");
-                    requeue(&delivery).await;
+                    tracing::warn!(error = %err, "could not set aside an invalid ingress message; requeued it");
                     "requeued"
                 }
             },
@@ -180,16 +172,12 @@ mod tests {
         BasicProperties::default().with_headers(AmqpTable::from(table)).with_content_type("application/json".into())
     }
 
-    fn long(text: &str) -> AMQPValue {
-        AMQPValue::LongString(LongString::from(text))
-    }
-
     #[test]
     fn control_headers_become_the_request_and_the_rest_is_kept_with_its_type() {
         let props = properties(&[
-            (DESTINATION_HEADER, long("orders")),
-            (DELAY_HEADER, long("1m 30s")),
-            ("tenant", long("acme")),
+            (DESTINATION_HEADER, long_string("orders")),
+            (DELAY_HEADER, long_string("1m 30s")),
+            ("tenant", long_string("acme")),
             ("score", AMQPValue::Double(0.5)),
         ]);
         let request = parse_parts(&props, b"body").unwrap();
@@ -204,7 +192,7 @@ mod tests {
     #[test]
     fn whole_milliseconds_and_a_strategy_are_accepted() {
         let props =
-            properties(&[(DESTINATION_HEADER, long("d")), (DELAY_HEADER, AMQPValue::LongInt(2500)), (STRATEGY_HEADER, long("precise"))]);
+            properties(&[(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::LongInt(2500)), (STRATEGY_HEADER, long_string("precise"))]);
         let request = parse_parts(&props, b"").unwrap();
         assert_eq!((request.delay_ms, request.strategy.as_deref()), (2500, Some("precise")));
     }
@@ -212,13 +200,13 @@ mod tests {
     #[test]
     fn each_bad_message_is_refused_with_a_reason_naming_the_header() {
         let cases: Vec<(Vec<(&str, AMQPValue)>, &str)> = vec![
-            (vec![(DELAY_HEADER, long("1s"))], "missing header hourglass-destination"),
-            (vec![(DESTINATION_HEADER, long("d"))], "missing header hourglass-delay"),
-            (vec![(DESTINATION_HEADER, long("")), (DELAY_HEADER, long("1s"))], "hourglass-destination: must be a non-empty"),
-            (vec![(DESTINATION_HEADER, long("d")), (DELAY_HEADER, long("soon"))], "hourglass-delay:"),
-            (vec![(DESTINATION_HEADER, long("d")), (DELAY_HEADER, AMQPValue::LongInt(-5))], "is negative"),
-            (vec![(DESTINATION_HEADER, long("d")), (DELAY_HEADER, AMQPValue::Boolean(true))], "neither a duration"),
-            (vec![(DESTINATION_HEADER, long("d")), (DELAY_HEADER, long("1s")), ("hourglass-due-at", long("x"))], "is reserved"),
+            (vec![(DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
+            (vec![(DESTINATION_HEADER, long_string("d"))], "missing header hourglass-delay"),
+            (vec![(DESTINATION_HEADER, long_string("")), (DELAY_HEADER, long_string("1s"))], "hourglass-destination: must be a non-empty"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, long_string("soon"))], "hourglass-delay:"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::LongInt(-5))], "is negative"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::Boolean(true))], "neither a duration"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, long_string("1s")), ("hourglass-due-at", long_string("x"))], "is reserved"),
         ];
         for (headers, want) in cases {
             let err = parse_parts(&properties(&headers), b"").unwrap_err();

@@ -7,6 +7,15 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use lapin::uri::AMQPUri;
 use serde_json::Value;
 
+/// The management API to use: `$HOURGLASS_MANAGEMENT_URL`, else the configured
+/// URL (`broker.management_url`), else one derived from the AMQP URL.
+pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String> {
+    std::env::var("HOURGLASS_MANAGEMENT_URL")
+        .ok()
+        .or_else(|| configured.map(str::to_string))
+        .or_else(|| default_management_url(amqp_url))
+}
+
 /// The management API's base URL (`http://user:pass@host:15672`) derived from an AMQP URL.
 pub fn default_management_url(amqp_url: &str) -> Option<String> {
     let uri: AMQPUri = amqp_url.parse().ok()?;
@@ -73,19 +82,31 @@ impl Management {
         Ok(self.get(&path)?.and_then(|v| v.as_array().cloned()).unwrap_or_default())
     }
 
+    fn policy_url(&self, name: &str) -> String {
+        format!("{}/api/policies/{}/{}", self.base, encode(&self.vhost), encode(name))
+    }
+
     /// Creates or replaces the policy `name` (`PUT /api/policies/{vhost}/{name}`).
     pub fn put_policy(&self, name: &str, policy: &Value) -> Result<(), String> {
-        let url = format!("{}/api/policies/{}/{}", self.base, encode(&self.vhost), encode(name));
-        let response = self
-            .agent
-            .put(&url)
-            .header("Authorization", &self.authorization)
-            .send_json(policy)
-            .map_err(|e| format!("{url}: {e}"))?;
-        match response.status().as_u16() {
-            200..=299 => Ok(()),
-            code => Err(format!("{url}: HTTP {code}")),
+        let url = self.policy_url(name);
+        let response = self.agent.put(&url).header("Authorization", &self.authorization).send_json(policy);
+        succeeded(&url, response)
+    }
+
+    /// Removes the policy `name`; a policy that is not there is no error.
+    pub fn delete_policy(&self, name: &str) -> Result<(), String> {
+        let url = self.policy_url(name);
+        match self.agent.delete(&url).header("Authorization", &self.authorization).call() {
+            Ok(response) if response.status().as_u16() == 404 => Ok(()),
+            response => succeeded(&url, response),
         }
+    }
+}
+
+fn succeeded(url: &str, response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<(), String> {
+    match response.map_err(|e| format!("{url}: {e}"))?.status().as_u16() {
+        200..=299 => Ok(()),
+        code => Err(format!("{url}: HTTP {code}")),
     }
 }
 

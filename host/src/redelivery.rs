@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 
 use lapin::message::Delivery;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable as AmqpTable, ShortString};
 use lapin::{BasicProperties, Channel, ExchangeKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::broker::Broker;
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
-use crate::consumer::{Handler, ack, publish_confirmed, requeue, text, whole_number};
+use crate::consumer::{Handler, ack, long_string, move_to, requeue, text, whole_number};
 use crate::executor::ExecutorError;
 use crate::planner::RedeliveryDecision;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, unix_now_ms};
@@ -203,29 +203,37 @@ impl Redelivery {
         }
     }
 
-    async fn give_up(&self, delivery: &Delivery, publisher: &Channel, error_queue: &str, failure: &Failure, why: &str) -> Result<(), String> {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-        headers.insert(ATTEMPTS_HEADER.into(), AMQPValue::LongLongInt(failure.attempt as i64));
-        headers.insert(FAILURE_REASON_HEADER.into(), long(&failure.reason));
-        headers.insert(GAVE_UP_HEADER.into(), long(why));
-        headers.insert(FAILED_QUEUE_HEADER.into(), long(&failure.queue));
-        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
-        publish_confirmed(publisher, error_queue, &delivery.data, properties).await
+    /// The message as it came on the queue's error queue, with the attempts and reasons.
+    async fn give_up(&self, delivery: &Delivery, publisher: &Channel, entry: &RedeliveryConfig, failure: &Failure, why: &str) -> &'static str {
+        let error_queue = entry.error_queue();
+        let added = vec![
+            (ATTEMPTS_HEADER, AMQPValue::LongLongInt(failure.attempt as i64)),
+            (FAILURE_REASON_HEADER, long_string(&failure.reason)),
+            (GAVE_UP_HEADER, long_string(why)),
+            (FAILED_QUEUE_HEADER, long_string(&failure.queue)),
+        ];
+        match move_to(publisher, &error_queue, delivery, added).await {
+            Ok(acked) => {
+                tracing::info!(queue = %failure.queue, %error_queue, attempts = failure.attempt, %why, "gave up redelivering");
+                self.count(&failure.queue, None);
+                if acked { "given_up" } else { "given_up_unacked" }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, %error_queue, "could not move a message to its error queue; requeued it");
+                "requeued"
+            }
+        }
     }
 
     /// A message no configured queue claims: kept aside with the reason.
     async fn set_aside(&self, delivery: &Delivery, publisher: &Channel, why: &str) -> &'static str {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-        headers.insert(GAVE_UP_HEADER.into(), long(why));
-        let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
-        match publish_confirmed(publisher, &self.unknown_queue(), &delivery.data, properties).await {
-            Ok(()) => {
+        match move_to(publisher, &self.unknown_queue(), delivery, vec![(GAVE_UP_HEADER, long_string(why))]).await {
+            Ok(acked) => {
                 tracing::warn!(queue = %self.unknown_queue(), %why, "message in the redelivery input set aside");
-                if ack(delivery).await { "unknown" } else { "unknown_unacked" }
+                if acked { "unknown" } else { "unknown_unacked" }
             }
             Err(err) => {
-                tracing::warn!(error = %err, "could not set aside a message from the redelivery input; requeueing it");
-                requeue(delivery).await;
+                tracing::warn!(error = %err, "could not set aside a message from the redelivery input; requeued it");
                 "requeued"
             }
         }
@@ -257,10 +265,6 @@ fn regex_escape(text: &str) -> String {
         out.push(c);
     }
     out
-}
-
-fn long(text: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(text))
 }
 
 /// Reads the failure from the death headers: the most recent `x-death` entry
@@ -367,7 +371,7 @@ impl Handler for Redelivery {
         if self.declaring {
             for entry in self.queues.values().filter(|e| e.dead_letter == DeadLetterSetup::Declare) {
                 let mut arguments = AmqpTable::default();
-                arguments.insert("x-dead-letter-exchange".into(), long(input));
+                arguments.insert("x-dead-letter-exchange".into(), long_string(input));
                 let queue = entry.queue.as_str();
                 channel.queue_declare(queue.into(), durable, arguments).await.map_err(refused(format!(
                     "consumer queue {queue:?} (wanted: durable, x-dead-letter-exchange={input}; a queue declared with other arguments needs dead_letter = \"broker-policy\")"
@@ -388,37 +392,20 @@ impl Handler for Redelivery {
         };
         let entry = &self.queues[&failure.queue];
         let seed = seed_of(&delivery.properties, &delivery.data);
-        let mut decision = self.decide(entry, &failure, seed);
-        if let Decision::Retry { delay_ms, next_attempt } = decision {
-            match self.redeliver(&delivery, entry, &failure, delay_ms, next_attempt).await {
+        let outcome = match self.decide(entry, &failure, seed) {
+            Decision::GiveUp(why) => self.give_up(&delivery, publisher, entry, &failure, &why).await,
+            Decision::Retry { delay_ms, next_attempt } => match self.redeliver(&delivery, entry, &failure, delay_ms, next_attempt).await {
                 Ok(due_at_ms) => {
                     tracing::debug!(queue = %failure.queue, attempt = next_attempt, delay_ms, "redelivery scheduled");
                     self.count(&failure.queue, Some(due_at_ms));
-                    let outcome = if ack(&delivery).await { "redelivered" } else { "redelivered_unacked" };
-                    self.scheduler.metrics().redelivery(&failure.queue, outcome);
-                    return;
+                    if ack(&delivery).await { "redelivered" } else { "redelivered_unacked" }
                 }
                 Err(None) => {
                     requeue(&delivery).await;
-                    self.scheduler.metrics().redelivery(&failure.queue, "requeued");
-                    return;
+                    "requeued"
                 }
-                Err(Some(why)) => decision = Decision::GiveUp(why),
-            }
-        }
-        let Decision::GiveUp(why) = decision else { unreachable!("a retry returned above") };
-        let error_queue = entry.error_queue();
-        let outcome = match self.give_up(&delivery, publisher, &error_queue, &failure, &why).await {
-            Ok(()) => {
-                tracing::info!(queue = %failure.queue, %error_queue, attempts = failure.attempt, %why, "gave up redelivering");
-                self.count(&failure.queue, None);
-                if ack(&delivery).await { "given_up" } else { "given_up_unacked" }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, %error_queue, "could not move a message to its error queue; requeueing it");
-                requeue(&delivery).await;
-                "requeued"
-            }
+                Err(Some(why)) => self.give_up(&delivery, publisher, entry, &failure, &why).await,
+            },
         };
         self.scheduler.metrics().redelivery(&failure.queue, outcome);
     }
@@ -430,19 +417,19 @@ mod tests {
 
     fn death(queue: &str, reason: &str, count: i64, key: &str) -> AMQPValue {
         let mut t = AmqpTable::default();
-        t.insert("queue".into(), long(queue));
-        t.insert("reason".into(), long(reason));
+        t.insert("queue".into(), long_string(queue));
+        t.insert("reason".into(), long_string(reason));
         t.insert("count".into(), AMQPValue::LongLongInt(count));
-        t.insert("exchange".into(), long(""));
-        t.insert("routing-keys".into(), AMQPValue::FieldArray(vec![long(key)].into()));
+        t.insert("exchange".into(), long_string(""));
+        t.insert("routing-keys".into(), AMQPValue::FieldArray(vec![long_string(key)].into()));
         AMQPValue::FieldTable(t)
     }
 
     fn dead_lettered(deaths: Vec<AMQPValue>, extra: &[(&str, AMQPValue)]) -> BasicProperties {
         let mut headers = AmqpTable::default();
         headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
-        headers.insert("x-first-death-queue".into(), long("orders"));
-        headers.insert("tenant".into(), long("acme"));
+        headers.insert("x-first-death-queue".into(), long_string("orders"));
+        headers.insert("tenant".into(), long_string("acme"));
         for (k, v) in extra {
             headers.insert((*k).into(), v.clone());
         }
@@ -481,7 +468,7 @@ mod tests {
     fn redelivered_properties_lose_death_records_and_keep_the_rest() {
         let properties = dead_lettered(
             vec![death("orders", "rejected", 1, "k")],
-            &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(1)), ("hourglass-due-at", AMQPValue::LongLongInt(5)), ("x-last-death-queue", long("orders"))],
+            &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(1)), ("hourglass-due-at", AMQPValue::LongLongInt(5)), ("x-last-death-queue", long_string("orders"))],
         );
         let next = for_redelivery(&properties, 2);
         let headers = next.headers().clone().unwrap();

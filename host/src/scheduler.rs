@@ -21,7 +21,7 @@ use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
 use crate::executor::{DELAY_HEADER, DUE_AT_HEADER, Envelope, Executor, ExecutorError};
 use crate::metrics::Metrics;
-use crate::planner::{Plan, PlanRequest, PlannerError, RedeliveryDecision};
+use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
 use crate::strategy::Strategies;
 
 #[derive(Debug, Error)]
@@ -103,8 +103,10 @@ impl Generation {
         }
     }
 
-    fn planners(&self) -> std::sync::MutexGuard<'_, Strategies> {
-        self.strategies.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// One call into `strategy`'s planner, under the planners' lock.
+    fn call<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
+        let mut planners = self.strategies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Ok(f(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?)?)
     }
 
     fn strategy_for(&self, destination: &str) -> String {
@@ -185,10 +187,14 @@ impl<E: Executor> Scheduler<E> {
 
     /// A strategy's static topology, without applying it.
     pub fn topology_of(&self, strategy: &str) -> Result<Vec<Command>, ScheduleError> {
+        self.call_checked(strategy, |planner| planner.topology())
+    }
+
+    /// One call into a configured strategy's planner; an unknown name is a bad request.
+    fn call_checked<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
         let generation = self.generation();
         generation.check_strategy(strategy)?;
-        let mut planners = generation.planners();
-        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?)
+        generation.call(strategy, f)
     }
 
     pub fn default_strategy(&self) -> String {
@@ -205,18 +211,12 @@ impl<E: Executor> Scheduler<E> {
 
     /// The plan a message would get, without sending anything.
     pub fn plan_only(&self, strategy: &str, request: &PlanRequest) -> Result<Plan, ScheduleError> {
-        let generation = self.generation();
-        generation.check_strategy(strategy)?;
-        let mut planners = generation.planners();
-        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.plan(request)?)
+        self.call_checked(strategy, |planner| planner.plan(request))
     }
 
     /// Asks `strategy`'s planner what to do after delivery `attempt` of a message on `queue` failed.
     pub fn decide_redelivery(&self, strategy: &str, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, ScheduleError> {
-        let generation = self.generation();
-        generation.check_strategy(strategy)?;
-        let mut planners = generation.planners();
-        Ok(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?.decide_redelivery(queue, attempt, seed, reason)?)
+        self.call_checked(strategy, |planner| planner.decide_redelivery(queue, attempt, seed, reason))
     }
 
     /// Declares a strategy's static topology (idempotent on the broker).
@@ -228,7 +228,7 @@ impl<E: Executor> Scheduler<E> {
 
     async fn apply_topology_in(&self, generation: &Generation, prepared: &mut Prepared, strategy: &str) -> Result<(), ScheduleError> {
         generation.check_strategy(strategy)?;
-        let commands = generation.planners().get_mut(strategy).map_err(ScheduleError::BadRequest)?.topology()?;
+        let commands = generation.call(strategy, |planner| planner.topology())?;
         if self.declaring {
             self.executor.apply(&commands).await?;
         }
@@ -254,7 +254,7 @@ impl<E: Executor> Scheduler<E> {
             self.apply_topology_in(generation, prepared, strategy).await?;
         }
         self.executor.check_destination(destination).await?;
-        let setup = generation.planners().get_mut(strategy).map_err(ScheduleError::BadRequest)?.destination_setup(destination)?;
+        let setup = generation.call(strategy, |planner| planner.destination_setup(destination))?;
         if self.declaring {
             self.executor.apply(&setup).await?;
         }
@@ -325,7 +325,7 @@ impl<E: Executor> Scheduler<E> {
             routing_key: request.routing_key.clone(),
         };
         let started = Instant::now();
-        let plan = generation.planners().get_mut(&strategy).map_err(ScheduleError::BadRequest)?.plan(&plan_request)?;
+        let plan = generation.call(&strategy, |planner| planner.plan(&plan_request))?;
         self.metrics.observe_planner_call(&strategy, started.elapsed());
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;

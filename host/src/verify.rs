@@ -15,7 +15,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable, FieldValue};
-use crate::management::{Management, default_management_url, vhost_of};
+use crate::management::{Management, vhost_of};
 use crate::rabbitmq::redact;
 
 #[derive(Debug, Error)]
@@ -152,10 +152,11 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
 }
 
 /// Compares the broker with `commands`, by the management API if it answers,
-/// else by passive declares.
+/// else by passive declares. `management_url` is the configured one;
+/// `$HOURGLASS_MANAGEMENT_URL` overrides it (see [`crate::management::management_url`]).
 pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Command]) -> Result<Report, VerifyError> {
     let checked = commands.iter().filter(|c| !matches!(c, Command::Publish { .. })).count();
-    let management_url = management_url.map(str::to_string).or_else(|| default_management_url(amqp_url));
+    let management_url = crate::management::management_url(amqp_url, management_url);
     let mut fallback_reason = "no management URL".to_string();
     if let Some(url) = management_url {
         let api = Management::new(&url, vhost_of(amqp_url)).map_err(VerifyError::Unavailable)?;

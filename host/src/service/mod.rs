@@ -144,24 +144,20 @@ impl Service {
         }
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx);
-        let ingress = match &config.broker {
-            BrokerConfig::Rabbitmq { url, url_env, .. } if config.service.ingress.enabled => {
-                let handler = Ingress::new(config.service.ingress.clone(), scheduler.clone());
-                let ingress = Consumer::new(&amqp_url(url.as_deref(), url_env.as_deref()), handler);
+        let (mut ingress, mut redelivery) = (None, None);
+        if let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker {
+            let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+            if config.service.ingress.enabled {
+                let consumer = Consumer::new(&amqp, Ingress::new(config.service.ingress.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
-                    ingress.declare().await?;
+                    consumer.declare().await?;
                 }
-                Some(ingress)
+                ingress = Some(consumer);
             }
-            _ => None,
-        };
-        let redelivery = match &config.broker {
-            BrokerConfig::Rabbitmq { url, url_env, management_url } if !config.redelivery.is_empty() => {
-                let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-                Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?)
+            if !config.redelivery.is_empty() {
+                redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
             }
-            _ => None,
-        };
+        }
         let service = Arc::new(Service {
             metrics: scheduler.metrics().clone(),
             scheduler,
@@ -375,10 +371,7 @@ async fn start_redelivery(
         let with_policy: Vec<String> =
             handler.entries().filter(|e| e.dead_letter == crate::config::DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
         if !with_policy.is_empty() {
-            let management = std::env::var("HOURGLASS_MANAGEMENT_URL")
-                .ok()
-                .or_else(|| management_url.map(str::to_string))
-                .or_else(|| crate::management::default_management_url(amqp))
+            let management = crate::management::management_url(amqp, management_url)
                 .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
             let api = crate::management::Management::new(&management, crate::management::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
             let handler = handler.clone();
@@ -416,8 +409,7 @@ async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
     let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let management = std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| management_url.clone());
-    let report = crate::verify::verify(&amqp, management.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
+    let report = crate::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
     if report.drifts.is_empty() {
         return Ok(());
     }
