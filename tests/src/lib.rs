@@ -3,9 +3,12 @@
 //!
 //! A missing broker fails the tests with instructions; it never skips them.
 
+mod amqp;
 pub mod process;
 pub mod serve;
 pub mod sqs;
+
+pub use amqp::*;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

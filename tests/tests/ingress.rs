@@ -4,17 +4,14 @@
 
 use std::time::Duration;
 
+use hourglass::consumer::long_string;
 use hourglass::ingress::{DELAY_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, STRATEGY_HEADER};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
-
-fn text(value: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(value))
-}
 
 async fn publish(channel: &Channel, queue: &str, body: &str, headers: Vec<(&str, AMQPValue)>, properties: BasicProperties) {
     let mut table = FieldTable::default();
@@ -27,15 +24,6 @@ async fn publish(channel: &Channel, queue: &str, body: &str, headers: Vec<(&str,
         .unwrap()
         .await
         .expect("broker confirmed the ingress publish");
-}
-
-fn header<'d>(delivery: &'d lapin::message::Delivery, name: &str) -> Option<&'d AMQPValue> {
-    delivery.properties.headers().as_ref().and_then(|h| h.inner().get(name))
-}
-
-pub async fn queue_depth(channel: &Channel, queue: &str) -> u32 {
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.unwrap().message_count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,22 +46,22 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     let dest = destination.name.as_str();
     const VALID: usize = 6;
     for i in 0..VALID {
-        let delay = if i % 2 == 0 { text("1s") } else { AMQPValue::LongInt(1500) };
+        let delay = if i % 2 == 0 { long_string("1s") } else { AMQPValue::LongInt(1500) };
         let properties = BasicProperties::default()
             .with_content_type("application/json".into())
             .with_correlation_id(format!("corr-{i}").into())
             .with_message_id(format!("mine-{i}").into());
-        let headers = vec![(DESTINATION_HEADER, text(dest)), (DELAY_HEADER, delay), ("tenant", text("acme")), ("score", AMQPValue::Double(0.25))];
+        let headers = vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, delay), ("tenant", long_string("acme")), ("score", AMQPValue::Double(0.25))];
         publish(&channel, &ingress_queue, &format!("valid-{i}"), headers, properties).await;
     }
     let absent = unique("absent");
     let invalid: Vec<(&str, Vec<(&str, AMQPValue)>, &str)> = vec![
-        ("no-destination", vec![(DELAY_HEADER, text("1s"))], "missing header hourglass-destination"),
-        ("bad-delay", vec![(DESTINATION_HEADER, text(dest)), (DELAY_HEADER, text("soon"))], "hourglass-delay"),
-        ("unknown-destination", vec![(DESTINATION_HEADER, text(&absent)), (DELAY_HEADER, text("1s"))], "does not exist"),
+        ("no-destination", vec![(DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
+        ("bad-delay", vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("soon"))], "hourglass-delay"),
+        ("unknown-destination", vec![(DESTINATION_HEADER, long_string(&absent)), (DELAY_HEADER, long_string("1s"))], "does not exist"),
         (
             "unknown-strategy",
-            vec![(DESTINATION_HEADER, text(dest)), (DELAY_HEADER, text("1s")), (STRATEGY_HEADER, text("nope"))],
+            vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("1s")), (STRATEGY_HEADER, long_string("nope"))],
             "unknown strategy",
         ),
     ];
@@ -89,7 +77,7 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
         assert_eq!(props.content_type().as_ref().map(|c| c.as_str()), Some("application/json"));
         assert_eq!(props.correlation_id().as_ref().map(|c| c.to_string()), Some(format!("corr-{i}")));
         assert_eq!(props.message_id().as_ref().map(|c| c.to_string()), Some(format!("mine-{i}")), "the producer's message id is kept");
-        assert_eq!(header(&got.delivery, "tenant"), Some(&text("acme")));
+        assert_eq!(header(&got.delivery, "tenant"), Some(&long_string("acme")));
         assert_eq!(header(&got.delivery, "score"), Some(&AMQPValue::Double(0.25)), "header types survive");
         assert!(header(&got.delivery, DESTINATION_HEADER).is_none() && header(&got.delivery, DELAY_HEADER).is_none());
         let Some(AMQPValue::LongLongInt(due_at)) = header(&got.delivery, "hourglass-due-at") else { panic!("no due-at header") };
@@ -98,14 +86,7 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     destination.assert_quiet(Duration::from_millis(500)).await;
 
     let reader = connection.create_channel().await.unwrap();
-    let mut set_aside = Vec::new();
-    until("every invalid message in the invalid queue", Duration::from_secs(10), async || {
-        while let Ok(Some(got)) = reader.basic_get(invalid_queue.as_str().into(), BasicGetOptions { no_ack: true }).await {
-            set_aside.push(got.delivery);
-        }
-        set_aside.len() >= invalid.len()
-    })
-    .await;
+    let set_aside = get_at_least(&reader, &invalid_queue, invalid.len(), Duration::from_secs(10)).await;
     assert_eq!(set_aside.len(), invalid.len());
     for (body, _, reason) in &invalid {
         let got = set_aside.iter().find(|d| d.data == body.as_bytes()).unwrap_or_else(|| panic!("{body} not set aside"));

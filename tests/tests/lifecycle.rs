@@ -26,7 +26,7 @@ fn temp_config(stem: &str) -> PathBuf {
 
 /// The queues a message was dead-lettered from on its way (`x-death`).
 fn death_queues(delivery: &lapin::message::Delivery) -> Vec<String> {
-    let Some(AMQPValue::FieldArray(deaths)) = delivery.properties.headers().as_ref().and_then(|h| h.inner().get("x-death")).cloned() else {
+    let Some(AMQPValue::FieldArray(deaths)) = header(delivery, "x-death").cloned() else {
         return Vec::new();
     };
     deaths

@@ -13,25 +13,6 @@ use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable as AmqpTable};
 
-fn header<'a>(received: &'a Received, key: &str) -> Option<&'a AMQPValue> {
-    received.delivery.properties.headers().as_ref()?.inner().get(key)
-}
-
-fn header_int(received: &Received, key: &str) -> Option<i64> {
-    match header(received, key)? {
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        _ => None,
-    }
-}
-
-fn header_text(received: &Received, key: &str) -> Option<String> {
-    match header(received, key)? {
-        AMQPValue::LongString(v) => Some(v.to_string()),
-        _ => None,
-    }
-}
-
 /// Schedules one message per delay and checks each arrives no earlier than
 /// due and within `tolerance_ms` after, with body, headers and properties intact.
 async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], tolerance_ms: u64) {
@@ -63,9 +44,9 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
         assert!(late >= 0, "message {i} (delay {}ms) arrived {}ms early", delays_ms[*i], -late);
         assert!(late <= tolerance_ms as i64, "message {i} (delay {}ms) arrived {late}ms late", delays_ms[*i]);
         assert_eq!(message.delivery.data, format!("body-{i}").into_bytes());
-        assert_eq!(header_text(message, "x-app"), Some(format!("value-{i}")));
-        assert_eq!(header_int(message, "hourglass-due-at"), Some(scheduled.due_at_ms as i64));
-        assert_eq!(header_int(message, "hourglass-delay-ms"), Some(delays_ms[*i] as i64));
+        assert_eq!(header_text(&message.delivery, "x-app"), Some(format!("value-{i}")));
+        assert_eq!(header_int(&message.delivery, "hourglass-due-at"), Some(scheduled.due_at_ms as i64));
+        assert_eq!(header_int(&message.delivery, "hourglass-delay-ms"), Some(delays_ms[*i] as i64));
         assert_eq!(message.delivery.properties.content_type().as_ref().map(|c| c.to_string()), Some("text/plain".into()));
         assert_eq!(message.delivery.properties.correlation_id().as_ref().map(|c| c.to_string()), Some(format!("corr-{i}")));
         assert_eq!(*message.delivery.properties.delivery_mode(), Some(2), "persistent");

@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use hourglass::consumer::long_string;
+use hourglass::management::Management;
 use hourglass::redelivery::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
 use hourglass::scheduler::unix_now_ms;
 use hourglass::service::Service;
@@ -12,39 +14,16 @@ use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use tokio::sync::mpsc;
 
-fn text(value: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(value))
-}
-
-fn header<'d>(delivery: &'d Delivery, name: &str) -> Option<&'d AMQPValue> {
-    delivery.properties.headers().as_ref().and_then(|h| h.inner().get(name))
-}
-
-fn number(delivery: &Delivery, name: &str) -> Option<i64> {
-    match header(delivery, name)? {
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::LongInt(v) => Some(*v as i64),
-        _ => None,
-    }
-}
-
-fn string(delivery: &Delivery, name: &str) -> Option<String> {
-    match header(delivery, name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        _ => None,
-    }
-}
-
 /// The delivery number hourglass stamps (none on the first delivery).
 fn attempt(delivery: &Delivery) -> i64 {
-    number(delivery, ATTEMPT_HEADER).unwrap_or(1)
+    header_int(delivery, ATTEMPT_HEADER).unwrap_or(1)
 }
 
 /// The application's headers: everything but hourglass's and the broker's.
@@ -98,7 +77,7 @@ impl Setup {
 
     async fn publish(&self, channel: &Channel, body: &str, message_id: &str) {
         let mut headers = FieldTable::default();
-        headers.insert(ShortString::from("tenant"), text("acme"));
+        headers.insert(ShortString::from("tenant"), long_string("acme"));
         headers.insert(ShortString::from("score"), AMQPValue::Double(0.75));
         headers.insert(ShortString::from("count"), AMQPValue::LongInt(42));
         let properties = BasicProperties::default()
@@ -167,18 +146,6 @@ async fn status(served: &Served) -> serde_json::Value {
     value["queues"][0].clone()
 }
 
-async fn take_all(channel: &Channel, queue: &str, want: usize) -> Vec<Delivery> {
-    let mut got = Vec::new();
-    until(&format!("{want} messages in {queue}"), Duration::from_secs(10), async || {
-        while let Ok(Some(message)) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await {
-            got.push(message.delivery);
-        }
-        got.len() >= want
-    })
-    .await;
-    got
-}
-
 /// Every attempt carries what the producer sent, untouched.
 fn assert_identical(first: &Delivery, later: &Delivery) {
     let (a, b) = (&first.properties, &later.properties);
@@ -207,7 +174,7 @@ async fn a_message_rejected_every_time_comes_back_after_each_interval_then_goes_
     for (n, pair) in seen.windows(2).enumerate() {
         let (before, after) = (&pair[0], &pair[1]);
         assert_eq!(attempt(&after.delivery), n as i64 + 2, "attempt header on delivery {}", n + 2);
-        let due = number(&after.delivery, "hourglass-due-at").expect("due-at header") as u64;
+        let due = header_int(&after.delivery, "hourglass-due-at").expect("due-at header") as u64;
         assert!(after.at_ms >= due, "delivery {} came {} ms before it was due", n + 2, due - after.at_ms);
         let gap = after.at_ms - before.at_ms;
         assert!((intervals[n]..intervals[n] + 1_000).contains(&gap), "delivery {} came {gap} ms after the previous; wanted {} ms + < 1 s", n + 2, intervals[n]);
@@ -216,12 +183,12 @@ async fn a_message_rejected_every_time_comes_back_after_each_interval_then_goes_
     assert!(header(&seen[0].delivery, ATTEMPT_HEADER).is_none(), "the first delivery is the producer's own");
     assert_eq!(seen[0].delivery.routing_key.as_str(), "order.created");
 
-    let given_up = take_all(&channel, &setup.error_queue(), 1).await;
+    let given_up = get_at_least(&channel, &setup.error_queue(), 1, Duration::from_secs(10)).await;
     let error = &given_up[0];
     assert_eq!(error.data, b"always-fails");
-    assert_eq!(number(error, ATTEMPTS_HEADER), Some(4), "attempts made");
-    assert_eq!(string(error, FAILURE_REASON_HEADER).as_deref(), Some("rejected"));
-    let why = string(error, GAVE_UP_HEADER).unwrap_or_default();
+    assert_eq!(header_int(error, ATTEMPTS_HEADER), Some(4), "attempts made");
+    assert_eq!(header_text(error, FAILURE_REASON_HEADER).as_deref(), Some("rejected"));
+    let why = header_text(error, GAVE_UP_HEADER).unwrap_or_default();
     assert!(why.contains("3 redeliveries made"), "gave-up reason {why:?}");
     assert_eq!(application_headers(error), application_headers(&seen[0].delivery));
     assert_quiet(&mut received, "nothing after giving up").await;
@@ -261,9 +228,12 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
     channel.queue_declare(setup.queue.as_str().into(), durable, own_arguments).await.unwrap();
     let served = start(&setup).await;
     let policy = hourglass::redelivery::policy_name(&setup.queue);
-    let management = Management::new();
-    until("the broker applying the redelivery policy", Duration::from_secs(10), async || management.policy_of(&setup.queue).await == Some(policy.clone()))
-        .await;
+    let management = Management::new(&management_url(), "/".into()).unwrap();
+    until("the broker applying the redelivery policy", Duration::from_secs(10), async || {
+        let queue = tokio::task::block_in_place(|| management.object("queues", &setup.queue)).unwrap();
+        queue.is_some_and(|q| q["policy"] == policy.as_str())
+    })
+    .await;
     setup.bind_exchange(&channel).await;
     let mut received = consumer(&connection, &setup.queue, 2).await;
 
@@ -275,12 +245,12 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
         assert_identical(&seen[0].delivery, &later.delivery);
     }
     assert_quiet(&mut received, "acked on the third delivery: nothing more").await;
-    assert_eq!(depth(&channel, &setup.error_queue()).await, 0, "nothing in the error queue");
+    assert_eq!(queue_depth(&channel, &setup.error_queue()).await, 0, "nothing in the error queue");
     let queue = status(&served).await;
     assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64()), (Some(2), Some(0)), "{queue}");
 
     served.stop().await;
-    management.delete_policy(&policy).await;
+    tokio::task::block_in_place(|| management.delete_policy(&policy)).unwrap();
     setup.cleanup(&connection).await;
 }
 
@@ -306,10 +276,10 @@ async fn exponential_delays_stay_within_their_bounds_and_repeat_for_the_same_see
         mine.sort_by_key(|r| attempt(&r.delivery));
         assert_eq!(mine.len(), 4, "{body}: four deliveries");
         for pair in mine.windows(2) {
-            let due = number(&pair[1].delivery, "hourglass-due-at").unwrap() as u64;
+            let due = header_int(&pair[1].delivery, "hourglass-due-at").unwrap() as u64;
             assert!(pair[1].at_ms >= due, "{body} came early");
         }
-        mine[1..].iter().map(|r| number(&r.delivery, "hourglass-delay-ms").expect("delay header") as u64).collect()
+        mine[1..].iter().map(|r| header_int(&r.delivery, "hourglass-delay-ms").expect("delay header") as u64).collect()
     };
     let (a, b, c) = (delays_of("a"), delays_of("b"), delays_of("c"));
     let bases = [400.0, 800.0, 1_000.0];
@@ -321,7 +291,7 @@ async fn exponential_delays_stay_within_their_bounds_and_repeat_for_the_same_see
     }
     assert_eq!(a, b, "the same seed gives the same delays");
     assert_ne!(a, c, "another seed gives other delays");
-    take_all(&channel, &setup.error_queue(), 3).await;
+    get_at_least(&channel, &setup.error_queue(), 3, Duration::from_secs(10)).await;
 
     served.stop().await;
     setup.cleanup(&connection).await;
@@ -353,7 +323,7 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
     // rejected again, and wait in the redelivery input.
     let second = receive_within(&mut received, MESSAGES, Duration::from_secs(6), &setup.queue).await;
     assert!(second.iter().all(|r| attempt(&r.delivery) == 2));
-    until("the second rejections waiting in the input", Duration::from_secs(5), async || depth(&channel, &setup.input).await == MESSAGES as u32).await;
+    until("the second rejections waiting in the input", Duration::from_secs(5), async || queue_depth(&channel, &setup.input).await == MESSAGES as u32).await;
 
     let served = start(&setup).await;
     let third = receive_within(&mut received, MESSAGES, Duration::from_secs(8), &setup.queue).await;
@@ -361,7 +331,7 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
     let mut bodies: Vec<String> = third.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).into_owned()).collect();
     bodies.sort();
     assert_eq!(bodies, (0..MESSAGES).map(|i| format!("m{i}")).collect::<Vec<_>>());
-    assert_eq!(depth(&channel, &setup.error_queue()).await, 0);
+    assert_eq!(queue_depth(&channel, &setup.error_queue()).await, 0);
 
     served.stop().await;
     setup.cleanup(&connection).await;
@@ -370,41 +340,6 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
 async fn assert_quiet(received: &mut mpsc::UnboundedReceiver<Received>, why: &str) {
     if let Ok(Some(extra)) = tokio::time::timeout(Duration::from_millis(1_500), received.recv()).await {
         panic!("{why}, but delivery {} came", attempt(&extra.delivery));
-    }
-}
-
-async fn depth(channel: &Channel, queue: &str) -> u32 {
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.unwrap().message_count()
-}
-
-/// The broker's management API, to see a policy take effect and to remove it after.
-struct Management {
-    agent: ureq::Agent,
-}
-
-impl Management {
-    const BASE: &str = "http://127.0.0.1:15672/api";
-    const AUTH: &str = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
-
-    fn new() -> Management {
-        Management { agent: ureq::Agent::config_builder().http_status_as_error(false).build().into() }
-    }
-
-    async fn policy_of(&self, queue: &str) -> Option<String> {
-        let (agent, url) = (self.agent.clone(), format!("{}/queues/%2F/{queue}", Self::BASE));
-        tokio::task::spawn_blocking(move || {
-            let mut response = agent.get(&url).header("Authorization", Self::AUTH).call().ok()?;
-            let value: serde_json::Value = response.body_mut().read_json().ok()?;
-            value["policy"].as_str().map(str::to_string)
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn delete_policy(&self, name: &str) {
-        let (agent, url) = (self.agent.clone(), format!("{}/policies/%2F/{name}", Self::BASE));
-        tokio::task::spawn_blocking(move || agent.delete(&url).header("Authorization", Self::AUTH).call().ok()).await.unwrap();
     }
 }
 

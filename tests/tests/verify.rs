@@ -6,10 +6,6 @@ use hourglass_e2e::*;
 use lapin::options::QueueDeleteOptions;
 use lapin::types::FieldTable;
 
-fn management_url() -> String {
-    std::env::var("HOURGLASS_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
-}
-
 async fn verify_via_management(commands: &[hourglass::command::Command]) -> Report {
     let report = verify(&amqp_url(), Some(&management_url()), commands).await.unwrap();
     assert!(

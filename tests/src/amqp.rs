@@ -1,0 +1,53 @@
+//! Reading what arrived: headers of a delivery, queue depths, draining a
+//! queue, and the broker's management API.
+
+use std::time::Duration;
+
+use lapin::Channel;
+use lapin::message::Delivery;
+use lapin::options::{BasicGetOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+pub fn header<'d>(delivery: &'d Delivery, name: &str) -> Option<&'d AMQPValue> {
+    delivery.properties.headers().as_ref()?.inner().get(name)
+}
+
+/// A whole-number header (hourglass writes 64-bit; pika and others may write 32-bit).
+pub fn header_int(delivery: &Delivery, name: &str) -> Option<i64> {
+    match header(delivery, name)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}
+
+pub fn header_text(delivery: &Delivery, name: &str) -> Option<String> {
+    match header(delivery, name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
+/// Messages ready in `queue`.
+pub async fn queue_depth(channel: &Channel, queue: &str) -> u32 {
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.unwrap().message_count()
+}
+
+/// Takes messages off `queue` (no ack needed) until at least `want` came, failing after `deadline`.
+pub async fn get_at_least(channel: &Channel, queue: &str, want: usize, deadline: Duration) -> Vec<Delivery> {
+    let mut got = Vec::new();
+    crate::until(&format!("{want} messages in {queue}"), deadline, async || {
+        while let Ok(Some(message)) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: true }).await {
+            got.push(message.delivery);
+        }
+        got.len() >= want
+    })
+    .await;
+    got
+}
+
+/// The management API of the test broker (`HOURGLASS_TEST_MANAGEMENT_URL`, default guest on 127.0.0.1:15672).
+pub fn management_url() -> String {
+    std::env::var("HOURGLASS_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
+}
