@@ -12,8 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::pump::PumpCounters;
-use crate::sqs::RequestCounts;
+use serde::Serialize;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Route {
@@ -207,5 +206,98 @@ impl Metrics {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// Every SQS request made, by kind: the bill.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub get_queue_url: AtomicU64,
+    pub create_queue: AtomicU64,
+    pub get_queue_attributes: AtomicU64,
+    pub send_message: AtomicU64,
+    pub send_message_batch: AtomicU64,
+    pub receive_message: AtomicU64,
+    pub delete_message_batch: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RequestSnapshot {
+    pub get_queue_url: u64,
+    pub create_queue: u64,
+    pub get_queue_attributes: u64,
+    pub send_message: u64,
+    pub send_message_batch: u64,
+    pub receive_message: u64,
+    pub delete_message_batch: u64,
+}
+
+impl RequestSnapshot {
+    /// Requests that move messages (what a steady state pays for).
+    pub fn message_requests(&self) -> u64 {
+        self.send_message + self.send_message_batch + self.receive_message + self.delete_message_batch
+    }
+}
+
+impl RequestCounts {
+    pub fn snapshot(&self) -> RequestSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RequestSnapshot {
+            get_queue_url: get(&self.get_queue_url),
+            create_queue: get(&self.create_queue),
+            get_queue_attributes: get(&self.get_queue_attributes),
+            send_message: get(&self.send_message),
+            send_message_batch: get(&self.send_message_batch),
+            receive_message: get(&self.receive_message),
+            delete_message_batch: get(&self.delete_message_batch),
+        }
+    }
+}
+
+impl RequestCounts {
+    /// Each request kind by its SQS API name, for metrics.
+    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
+        let s = self.snapshot();
+        [
+            ("GetQueueUrl", s.get_queue_url),
+            ("CreateQueue", s.create_queue),
+            ("GetQueueAttributes", s.get_queue_attributes),
+            ("SendMessage", s.send_message),
+            ("SendMessageBatch", s.send_message_batch),
+            ("ReceiveMessage", s.receive_message),
+            ("DeleteMessageBatch", s.delete_message_batch),
+        ]
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct PumpCounters {
+    pub received: AtomicU64,
+    pub recycled: AtomicU64,
+    pub handed_over: AtomicU64,
+    /// Messages received more than once (a pump died, or a delete failed).
+    pub redelivered: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PumpStats {
+    pub received: u64,
+    pub recycled: u64,
+    pub handed_over: u64,
+    pub redelivered: u64,
+    pub failed: u64,
+}
+
+impl PumpCounters {
+    pub fn snapshot(&self) -> PumpStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PumpStats {
+            received: get(&self.received),
+            recycled: get(&self.recycled),
+            handed_over: get(&self.handed_over),
+            redelivered: get(&self.redelivered),
+            failed: get(&self.failed),
+        }
     }
 }

@@ -5,8 +5,8 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::command::{Command, FieldTable};
-use crate::simulation::SimulatedMessage;
-use crate::simulator::{Hop, HopStep};
+use crate::sim::simulation::SimulatedMessage;
+use crate::sim::{Hop, HopStep};
 
 pub fn duration(ms: u64) -> String {
     if ms == 0 {
@@ -39,29 +39,6 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
-}
-
-/// `hourglass redelivery status`: one row per consumer queue.
-pub fn redelivery_table(queues: &[crate::redelivery::QueueStatus]) -> String {
-    if queues.is_empty() {
-        return "no queues configured for redelivery ([[redelivery]] in the service's config)\n".into();
-    }
-    let rows: Vec<Vec<String>> = queues
-        .iter()
-        .map(|q| {
-            vec![
-                q.queue.clone(),
-                q.waiting.to_string(),
-                q.redelivered.to_string(),
-                q.given_up.to_string(),
-                q.strategy.clone(),
-                q.policy.clone(),
-                q.max_attempts.map_or("-".into(), |m| m.to_string()),
-                q.error_queue.clone(),
-            ]
-        })
-        .collect();
-    table(&["QUEUE", "WAITING", "REDELIVERED", "GIVEN UP", "STRATEGY", "POLICY", "MAX ATTEMPTS", "ERROR QUEUE"], &rows)
 }
 
 fn arguments(table: &FieldTable) -> String {

@@ -8,8 +8,8 @@ mod common;
 use std::cell::RefCell;
 
 use hourglass::planner::LoadedPlanner;
-use hourglass::simulation::{SimulatedMessage, Simulation};
-use hourglass::simulator::HopStep;
+use hourglass::sim::simulation::{SimulatedMessage, Simulation};
+use hourglass::sim::HopStep;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;

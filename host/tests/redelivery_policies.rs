@@ -5,7 +5,7 @@ use std::path::Path;
 
 use hourglass::config::Config;
 use hourglass::planner::RedeliveryDecision;
-use hourglass::strategy::Strategies;
+use hourglass::scheduler::strategies::Strategies;
 
 const CONFIG: &str = r#"
 default_strategy = "fixed"

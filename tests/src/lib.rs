@@ -18,7 +18,7 @@ use hourglass::broker::Broker;
 use hourglass::command::Command;
 use hourglass::config::Config;
 use hourglass::scheduler::{Scheduler, unix_now_ms};
-use hourglass::strategy::Strategies;
+use hourglass::scheduler::strategies::Strategies;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -37,7 +37,7 @@ pub fn hourglass_binary() -> PathBuf {
 }
 
 pub fn amqp_url() -> String {
-    std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::rabbitmq::DEFAULT_URL.to_string())
+    std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::broker::rabbitmq::DEFAULT_URL.to_string())
 }
 
 /// A name no other test run uses.
@@ -51,7 +51,7 @@ pub async fn connect() -> Connection {
         Err(err) => panic!(
             "RabbitMQ is not reachable at {} ({err}). Start it with `rabbitmq-server -detached` \
              (scripts/test does this), or set HOURGLASS_TEST_AMQP_URL.",
-            hourglass::rabbitmq::redact(&amqp_url())
+            hourglass::broker::rabbitmq::redact(&amqp_url())
         ),
     }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use hourglass::broker::Broker;
 use hourglass::config::Config;
-use hourglass::pump::{Pump, PumpCounters};
+use hourglass::broker::sqs::pump::{Pump, PumpCounters};
 use hourglass::scheduler::{Scheduler, unix_now_ms};
-use hourglass::sqs::SqsExecutor;
-use hourglass::strategy::Strategies;
+use hourglass::broker::sqs::send::SqsExecutor;
+use hourglass::scheduler::strategies::Strategies;
 use tokio::sync::{mpsc, watch};
 
 pub fn endpoint() -> String {
@@ -125,7 +125,7 @@ impl Drop for SqsDestination {
 /// A pump for `queue` running in a task until the returned sender says stop.
 pub async fn spawn_pump(config: &Config, executor: Arc<SqsExecutor>, queue: &str) -> (watch::Sender<bool>, Arc<PumpCounters>) {
     let planner = Strategies::load_one(config, "main").unwrap();
-    let pump = Pump::new(executor, planner, queue, 1).await.unwrap();
+    let pump = Pump::new(executor, Box::new(planner), queue, 1).await.unwrap();
     let counters = pump.counters.clone();
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(pump.run(stopped));

@@ -46,7 +46,7 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"), "{}", String::from_utf8_lossy(&missing.stderr));
 
     let config = hourglass::config::Config::load(&repo_root().join("examples/rabbitmq.toml")).unwrap();
-    let mut strategies = hourglass::strategy::Strategies::load(&config).unwrap();
+    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
     let topology = strategies.get_mut("seconds").unwrap().topology().unwrap();
     delete_declared(&connection, &topology).await;
     destination.delete().await;
@@ -99,6 +99,6 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
     }
     channel.exchange_delete("hourglass.redelivery".into(), ExchangeDeleteOptions::default()).await.ok();
     let loaded = hourglass::config::Config::load(&config).unwrap();
-    let mut strategies = hourglass::strategy::Strategies::load(&loaded).unwrap();
+    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&loaded).unwrap();
     delete_declared(&connection, &strategies.get_mut("retries").unwrap().topology().unwrap()).await;
 }

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use hourglass::consumer::long_string;
-use hourglass::ingress::{DELAY_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, STRATEGY_HEADER};
+use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use hourglass::consumer::long_string;
-use hourglass::management::Management;
-use hourglass::redelivery::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
-use hourglass::scheduler::unix_now_ms;
+use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::broker::rabbitmq::manage::Management;
+use hourglass::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
+use hourglass::clock::unix_now_ms;
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
@@ -227,7 +227,7 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
     channel.queue_declare(setup.queue.as_str().into(), durable, own_arguments).await.unwrap();
     let served = start(&setup).await;
-    let policy = hourglass::redelivery::policy_name(&setup.queue);
+    let policy = hourglass::service::redelivery::policy_name(&setup.queue);
     let management = Management::new(&management_url(), "/".into()).unwrap();
     until("the broker applying the redelivery policy", Duration::from_secs(10), async || {
         let queue = tokio::task::block_in_place(|| management.object("queues", &setup.queue)).unwrap();

@@ -5,9 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use hourglass::command::FieldValue;
-use hourglass::pump::{Interrupt, Pump};
+use hourglass::broker::sqs::pump::{Interrupt, Pump};
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
-use hourglass::strategy::Strategies;
+use hourglass::scheduler::strategies::Strategies;
 use hourglass_e2e::sqs::*;
 
 const CYCLE_TABLE: &str = "planner = \"sqs-cycles\"\ncycle = \"2s\"";
@@ -102,7 +102,7 @@ async fn a_pump_dying_between_send_and_delete_loses_nothing() {
     let scheduled = scheduler.schedule(request(&destination.name, 5_000, 0)).await.unwrap();
 
     let planner = Strategies::load_one(&config, "main").unwrap();
-    let mut dying = Pump::new(executor.clone(), planner, &delay_queue, 1).await.unwrap();
+    let mut dying = Pump::new(executor.clone(), Box::new(planner), &delay_queue, 1).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while dying.pump_once(Interrupt::AfterSendBeforeDelete).await.unwrap() == 0 {
         assert!(std::time::Instant::now() < deadline, "the message never became due");

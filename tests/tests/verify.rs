@@ -1,7 +1,7 @@
 //! `verify` against a real RabbitMQ: clean on a fresh topology, and each drift
 //! named after a test breaks something.
 
-use hourglass::verify::{Report, verify};
+use hourglass::broker::rabbitmq::verify::{Report, verify};
 use hourglass_e2e::*;
 use lapin::options::QueueDeleteOptions;
 use lapin::types::FieldTable;
@@ -24,7 +24,7 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     let destination = Destination::declare(&connection, "verify-dest").await;
     let scheduler = scheduler(&config).await;
     scheduler.prepare_destination("main", &destination.name).await.unwrap();
-    let mut strategies = hourglass::strategy::Strategies::load(&config).unwrap();
+    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
     let planner = strategies.get_mut("main").unwrap();
     let mut commands = planner.topology().unwrap();
     commands.extend(planner.destination_setup(&destination.name).unwrap());

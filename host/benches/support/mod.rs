@@ -8,7 +8,7 @@ use hourglass::broker::{Broker, amqp_url};
 use hourglass::command::Command;
 use hourglass::config::Config;
 use hourglass::scheduler::Scheduler;
-use hourglass::strategy::Strategies;
+use hourglass::scheduler::strategies::Strategies;
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 

@@ -7,7 +7,7 @@ use super::bindings::hourglass::planner::{diagnostics, types as wit};
 use super::bindings::{PlannerWorld, PlannerWorldPre};
 use super::runtime::PlannerLimits;
 use super::PlannerError;
-use crate::command::Command;
+use crate::command::{Command, DueAction, DueMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -68,24 +68,6 @@ pub struct PlanRequest {
 pub struct Plan {
     pub commands: Vec<Command>,
     pub delivers_after_ms: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DueMessage {
-    pub queue: String,
-    pub message_id: String,
-    pub attributes: Vec<(String, String)>,
-    pub sent_timestamp_ms: u64,
-    pub first_receive_timestamp_ms: u64,
-    pub receive_count: u32,
-    pub host_now_ms: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "action", content = "commands", rename_all = "kebab-case")]
-pub enum DueAction {
-    Recycle(Vec<Command>),
-    HandOver(Vec<Command>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -246,7 +228,7 @@ impl LoadedPlanner {
         commands
             .into_iter()
             .map(|c| {
-                let command = Command::from_planner(c).map_err(invalid)?;
+                let command = super::convert::command_from_planner(c).map_err(invalid)?;
                 let expected_sqs = self.info.family == BrokerFamily::Sqs;
                 if command.is_sqs() != expected_sqs {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));

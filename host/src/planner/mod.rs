@@ -15,10 +15,12 @@ pub mod bindings {
 
 pub mod builtin;
 mod cache;
+mod convert;
 mod instance;
 mod runtime;
 
-pub use instance::{BrokerFamily, ConfigKey, DelayRange, DueAction, DueMessage, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, RedeliveryDecision};
+pub use crate::command::{DueAction, DueMessage};
+pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, RedeliveryDecision};
 pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource};
 
 use thiserror::Error;

@@ -32,19 +32,22 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+pub mod ingress;
+pub mod redelivery;
+
 pub use crate::metrics::Metrics;
 
 use crate::broker::{Broker, amqp_url};
 use crate::command::FieldValue;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
-use crate::executor::{Executor, ExecutorError};
-use crate::consumer::Consumer;
-use crate::ingress::Ingress;
-use crate::redelivery::Redelivery;
+use crate::broker::{Executor, ExecutorError};
+use crate::broker::rabbitmq::consume::Consumer;
+use crate::service::ingress::Ingress;
+use crate::service::redelivery::Redelivery;
 use crate::planner::{PlanRequest, PlannerError};
-use crate::pump::Pump;
+use crate::broker::sqs::pump::Pump;
 use crate::scheduler::{PumpedQueue, ScheduleError, ScheduleRequest, Scheduler};
-use crate::strategy::{Strategies, StrategyError};
+use crate::scheduler::strategies::{Strategies, StrategyError};
 
 /// Largest message body accepted, after base64 decoding.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -202,7 +205,7 @@ impl Service {
     }
 
     /// Per redelivery queue: waiting, redelivered, given up.
-    pub fn redelivery_status(&self) -> Vec<crate::redelivery::QueueStatus> {
+    pub fn redelivery_status(&self) -> Vec<crate::service::redelivery::QueueStatus> {
         self.background.redelivery.as_ref().map(|r| r.handler().status()).unwrap_or_default()
     }
 
@@ -322,7 +325,7 @@ async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedRec
                 continue;
             }
         };
-        match Pump::new(sqs.clone(), planner, &pumped.queue, wait_seconds).await {
+        match Pump::new(sqs.clone(), Box::new(planner), &pumped.queue, wait_seconds).await {
             Ok(pump) => {
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, "pumping");
                 service.metrics.watch_pump(&pumped.queue, pump.counters.clone());
@@ -371,9 +374,9 @@ async fn start_redelivery(
         let with_policy: Vec<String> =
             handler.entries().filter(|e| e.dead_letter == crate::config::DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
         if !with_policy.is_empty() {
-            let management = crate::management::management_url(amqp, management_url)
+            let management = crate::broker::rabbitmq::manage::management_url(amqp, management_url)
                 .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
-            let api = crate::management::Management::new(&management, crate::management::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
+            let api = crate::broker::rabbitmq::manage::Management::new(&management, crate::broker::rabbitmq::manage::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
             let handler = handler.clone();
             tokio::task::spawn_blocking(move || {
                 for queue in &with_policy {
@@ -409,11 +412,11 @@ async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
     let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let report = crate::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
+    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
     if report.drifts.is_empty() {
         return Ok(());
     }
-    let drifts = crate::verify::grouped(&report)
+    let drifts = crate::broker::rabbitmq::verify::grouped(&report)
         .into_iter()
         .map(|(object, problems)| format!("{object}: {}", problems.join("; ")))
         .collect::<Vec<_>>()

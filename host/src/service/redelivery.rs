@@ -26,24 +26,16 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::broker::Broker;
+use crate::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
-use crate::consumer::{Handler, ack, long_string, move_to, requeue, text, whole_number};
-use crate::executor::ExecutorError;
+use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue, text, whole_number};
+use crate::broker::ExecutorError;
 use crate::planner::RedeliveryDecision;
-use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, unix_now_ms};
+use crate::clock::unix_now_ms;
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
-/// On every redelivered message: which delivery this is (2 for the first redelivery).
-pub const ATTEMPT_HEADER: &str = "hourglass-attempt";
-/// On error-queue messages: deliveries made in all.
-pub const ATTEMPTS_HEADER: &str = "hourglass-attempts";
-/// On error-queue messages: why the last delivery failed (the broker's dead-letter reason).
-pub const FAILURE_REASON_HEADER: &str = "hourglass-failure-reason";
-/// On error-queue messages: why hourglass stopped redelivering.
-pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
-/// On error-queue and unknown messages: the queue the message failed on.
-pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
 
-/// The redelivery input's handler; run it under a [`Consumer`](crate::consumer::Consumer).
+/// The redelivery input's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Redelivery {
     input: String,
     prefetch: u16,
@@ -240,7 +232,7 @@ impl Redelivery {
     }
 
     /// Sets the broker policy that gives an existing queue its dead-letter exchange.
-    pub fn apply_broker_policy(&self, management: &crate::management::Management, queue: &str) -> Result<(), String> {
+    pub fn apply_broker_policy(&self, management: &crate::broker::rabbitmq::manage::Management, queue: &str) -> Result<(), String> {
         let policy = serde_json::json!({
             "pattern": format!("^{}$", regex_escape(queue)),
             "definition": { "dead-letter-exchange": self.input },

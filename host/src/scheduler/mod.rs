@@ -12,17 +12,21 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use thiserror::Error;
 use tokio::sync::mpsc;
 
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
-use crate::executor::{DELAY_HEADER, DUE_AT_HEADER, Envelope, Executor, ExecutorError};
+use crate::broker::{Envelope, Executor, ExecutorError};
+use crate::clock::unix_now_ms;
+use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
-use crate::strategy::Strategies;
+pub mod strategies;
+
+use strategies::Strategies;
 
 #[derive(Debug, Error)]
 pub enum ScheduleError {
@@ -69,10 +73,6 @@ pub struct PumpedQueue {
     pub queue: String,
     /// The config whose planner the pump should load.
     pub config: Arc<Config>,
-}
-
-pub fn unix_now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One loaded config: its planners and what has been declared for them.

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
+use crate::broker::sqs::pump::DueHandler;
+use crate::command::{DueAction, DueMessage};
 use crate::config::{Config, Location};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
@@ -73,5 +75,16 @@ impl Strategies {
     pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
         let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
         self.planners.get_mut(name).ok_or_else(|| format!("unknown strategy {name:?}; configured: {known}"))
+    }
+}
+
+/// A pump asks the strategy's planner about each due message.
+impl DueHandler for LoadedPlanner {
+    fn label(&self) -> &str {
+        LoadedPlanner::label(self)
+    }
+
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String> {
+        LoadedPlanner::handle_due(self, message).map_err(|e| e.to_string())
     }
 }

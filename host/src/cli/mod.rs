@@ -9,17 +9,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hourglass::broker::{Broker, amqp_url};
 use hourglass::config::{BrokerConfig, LogFormat};
 use hourglass::service::{self, Service};
-use hourglass::verify;
+use hourglass::broker::rabbitmq::verify;
 use hourglass::command::{Command, FieldValue};
 use hourglass::planner::BrokerFamily;
-use hourglass::pump::Pump;
+use hourglass::broker::sqs::pump::Pump;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
-use hourglass::simulator::{Hop, HopStep};
+use hourglass::sim::{Hop, HopStep};
 use hourglass::config::Config;
 use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
-use hourglass::simulation::Simulation;
-use hourglass::strategy::Strategies;
-use hourglass::{conformance, render};
+use hourglass::sim::simulation::Simulation;
+use hourglass::scheduler::strategies::Strategies;
+use hourglass::render;
+use hourglass::sim::conformance;
 use hourglass_planner_sdk::parse_duration_ms;
 
 #[derive(Parser)]
@@ -247,10 +248,10 @@ fn pick<'s>(cli: &Cli, config: &Config, strategies: &'s mut Strategies, destinat
 }
 
 /// `GET /v1/redelivery` from a running service.
-fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::redelivery::QueueStatus>> {
+fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::service::redelivery::QueueStatus>> {
     #[derive(serde::Deserialize)]
     struct Answer {
-        queues: Vec<hourglass::redelivery::QueueStatus>,
+        queues: Vec<hourglass::service::redelivery::QueueStatus>,
     }
     let url = format!("{}/v1/redelivery", base.trim_end_matches('/'));
     let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
@@ -475,7 +476,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let status = redelivery_status(&base, config.service.token().as_deref())?;
             match format {
                 TextOrJson::Json => print_json(&status)?,
-                TextOrJson::Table => print!("{}", render::redelivery_table(&status)),
+                TextOrJson::Table => print!("{}", redelivery_table(&status)),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -580,7 +581,7 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
             })
             .collect();
         for queue in pumped {
-            let pump = Pump::new(executor.clone(), Strategies::load_one(config, strategy)?, &queue, wait_seconds).await?;
+            let pump = Pump::new(executor.clone(), Box::new(Strategies::load_one(config, strategy)?), &queue, wait_seconds).await?;
             eprintln!("pumping {queue}");
             counters.push(pump.counters.clone());
             tasks.push(tokio::spawn(pump.run(stopped.clone())));
@@ -635,4 +636,27 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     interrupt.await.ok();
+}
+
+/// `hourglass redelivery status`: one row per consumer queue.
+pub fn redelivery_table(queues: &[hourglass::service::redelivery::QueueStatus]) -> String {
+    if queues.is_empty() {
+        return "no queues configured for redelivery ([[redelivery]] in the service's config)\n".into();
+    }
+    let rows: Vec<Vec<String>> = queues
+        .iter()
+        .map(|q| {
+            vec![
+                q.queue.clone(),
+                q.waiting.to_string(),
+                q.redelivered.to_string(),
+                q.given_up.to_string(),
+                q.strategy.clone(),
+                q.policy.clone(),
+                q.max_attempts.map_or("-".into(), |m| m.to_string()),
+                q.error_queue.clone(),
+            ]
+        })
+        .collect();
+    render::table(&["QUEUE", "WAITING", "REDELIVERED", "GIVEN UP", "STRATEGY", "POLICY", "MAX ATTEMPTS", "ERROR QUEUE"], &rows)
 }

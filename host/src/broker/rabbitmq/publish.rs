@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use crate::command::{Command, ExchangeKind, FieldTable, FieldValue};
-use crate::executor::{Envelope, Executor, ExecutorError};
+use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";

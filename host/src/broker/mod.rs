@@ -1,10 +1,66 @@
-//! Connecting to the broker `delay.toml` names.
+//! Brokers: where planned commands run.
+//!
+//! [`Executor`] is the neutral seam: declare what a plan needs, check a
+//! destination, send one message through its planned commands and return once
+//! the broker confirmed it. [`memory`] is the embedded in-memory broker;
+//! [`rabbitmq`] and [`sqs`] are the real ones, and the only modules that speak
+//! their client libraries. [`Broker`] is whichever one `delay.toml` names.
 
-use crate::command::Command;
+pub mod memory;
+pub mod rabbitmq;
+pub mod sqs;
+
+use thiserror::Error;
+
+use crate::command::{Command, FieldTable};
 use crate::config::BrokerConfig;
-use crate::executor::{Envelope, Executor, ExecutorError, MemoryExecutor};
-use crate::rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
-use crate::sqs::SqsExecutor;
+
+pub use memory::MemoryExecutor;
+use rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
+use sqs::SqsExecutor;
+
+#[derive(Debug, Error)]
+pub enum ExecutorError {
+    #[error("broker refused: {0}")]
+    Refused(String),
+    #[error("no route: {0}")]
+    Unroutable(String),
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A message on its way: identity, payload and the headers it carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Envelope {
+    pub id: String,
+    pub body: Vec<u8>,
+    /// The caller's headers plus hourglass's own.
+    pub headers: FieldTable,
+    /// The caller's AMQP properties (content type, correlation id, …), carried untouched.
+    pub properties: lapin::BasicProperties,
+    /// Give a message without a message id this envelope's id (off for redeliveries, which keep properties as they were).
+    pub stamp_message_id: bool,
+}
+
+/// Sends may run concurrently (`&self`), so a broker with publisher confirms
+/// keeps a window of them outstanding instead of waiting for each in turn.
+pub trait Executor {
+    /// Declares objects (topology, destination setup). Idempotent.
+    fn apply(&self, commands: &[Command]) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Fails unless the destination exists to receive messages.
+    fn check_destination(&self, destination: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Sends one message through its planned commands; returns once the broker
+    /// has confirmed it.
+    fn send(&self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Whether the broker can take messages now.
+    fn is_ready(&self) -> impl Future<Output = bool> + Send {
+        async { true }
+    }
+}
+
 
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
 pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";

@@ -19,21 +19,14 @@ use lapin::types::{AMQPValue, FieldTable as AmqpTable, ShortString};
 use lapin::{BasicProperties, Channel};
 
 use crate::broker::Broker;
+use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER};
 use crate::config::IngressConfig;
-use crate::consumer::{Handler, ack, long_string, move_to, requeue, text, whole_number};
-use crate::executor::ExecutorError;
+use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue, text, whole_number};
+use crate::broker::ExecutorError;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
-/// The destination queue (required).
-pub const DESTINATION_HEADER: &str = "hourglass-destination";
-/// The delay: a duration string ("90s", "1h 30m") or whole milliseconds (required).
-pub const DELAY_HEADER: &str = "hourglass-delay";
-/// A strategy other than the destination's (optional).
-pub const STRATEGY_HEADER: &str = "hourglass-strategy";
-/// On invalid messages: why the message could not be scheduled.
-pub const INVALID_REASON_HEADER: &str = "hourglass-invalid-reason";
 
-/// The ingress queue's handler; run it under a [`Consumer`](crate::consumer::Consumer).
+/// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Ingress {
     config: IngressConfig,
     scheduler: Arc<Scheduler<Broker>>,
@@ -133,13 +126,13 @@ fn parse_parts(properties: &BasicProperties, body: &[u8]) -> Result<ScheduleRequ
         None => return Err(format!("missing header {DESTINATION_HEADER}")),
         Some(value) => text(&value).filter(|d| !d.is_empty()).ok_or_else(|| format!("header {DESTINATION_HEADER}: must be a non-empty string"))?,
     };
-    let delay_ms = match headers.remove(DELAY_HEADER) {
-        None => return Err(format!("missing header {DELAY_HEADER} (\"10s\" or milliseconds)")),
+    let delay_ms = match headers.remove(REQUESTED_DELAY_HEADER) {
+        None => return Err(format!("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds)")),
         Some(value) => match (text(&value), whole_number(&value)) {
-            (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {DELAY_HEADER}: {e}"))?,
+            (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {REQUESTED_DELAY_HEADER}: {e}"))?,
             (None, Some(ms)) if ms >= 0 && ms <= u64::MAX as i128 => ms as u64,
-            (None, Some(ms)) => return Err(format!("header {DELAY_HEADER}: {ms} is negative")),
-            (None, None) => return Err(format!("header {DELAY_HEADER}: {value:?} is neither a duration string nor whole milliseconds")),
+            (None, Some(ms)) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {ms} is negative")),
+            (None, None) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {value:?} is neither a duration string nor whole milliseconds")),
         },
     };
     let strategy = match headers.remove(STRATEGY_HEADER) {
@@ -148,7 +141,7 @@ fn parse_parts(properties: &BasicProperties, body: &[u8]) -> Result<ScheduleRequ
     };
     if let Some(reserved) = headers.keys().find(|k| k.as_str().starts_with("hourglass-")) {
         return Err(format!(
-            "header {:?} is reserved: only {DESTINATION_HEADER}, {DELAY_HEADER} and {STRATEGY_HEADER} may be set by a producer",
+            "header {:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER} and {STRATEGY_HEADER} may be set by a producer",
             reserved.as_str()
         ));
     }
@@ -176,7 +169,7 @@ mod tests {
     fn control_headers_become_the_request_and_the_rest_is_kept_with_its_type() {
         let props = properties(&[
             (DESTINATION_HEADER, long_string("orders")),
-            (DELAY_HEADER, long_string("1m 30s")),
+            (REQUESTED_DELAY_HEADER, long_string("1m 30s")),
             ("tenant", long_string("acme")),
             ("score", AMQPValue::Double(0.5)),
         ]);
@@ -192,7 +185,7 @@ mod tests {
     #[test]
     fn whole_milliseconds_and_a_strategy_are_accepted() {
         let props =
-            properties(&[(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::LongInt(2500)), (STRATEGY_HEADER, long_string("precise"))]);
+            properties(&[(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::LongInt(2500)), (STRATEGY_HEADER, long_string("precise"))]);
         let request = parse_parts(&props, b"").unwrap();
         assert_eq!((request.delay_ms, request.strategy.as_deref()), (2500, Some("precise")));
     }
@@ -200,13 +193,13 @@ mod tests {
     #[test]
     fn each_bad_message_is_refused_with_a_reason_naming_the_header() {
         let cases: Vec<(Vec<(&str, AMQPValue)>, &str)> = vec![
-            (vec![(DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
+            (vec![(REQUESTED_DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
             (vec![(DESTINATION_HEADER, long_string("d"))], "missing header hourglass-delay"),
-            (vec![(DESTINATION_HEADER, long_string("")), (DELAY_HEADER, long_string("1s"))], "hourglass-destination: must be a non-empty"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, long_string("soon"))], "hourglass-delay:"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::LongInt(-5))], "is negative"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, AMQPValue::Boolean(true))], "neither a duration"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (DELAY_HEADER, long_string("1s")), ("hourglass-due-at", long_string("x"))], "is reserved"),
+            (vec![(DESTINATION_HEADER, long_string("")), (REQUESTED_DELAY_HEADER, long_string("1s"))], "hourglass-destination: must be a non-empty"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, long_string("soon"))], "hourglass-delay:"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::LongInt(-5))], "is negative"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::Boolean(true))], "neither a duration"),
+            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, long_string("1s")), ("hourglass-due-at", long_string("x"))], "is reserved"),
         ];
         for (headers, want) in cases {
             let err = parse_parts(&properties(&headers), b"").unwrap_err();

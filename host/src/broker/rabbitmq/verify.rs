@@ -15,8 +15,8 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable, FieldValue};
-use crate::management::{Management, vhost_of};
-use crate::rabbitmq::redact;
+use crate::broker::rabbitmq::manage::{Management, vhost_of};
+use crate::broker::rabbitmq::redact;
 
 #[derive(Debug, Error)]
 pub enum VerifyError {
@@ -153,10 +153,10 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
 
 /// Compares the broker with `commands`, by the management API if it answers,
 /// else by passive declares. `management_url` is the configured one;
-/// `$HOURGLASS_MANAGEMENT_URL` overrides it (see [`crate::management::management_url`]).
+/// `$HOURGLASS_MANAGEMENT_URL` overrides it (see [`crate::broker::rabbitmq::manage::management_url`]).
 pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Command]) -> Result<Report, VerifyError> {
     let checked = commands.iter().filter(|c| !matches!(c, Command::Publish { .. })).count();
-    let management_url = crate::management::management_url(amqp_url, management_url);
+    let management_url = crate::broker::rabbitmq::manage::management_url(amqp_url, management_url);
     let mut fallback_reason = "no management URL".to_string();
     if let Some(url) = management_url {
         let api = Management::new(&url, vhost_of(amqp_url)).map_err(VerifyError::Unavailable)?;

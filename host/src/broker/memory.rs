@@ -1,62 +1,10 @@
-//! The seam between planned commands and a broker.
-//!
-//! An [`Executor`] applies topology and setup commands and sends a message
-//! through the commands a planner made for it. The in-memory broker
-//! ([`MemoryExecutor`]) runs the simulator on the wall clock; the RabbitMQ and
-//! SQS executors implement the same trait.
+//! The embedded in-memory broker: the simulator on the wall clock.
 
-use thiserror::Error;
+use crate::clock::unix_now_ms;
+use crate::command::Command;
+use crate::sim::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
 
-use crate::command::{Command, FieldTable};
-use crate::scheduler::unix_now_ms;
-use crate::simulator::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
-
-/// Every delayed message carries its delay and its absolute due time (Unix ms),
-/// so a consumer can measure lateness.
-pub const DELAY_HEADER: &str = "hourglass-delay-ms";
-pub const DUE_AT_HEADER: &str = "hourglass-due-at";
-
-#[derive(Debug, Error)]
-pub enum ExecutorError {
-    #[error("broker refused: {0}")]
-    Refused(String),
-    #[error("no route: {0}")]
-    Unroutable(String),
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
-}
-
-/// A message on its way: identity, payload and the headers it carries.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Envelope {
-    pub id: String,
-    pub body: Vec<u8>,
-    /// The caller's headers plus hourglass's own.
-    pub headers: FieldTable,
-    /// The caller's AMQP properties (content type, correlation id, …), carried untouched.
-    pub properties: lapin::BasicProperties,
-    /// Give a message without a message id this envelope's id (off for redeliveries, which keep properties as they were).
-    pub stamp_message_id: bool,
-}
-
-/// Sends may run concurrently (`&self`), so a broker with publisher confirms
-/// keeps a window of them outstanding instead of waiting for each in turn.
-pub trait Executor {
-    /// Declares objects (topology, destination setup). Idempotent.
-    fn apply(&self, commands: &[Command]) -> impl Future<Output = Result<(), ExecutorError>> + Send;
-
-    /// Fails unless the destination exists to receive messages.
-    fn check_destination(&self, destination: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send;
-
-    /// Sends one message through its planned commands; returns once the broker
-    /// has confirmed it.
-    fn send(&self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
-
-    /// Whether the broker can take messages now.
-    fn is_ready(&self) -> impl Future<Output = bool> + Send {
-        async { true }
-    }
-}
+use super::{Envelope, Executor, ExecutorError};
 
 /// The embedded in-memory broker, on the wall clock.
 #[derive(Default)]
@@ -134,7 +82,8 @@ impl Executor for MemoryExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::FieldValue;
+    use crate::command::{FieldTable, FieldValue};
+    use crate::headers::DELAY_HEADER;
 
     #[tokio::test]
     async fn the_memory_broker_delivers_on_the_wall_clock() {

@@ -18,8 +18,8 @@ use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::watch;
 
-use crate::executor::ExecutorError;
-use crate::rabbitmq::redact;
+use crate::broker::ExecutorError;
+use crate::broker::rabbitmq::redact;
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(5);

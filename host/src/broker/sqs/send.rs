@@ -6,77 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
-use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
-use crate::executor::{Envelope, Executor, ExecutorError};
+use crate::metrics::RequestCounts;
+use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// SQS refuses a message (body plus attributes) above 256 KiB.
 pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
 /// The delay queue keeps messages at least this long (4 days).
 pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
-
-/// Every SQS request made, by kind: the bill.
-#[derive(Debug, Default)]
-pub struct RequestCounts {
-    pub get_queue_url: AtomicU64,
-    pub create_queue: AtomicU64,
-    pub get_queue_attributes: AtomicU64,
-    pub send_message: AtomicU64,
-    pub send_message_batch: AtomicU64,
-    pub receive_message: AtomicU64,
-    pub delete_message_batch: AtomicU64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RequestSnapshot {
-    pub get_queue_url: u64,
-    pub create_queue: u64,
-    pub get_queue_attributes: u64,
-    pub send_message: u64,
-    pub send_message_batch: u64,
-    pub receive_message: u64,
-    pub delete_message_batch: u64,
-}
-
-impl RequestSnapshot {
-    /// Requests that move messages (what a steady state pays for).
-    pub fn message_requests(&self) -> u64 {
-        self.send_message + self.send_message_batch + self.receive_message + self.delete_message_batch
-    }
-}
-
-impl RequestCounts {
-    pub fn snapshot(&self) -> RequestSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        RequestSnapshot {
-            get_queue_url: get(&self.get_queue_url),
-            create_queue: get(&self.create_queue),
-            get_queue_attributes: get(&self.get_queue_attributes),
-            send_message: get(&self.send_message),
-            send_message_batch: get(&self.send_message_batch),
-            receive_message: get(&self.receive_message),
-            delete_message_batch: get(&self.delete_message_batch),
-        }
-    }
-}
-
-impl RequestCounts {
-    /// Each request kind by its SQS API name, for metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
-        let s = self.snapshot();
-        [
-            ("GetQueueUrl", s.get_queue_url),
-            ("CreateQueue", s.create_queue),
-            ("GetQueueAttributes", s.get_queue_attributes),
-            ("SendMessage", s.send_message),
-            ("SendMessageBatch", s.send_message_batch),
-            ("ReceiveMessage", s.receive_message),
-            ("DeleteMessageBatch", s.delete_message_batch),
-        ]
-    }
-}
 
 pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);

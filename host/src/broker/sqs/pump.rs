@@ -15,45 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, SendMessageBatchRequestEntry};
-use serde::Serialize;
 
 use crate::command::{Command, FieldValue};
-use crate::executor::ExecutorError;
-use crate::planner::{DueAction, DueMessage, LoadedPlanner};
-use crate::scheduler::unix_now_ms;
-use crate::sqs::{SqsExecutor, count};
+use crate::broker::ExecutorError;
+use crate::command::{DueAction, DueMessage};
+use crate::clock::unix_now_ms;
+use crate::metrics::PumpCounters;
 
-#[derive(Debug, Default)]
-pub struct PumpCounters {
-    pub received: AtomicU64,
-    pub recycled: AtomicU64,
-    pub handed_over: AtomicU64,
-    /// Messages received more than once (a pump died, or a delete failed).
-    pub redelivered: AtomicU64,
-    pub failed: AtomicU64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PumpStats {
-    pub received: u64,
-    pub recycled: u64,
-    pub handed_over: u64,
-    pub redelivered: u64,
-    pub failed: u64,
-}
-
-impl PumpCounters {
-    pub fn snapshot(&self) -> PumpStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        PumpStats {
-            received: get(&self.received),
-            recycled: get(&self.recycled),
-            handed_over: get(&self.handed_over),
-            redelivered: get(&self.redelivered),
-            failed: get(&self.failed),
-        }
-    }
-}
+use super::send::{SqsExecutor, count};
 
 /// Where a pump stops in the middle, for fault-injection tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,9 +32,16 @@ pub enum Interrupt {
     AfterSendBeforeDelete,
 }
 
+/// Decides what happens to a due message: the strategy's planner, as the pump sees it.
+pub trait DueHandler: Send + Sync {
+    /// Who decides, for error messages.
+    fn label(&self) -> &str;
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String>;
+}
+
 pub struct Pump {
     executor: Arc<SqsExecutor>,
-    planner: LoadedPlanner,
+    planner: Box<dyn DueHandler>,
     queue: String,
     url: String,
     wait_seconds: i32,
@@ -73,7 +49,7 @@ pub struct Pump {
 }
 
 impl Pump {
-    pub async fn new(executor: Arc<SqsExecutor>, planner: LoadedPlanner, queue: &str, wait_seconds: i32) -> Result<Self, ExecutorError> {
+    pub async fn new(executor: Arc<SqsExecutor>, planner: Box<dyn DueHandler>, queue: &str, wait_seconds: i32) -> Result<Self, ExecutorError> {
         let url = executor
             .url(queue)
             .await?

@@ -12,6 +12,8 @@
 //! arriving at a destination is kept in [`Simulator::lost`] with the reason.
 
 mod amqp;
+pub mod conformance;
+pub mod simulation;
 mod sqs;
 
 use std::collections::BTreeMap;

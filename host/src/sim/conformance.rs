@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::planner::{DelayRange, Granularity, LoadedPlanner};
-use crate::simulation::{Simulation, SimulationError};
+use crate::sim::simulation::{Simulation, SimulationError};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Failure {

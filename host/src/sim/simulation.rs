@@ -7,9 +7,9 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable, FieldValue};
-use crate::executor::{DELAY_HEADER, DUE_AT_HEADER};
+use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::planner::{BrokerFamily, DueAction, DueMessage, LoadedPlanner, PlanRequest, PlannerError};
-use crate::simulator::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
+use crate::sim::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
 
 /// A simulation gives up on a message after this many broker events, so a
 /// planner that cycles forever is reported instead of hanging the host.
@@ -176,7 +176,7 @@ impl<'p> Simulation<'p> {
 
     /// Asks the planner about a due message and carries out its answer.
     /// The error names the message it concerns.
-    fn handle_due(&mut self, due: crate::simulator::DueSqsMessage) -> Result<(), (String, String)> {
+    fn handle_due(&mut self, due: crate::sim::DueSqsMessage) -> Result<(), (String, String)> {
         let id = due.message.id.clone();
         let request = DueMessage {
             queue: due.queue.clone(),

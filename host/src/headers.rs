@@ -1,0 +1,40 @@
+//! Every header name hourglass reads or writes, in one place.
+//!
+//! All of hourglass's own headers start with `hourglass-`; a producer may not
+//! set them (see [`is_reserved`]).
+
+/// The prefix of every header hourglass sets.
+pub const PREFIX: &str = "hourglass-";
+
+// On every delayed message.
+/// The requested delay in ms, so a consumer can see it.
+pub const DELAY_HEADER: &str = "hourglass-delay-ms";
+/// The absolute due time (Unix ms), so a consumer can measure lateness.
+pub const DUE_AT_HEADER: &str = "hourglass-due-at";
+
+// Read at the AMQP ingress.
+/// The destination queue (required).
+pub const DESTINATION_HEADER: &str = "hourglass-destination";
+/// The delay: a duration string ("90s", "1h 30m") or whole milliseconds (required).
+pub const REQUESTED_DELAY_HEADER: &str = "hourglass-delay";
+/// A strategy other than the destination's (optional).
+pub const STRATEGY_HEADER: &str = "hourglass-strategy";
+/// On invalid messages: why the message could not be scheduled.
+pub const INVALID_REASON_HEADER: &str = "hourglass-invalid-reason";
+
+// Redelivery.
+/// On every redelivered message: which delivery this is (2 for the first redelivery).
+pub const ATTEMPT_HEADER: &str = "hourglass-attempt";
+/// On error-queue messages: deliveries made in all.
+pub const ATTEMPTS_HEADER: &str = "hourglass-attempts";
+/// On error-queue messages: why the last delivery failed (the broker's dead-letter reason).
+pub const FAILURE_REASON_HEADER: &str = "hourglass-failure-reason";
+/// On error-queue messages: why hourglass stopped redelivering.
+pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
+/// On error-queue and unknown messages: the queue the message failed on.
+pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
+
+/// Whether a producer's header is hourglass's to set.
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
