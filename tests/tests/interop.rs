@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use hourglass::scheduler::{ScheduleRequest, unix_now_ms};
+use hourglass::clock::unix_now_ms;
+use hourglass::scheduler::ScheduleRequest;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
