@@ -13,7 +13,8 @@
 //! ```
 //!
 //! * [`config`] reads `delay.toml`. [`command`] is the broker command
-//!   vocabulary (the WIT types, checked), [`headers`] names every header,
+//!   vocabulary (the WIT types, checked), [`message`] the broker-neutral
+//!   message properties, [`headers`] names every header,
 //!   [`clock`] is Unix-ms time: leaves every layer may use.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
 //!   process, the compiled-component cache, the built-in planners.
@@ -36,6 +37,7 @@ pub mod clock;
 pub mod command;
 pub mod config;
 pub mod headers;
+pub mod message;
 pub mod metrics;
 pub mod planner;
 pub mod render;

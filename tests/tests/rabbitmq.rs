@@ -7,9 +7,9 @@ use std::time::Duration;
 use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
 use hourglass::broker::{Envelope, Executor, ExecutorError};
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
+use hourglass::message::Properties;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::*;
-use lapin::BasicProperties;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable as AmqpTable};
 
@@ -27,9 +27,7 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
             delay_ms,
             body: format!("body-{i}").into_bytes(),
             headers: [("x-app".to_string(), FieldValue::Text(format!("value-{i}")))].into(),
-            properties: BasicProperties::default()
-                .with_content_type("text/plain".into())
-                .with_correlation_id(format!("corr-{i}").as_str().into()),
+            properties: Properties { content_type: Some("text/plain".into()), correlation_id: Some(format!("corr-{i}")), ..Default::default() },
             ..Default::default()
         };
         let scheduled = scheduler.schedule(request).await.expect("schedule");
@@ -118,7 +116,7 @@ async fn an_unroutable_publish_comes_back_as_an_error() {
         expiration_ms: None,
         mandatory: true,
     };
-    let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: BasicProperties::default(), stamp_message_id: true };
+    let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: Properties::default(), stamp_message_id: true };
     let err = executor.send(&[publish], &envelope).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");
     assert!(err.to_string().contains("NO_ROUTE"), "{err}");

@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::command::{Command, FieldTable};
 use crate::config::BrokerConfig;
+use crate::message::Properties;
 
 pub use memory::MemoryExecutor;
 use rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
@@ -23,6 +24,9 @@ use sqs::SqsExecutor;
 pub enum ExecutorError {
     #[error("broker refused: {0}")]
     Refused(String),
+    /// The message cannot be put on this broker's wire (a name over a limit, say): its sender's mistake.
+    #[error("invalid message: {0}")]
+    Invalid(String),
     #[error("no route: {0}")]
     Unroutable(String),
     #[error("broker unavailable: {0}")]
@@ -36,8 +40,8 @@ pub struct Envelope {
     pub body: Vec<u8>,
     /// The caller's headers plus hourglass's own.
     pub headers: FieldTable,
-    /// The caller's AMQP properties (content type, correlation id, …), carried untouched.
-    pub properties: lapin::BasicProperties,
+    /// The producer's properties (content type, correlation id, its typed headers, …), carried untouched.
+    pub properties: Properties,
     /// Give a message without a message id this envelope's id (off for redeliveries, which keep properties as they were).
     pub stamp_message_id: bool,
 }

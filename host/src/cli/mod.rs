@@ -343,10 +343,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Schedule { destination, delay, body, body_file, headers, content_type, format } => {
             let (config, strategies) = load(&cli)?;
             let body = read_body(body, body_file)?;
-            let mut properties = lapin::BasicProperties::default();
-            if let Some(content_type) = content_type {
-                properties = properties.with_content_type(content_type.as_str().into());
-            }
+            let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
             let request = ScheduleRequest {
                 destination: destination.clone(),
                 delay_ms: *delay,

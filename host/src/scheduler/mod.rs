@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
+use crate::message::Properties;
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
 pub mod strategies;
@@ -45,8 +46,8 @@ pub struct ScheduleRequest {
     pub delay_ms: u64,
     pub body: Vec<u8>,
     pub headers: FieldTable,
-    /// AMQP properties carried untouched (their own headers included, of any AMQP type).
-    pub properties: lapin::BasicProperties,
+    /// The producer's properties, carried untouched (their own headers included, of any type).
+    pub properties: Properties,
     /// Overrides the destination's strategy.
     pub strategy: Option<String>,
     /// The routing key the message arrives with, for strategies that can keep one (default: the destination).

@@ -10,18 +10,19 @@
 //! every unacked message to the broker, which delivers it again. Prefetch bounds
 //! the messages in flight.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable as AmqpTable, ShortString};
-use lapin::{BasicProperties, Channel};
+use lapin::types::FieldTable as AmqpTable;
 
 use crate::broker::Broker;
-use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER};
+use crate::broker::rabbitmq::convert::from_amqp_properties;
+use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
+use crate::message::{HeaderValue, Properties};
 use crate::config::IngressConfig;
-use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue, text, whole_number};
+use crate::broker::rabbitmq::consume::{Handler, ack, move_to, requeue};
 use crate::broker::ExecutorError;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
@@ -92,7 +93,7 @@ impl Handler for Ingress {
             // Not acked: the broker delivers it again; forwarded twice, never lost.
             Ok(()) => if ack(&delivery).await { "forwarded" } else { "forwarded_unacked" },
             // The message as it came, plus the reason, on the invalid-messages queue.
-            Err(Refusal::Invalid(reason)) => match move_to(publisher, &self.config.invalid_queue, &delivery, vec![(INVALID_REASON_HEADER, long_string(&reason))]).await {
+            Err(Refusal::Invalid(reason)) => match move_to(publisher, &self.config.invalid_queue, &delivery, vec![(INVALID_REASON_HEADER, HeaderValue::text(&reason))]).await {
                 Ok(acked) => {
                     tracing::info!(queue = %self.config.invalid_queue, %reason, "invalid ingress message set aside");
                     if acked { "invalid" } else { "invalid_unacked" }
@@ -117,18 +118,18 @@ impl Handler for Ingress {
 /// The control headers are removed; every other header and property is kept
 /// as it came, with its AMQP type.
 fn parse(delivery: &Delivery) -> Result<ScheduleRequest, String> {
-    parse_parts(&delivery.properties, &delivery.data)
+    parse_parts(from_amqp_properties(&delivery.properties), &delivery.data)
 }
 
-fn parse_parts(properties: &BasicProperties, body: &[u8]) -> Result<ScheduleRequest, String> {
-    let mut headers: BTreeMap<ShortString, AMQPValue> = properties.headers().as_ref().map(|h| h.inner().clone()).unwrap_or_default();
+fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleRequest, String> {
+    let headers = &mut properties.headers;
     let destination = match headers.remove(DESTINATION_HEADER) {
         None => return Err(format!("missing header {DESTINATION_HEADER}")),
-        Some(value) => text(&value).filter(|d| !d.is_empty()).ok_or_else(|| format!("header {DESTINATION_HEADER}: must be a non-empty string"))?,
+        Some(value) => value.as_text().filter(|d| !d.is_empty()).ok_or_else(|| format!("header {DESTINATION_HEADER}: must be a non-empty string"))?,
     };
     let delay_ms = match headers.remove(REQUESTED_DELAY_HEADER) {
         None => return Err(format!("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds)")),
-        Some(value) => match (text(&value), whole_number(&value)) {
+        Some(value) => match (value.as_text(), value.as_whole_number()) {
             (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {REQUESTED_DELAY_HEADER}: {e}"))?,
             (None, Some(ms)) if ms >= 0 && ms <= u64::MAX as i128 => ms as u64,
             (None, Some(ms)) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {ms} is negative")),
@@ -137,72 +138,63 @@ fn parse_parts(properties: &BasicProperties, body: &[u8]) -> Result<ScheduleRequ
     };
     let strategy = match headers.remove(STRATEGY_HEADER) {
         None => None,
-        Some(value) => Some(text(&value).ok_or_else(|| format!("header {STRATEGY_HEADER}: must be a string"))?),
+        Some(value) => Some(value.as_text().ok_or_else(|| format!("header {STRATEGY_HEADER}: must be a string"))?),
     };
-    if let Some(reserved) = headers.keys().find(|k| k.as_str().starts_with("hourglass-")) {
+    if let Some(reserved) = headers.keys().find(|k| is_reserved(k)) {
         return Err(format!(
-            "header {:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER} and {STRATEGY_HEADER} may be set by a producer",
-            reserved.as_str()
+            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER} and {STRATEGY_HEADER} may be set by a producer"
         ));
     }
-    Ok(ScheduleRequest {
-        destination,
-        delay_ms,
-        body: body.to_vec(),
-        headers: Default::default(),
-        properties: properties.clone().with_headers(AmqpTable::from(headers)),
-        strategy,
-        ..Default::default()
-    })
+    Ok(ScheduleRequest { destination, delay_ms, body: body.to_vec(), headers: Default::default(), properties, strategy, ..Default::default() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn properties(headers: &[(&str, AMQPValue)]) -> BasicProperties {
-        let table: BTreeMap<ShortString, AMQPValue> = headers.iter().map(|(k, v)| (ShortString::from(*k), v.clone())).collect();
-        BasicProperties::default().with_headers(AmqpTable::from(table)).with_content_type("application/json".into())
+    fn properties(headers: &[(&str, HeaderValue)]) -> Properties {
+        let headers = headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        Properties { headers, content_type: Some("application/json".into()), ..Default::default() }
     }
 
     #[test]
     fn control_headers_become_the_request_and_the_rest_is_kept_with_its_type() {
         let props = properties(&[
-            (DESTINATION_HEADER, long_string("orders")),
-            (REQUESTED_DELAY_HEADER, long_string("1m 30s")),
-            ("tenant", long_string("acme")),
-            ("score", AMQPValue::Double(0.5)),
+            (DESTINATION_HEADER, HeaderValue::text("orders")),
+            (REQUESTED_DELAY_HEADER, HeaderValue::text("1m 30s")),
+            ("tenant", HeaderValue::text("acme")),
+            ("score", HeaderValue::F64(0.5)),
         ]);
-        let request = parse_parts(&props, b"body").unwrap();
+        let request = parse_parts(props, b"body").unwrap();
         assert_eq!((request.destination.as_str(), request.delay_ms, request.strategy), ("orders", 90_000, None));
-        let kept = request.properties.headers().clone().unwrap();
-        assert_eq!(kept.inner().len(), 2);
-        assert_eq!(kept.inner().get("score"), Some(&AMQPValue::Double(0.5)));
-        assert_eq!(request.properties.content_type().as_ref().map(|c| c.as_str()), Some("application/json"));
+        let kept = &request.properties.headers;
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.get("score"), Some(&HeaderValue::F64(0.5)));
+        assert_eq!(request.properties.content_type.as_deref(), Some("application/json"));
         assert_eq!(request.body, b"body");
     }
 
     #[test]
     fn whole_milliseconds_and_a_strategy_are_accepted() {
         let props =
-            properties(&[(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::LongInt(2500)), (STRATEGY_HEADER, long_string("precise"))]);
-        let request = parse_parts(&props, b"").unwrap();
+            properties(&[(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(2500)), (STRATEGY_HEADER, HeaderValue::text("precise"))]);
+        let request = parse_parts(props, b"").unwrap();
         assert_eq!((request.delay_ms, request.strategy.as_deref()), (2500, Some("precise")));
     }
 
     #[test]
     fn each_bad_message_is_refused_with_a_reason_naming_the_header() {
-        let cases: Vec<(Vec<(&str, AMQPValue)>, &str)> = vec![
-            (vec![(REQUESTED_DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
-            (vec![(DESTINATION_HEADER, long_string("d"))], "missing header hourglass-delay"),
-            (vec![(DESTINATION_HEADER, long_string("")), (REQUESTED_DELAY_HEADER, long_string("1s"))], "hourglass-destination: must be a non-empty"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, long_string("soon"))], "hourglass-delay:"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::LongInt(-5))], "is negative"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, AMQPValue::Boolean(true))], "neither a duration"),
-            (vec![(DESTINATION_HEADER, long_string("d")), (REQUESTED_DELAY_HEADER, long_string("1s")), ("hourglass-due-at", long_string("x"))], "is reserved"),
+        let cases: Vec<(Vec<(&str, HeaderValue)>, &str)> = vec![
+            (vec![(REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))], "missing header hourglass-destination"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d"))], "missing header hourglass-delay"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("")), (REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))], "hourglass-destination: must be a non-empty"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::text("soon"))], "hourglass-delay:"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(-5))], "is negative"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::Bool(true))], "neither a duration"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::text("1s")), ("hourglass-due-at", HeaderValue::text("x"))], "is reserved"),
         ];
         for (headers, want) in cases {
-            let err = parse_parts(&properties(&headers), b"").unwrap_err();
+            let err = parse_parts(properties(&headers), b"").unwrap_err();
             assert!(err.contains(want), "{err:?} should mention {want:?}");
         }
     }

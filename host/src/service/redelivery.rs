@@ -20,15 +20,18 @@ use std::sync::{Arc, Mutex};
 
 use lapin::message::Delivery;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable as AmqpTable, ShortString};
-use lapin::{BasicProperties, Channel, ExchangeKind};
+use lapin::types::FieldTable as AmqpTable;
+use lapin::{Channel, ExchangeKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::broker::Broker;
 use crate::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
-use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue, text, whole_number};
+use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue};
+use crate::broker::rabbitmq::convert::from_amqp_properties;
+use crate::headers::is_reserved;
+use crate::message::{HeaderValue, Properties};
 use crate::broker::ExecutorError;
 use crate::planner::RedeliveryDecision;
 use crate::clock::unix_now_ms;
@@ -180,7 +183,7 @@ impl Redelivery {
             delay_ms,
             body: delivery.data.clone(),
             headers: Default::default(),
-            properties: for_redelivery(&delivery.properties, next_attempt),
+            properties: for_redelivery(&from_amqp_properties(&delivery.properties), next_attempt),
             strategy: Some(self.strategy_of(entry)),
             routing_key: failure.routing_key.clone(),
             as_is: true,
@@ -199,10 +202,10 @@ impl Redelivery {
     async fn give_up(&self, delivery: &Delivery, publisher: &Channel, entry: &RedeliveryConfig, failure: &Failure, why: &str) -> &'static str {
         let error_queue = entry.error_queue();
         let added = vec![
-            (ATTEMPTS_HEADER, AMQPValue::LongLongInt(failure.attempt as i64)),
-            (FAILURE_REASON_HEADER, long_string(&failure.reason)),
-            (GAVE_UP_HEADER, long_string(why)),
-            (FAILED_QUEUE_HEADER, long_string(&failure.queue)),
+            (ATTEMPTS_HEADER, HeaderValue::I64(failure.attempt as i64)),
+            (FAILURE_REASON_HEADER, HeaderValue::text(&failure.reason)),
+            (GAVE_UP_HEADER, HeaderValue::text(why)),
+            (FAILED_QUEUE_HEADER, HeaderValue::text(&failure.queue)),
         ];
         match move_to(publisher, &error_queue, delivery, added).await {
             Ok(acked) => {
@@ -219,7 +222,7 @@ impl Redelivery {
 
     /// A message no configured queue claims: kept aside with the reason.
     async fn set_aside(&self, delivery: &Delivery, publisher: &Channel, why: &str) -> &'static str {
-        match move_to(publisher, &self.unknown_queue(), delivery, vec![(GAVE_UP_HEADER, long_string(why))]).await {
+        match move_to(publisher, &self.unknown_queue(), delivery, vec![(GAVE_UP_HEADER, HeaderValue::text(why))]).await {
             Ok(acked) => {
                 tracing::warn!(queue = %self.unknown_queue(), %why, "message in the redelivery input set aside");
                 if acked { "unknown" } else { "unknown_unacked" }
@@ -261,29 +264,29 @@ fn regex_escape(text: &str) -> String {
 
 /// Reads the failure from the death headers: the most recent `x-death` entry
 /// for a queue `is_known` claims (the broker puts the most recent first).
-fn read_failure(properties: &BasicProperties, is_known: impl Fn(&str) -> bool) -> Result<Failure, String> {
-    let headers = properties.headers().as_ref().map(|h| h.inner().clone()).unwrap_or_default();
-    let Some(AMQPValue::FieldArray(deaths)) = headers.get("x-death") else {
+fn read_failure(properties: &Properties, is_known: impl Fn(&str) -> bool) -> Result<Failure, String> {
+    let headers = &properties.headers;
+    let Some(HeaderValue::Array(deaths)) = headers.get("x-death") else {
         return Err("no x-death header: not dead-lettered by the broker".into());
     };
-    let entries = deaths.as_slice().iter().filter_map(|d| match d {
-        AMQPValue::FieldTable(t) => Some(t.inner()),
+    let entries = deaths.iter().filter_map(|d| match d {
+        HeaderValue::Table(t) => Some(t),
         _ => None,
     });
     let mut seen = Vec::new();
     for entry in entries {
-        let Some(queue) = entry.get("queue").and_then(text) else { continue };
+        let Some(queue) = entry.get("queue").and_then(HeaderValue::as_text) else { continue };
         if !is_known(&queue) {
             seen.push(queue);
             continue;
         }
-        let reason = entry.get("reason").and_then(text).unwrap_or_else(|| "unknown".into());
+        let reason = entry.get("reason").and_then(HeaderValue::as_text).unwrap_or_else(|| "unknown".into());
         let routing_key = match entry.get("routing-keys") {
-            Some(AMQPValue::FieldArray(keys)) => keys.as_slice().first().and_then(text),
+            Some(HeaderValue::Array(keys)) => keys.first().and_then(HeaderValue::as_text),
             _ => None,
         };
-        let from_header = headers.get(ATTEMPT_HEADER).and_then(whole_number);
-        let from_count = entry.get("count").and_then(whole_number);
+        let from_header = headers.get(ATTEMPT_HEADER).and_then(HeaderValue::as_whole_number);
+        let from_count = entry.get("count").and_then(HeaderValue::as_whole_number);
         let attempt = from_header.or(from_count).unwrap_or(1).clamp(1, u32::MAX as i128) as u32;
         return Ok(Failure { queue, reason, routing_key, attempt });
     }
@@ -291,38 +294,19 @@ fn read_failure(properties: &BasicProperties, is_known: impl Fn(&str) -> bool) -
 }
 
 /// The properties for the next attempt: as they were, minus the broker's
-/// death records, hourglass's own headers and any expiration, plus the attempt number.
-fn for_redelivery(properties: &BasicProperties, next_attempt: u32) -> BasicProperties {
-    let mut headers: BTreeMap<ShortString, AMQPValue> = properties.headers().as_ref().map(|h| h.inner().clone()).unwrap_or_default();
-    headers.retain(|key, _| {
-        let key = key.as_str();
-        !(key == "x-death" || key.starts_with("x-first-death-") || key.starts_with("x-last-death-") || key.starts_with("hourglass-"))
-    });
-    headers.insert(ATTEMPT_HEADER.into(), AMQPValue::LongLongInt(next_attempt as i64));
-    without_expiration(properties).with_headers(AmqpTable::from(headers))
-}
-
-/// A copy without `expiration` (which would cut a delay short); lapin has no setter to clear one field.
-fn without_expiration(p: &BasicProperties) -> BasicProperties {
-    let mut out = BasicProperties::default();
-    macro_rules! keep {
-        ($($get:ident => $with:ident),*) => {$(
-            if let Some(value) = p.$get().clone() {
-                out = out.$with(value);
-            }
-        )*};
-    }
-    keep!(content_type => with_content_type, content_encoding => with_content_encoding, headers => with_headers,
-        delivery_mode => with_delivery_mode, priority => with_priority, correlation_id => with_correlation_id,
-        reply_to => with_reply_to, message_id => with_message_id, timestamp => with_timestamp, kind => with_type,
-        user_id => with_user_id, app_id => with_app_id, cluster_id => with_cluster_id);
-    out
+/// death records and hourglass's own headers, plus the attempt number. (The
+/// neutral properties never carry an expiration, which would cut the delay short.)
+fn for_redelivery(properties: &Properties, next_attempt: u32) -> Properties {
+    let mut next = properties.clone();
+    next.headers.retain(|key, _| !(key == "x-death" || key.starts_with("x-first-death-") || key.starts_with("x-last-death-") || is_reserved(key)));
+    next.headers.insert(ATTEMPT_HEADER.into(), HeaderValue::I64(next_attempt as i64));
+    next
 }
 
 /// The jitter seed: the same for every attempt of one message, different between messages.
-fn seed_of(properties: &BasicProperties, body: &[u8]) -> u64 {
-    let digest = match properties.message_id() {
-        Some(id) => Sha256::digest(id.as_str().as_bytes()),
+fn seed_of(properties: &Properties, body: &[u8]) -> u64 {
+    let digest = match &properties.message_id {
+        Some(id) => Sha256::digest(id.as_bytes()),
         None => Sha256::digest(body),
     };
     u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
@@ -374,7 +358,7 @@ impl Handler for Redelivery {
     }
 
     async fn handle(&self, delivery: Delivery, publisher: &Channel) {
-        let failure = match read_failure(&delivery.properties, |q| self.queues.contains_key(q)) {
+        let failure = match read_failure(&from_amqp_properties(&delivery.properties), |q| self.queues.contains_key(q)) {
             Ok(failure) => failure,
             Err(why) => {
                 let outcome = self.set_aside(&delivery, publisher, &why).await;
@@ -383,7 +367,7 @@ impl Handler for Redelivery {
             }
         };
         let entry = &self.queues[&failure.queue];
-        let seed = seed_of(&delivery.properties, &delivery.data);
+        let seed = seed_of(&from_amqp_properties(&delivery.properties), &delivery.data);
         let outcome = match self.decide(entry, &failure, seed) {
             Decision::GiveUp(why) => self.give_up(&delivery, publisher, entry, &failure, &why).await,
             Decision::Retry { delay_ms, next_attempt } => match self.redeliver(&delivery, entry, &failure, delay_ms, next_attempt).await {
@@ -406,6 +390,8 @@ impl Handler for Redelivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lapin::BasicProperties;
+    use lapin::types::AMQPValue;
 
     fn death(queue: &str, reason: &str, count: i64, key: &str) -> AMQPValue {
         let mut t = AmqpTable::default();
@@ -417,7 +403,7 @@ mod tests {
         AMQPValue::FieldTable(t)
     }
 
-    fn dead_lettered(deaths: Vec<AMQPValue>, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+    fn dead_lettered(deaths: Vec<AMQPValue>, extra: &[(&str, AMQPValue)]) -> Properties {
         let mut headers = AmqpTable::default();
         headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
         headers.insert("x-first-death-queue".into(), long_string("orders"));
@@ -425,11 +411,13 @@ mod tests {
         for (k, v) in extra {
             headers.insert((*k).into(), v.clone());
         }
-        BasicProperties::default()
-            .with_headers(headers)
-            .with_content_type("application/json".into())
-            .with_correlation_id("c-1".into())
-            .with_expiration("5000".into())
+        from_amqp_properties(
+            &BasicProperties::default()
+                .with_headers(headers)
+                .with_content_type("application/json".into())
+                .with_correlation_id("c-1".into())
+                .with_expiration("5000".into()),
+        )
     }
 
     #[test]
@@ -453,7 +441,7 @@ mod tests {
         let properties = dead_lettered(vec![death("other", "rejected", 1, "k")], &[]);
         let err = read_failure(&properties, |q| q == "orders").unwrap_err();
         assert!(err.contains("other"), "{err}");
-        assert!(read_failure(&BasicProperties::default(), |_| true).unwrap_err().contains("no x-death"));
+        assert!(read_failure(&Properties::default(), |_| true).unwrap_err().contains("no x-death"));
     }
 
     #[test]
@@ -463,22 +451,19 @@ mod tests {
             &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(1)), ("hourglass-due-at", AMQPValue::LongLongInt(5)), ("x-last-death-queue", long_string("orders"))],
         );
         let next = for_redelivery(&properties, 2);
-        let headers = next.headers().clone().unwrap();
-        let mut keys: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
-        keys.sort();
+        let keys: Vec<&str> = next.headers.keys().map(String::as_str).collect();
         assert_eq!(keys, vec![ATTEMPT_HEADER, "tenant"]);
-        assert_eq!(headers.inner().get(ATTEMPT_HEADER), Some(&AMQPValue::LongLongInt(2)));
-        assert_eq!(next.content_type(), properties.content_type());
-        assert_eq!(next.correlation_id(), properties.correlation_id());
-        assert_eq!(next.expiration(), &None);
+        assert_eq!(next.headers.get(ATTEMPT_HEADER), Some(&HeaderValue::I64(2)));
+        assert_eq!(next.content_type, properties.content_type);
+        assert_eq!(next.correlation_id, properties.correlation_id);
     }
 
     #[test]
     fn the_seed_is_stable_per_message_and_differs_between_messages() {
-        let with_id = |id: &str| BasicProperties::default().with_message_id(id.into());
+        let with_id = |id: &str| Properties { message_id: Some(id.into()), ..Default::default() };
         assert_eq!(seed_of(&with_id("a"), b"x"), seed_of(&with_id("a"), b"y"));
         assert_ne!(seed_of(&with_id("a"), b"x"), seed_of(&with_id("b"), b"x"));
-        assert_ne!(seed_of(&BasicProperties::default(), b"x"), seed_of(&BasicProperties::default(), b"y"));
+        assert_ne!(seed_of(&Properties::default(), b"x"), seed_of(&Properties::default(), b"y"));
     }
 
     #[test]

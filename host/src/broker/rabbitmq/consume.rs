@@ -19,6 +19,9 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use tokio::sync::watch;
 
 use crate::broker::ExecutorError;
+use crate::message::HeaderValue;
+
+use super::convert::{short_string, to_amqp_value};
 use crate::broker::rabbitmq::redact;
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
@@ -150,10 +153,10 @@ async fn publish_confirmed(publisher: &Channel, queue: &str, body: &[u8], proper
 /// headers) plus `added` headers, persistent, and acks it once the broker
 /// confirmed. `Ok(acked)`; if the publish fails the delivery is requeued and
 /// the error returned, so the message is never lost.
-pub async fn move_to(publisher: &Channel, queue: &str, delivery: &Delivery, added: Vec<(&str, AMQPValue)>) -> Result<bool, String> {
+pub async fn move_to(publisher: &Channel, queue: &str, delivery: &Delivery, added: Vec<(&str, HeaderValue)>) -> Result<bool, String> {
     let mut headers = delivery.properties.headers().clone().unwrap_or_default();
     for (key, value) in added {
-        headers.insert(key.into(), value);
+        headers.insert(short_string("header name", key)?, to_amqp_value(&value)?);
     }
     let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
     match publish_confirmed(publisher, queue, &delivery.data, properties).await {

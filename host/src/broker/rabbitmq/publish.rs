@@ -11,14 +11,17 @@ use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString, ShortString};
+use lapin::types::FieldTable as AmqpTable;
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind as AmqpExchangeKind};
 
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::command::{Command, ExchangeKind, FieldTable, FieldValue};
+use crate::command::{Command, ExchangeKind, FieldTable};
+use crate::message::HeaderValue;
+
+use super::convert::{to_amqp_properties, to_amqp_table};
 use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
@@ -52,19 +55,6 @@ pub fn redact(url: &str) -> String {
         }
         _ => url.to_string(),
     }
-}
-
-pub fn to_amqp_table(table: &FieldTable) -> AmqpTable {
-    let mut out = AmqpTable::default();
-    for (key, value) in table {
-        let value = match value {
-            FieldValue::Text(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-            FieldValue::Int(i) => AMQPValue::LongLongInt(*i),
-            FieldValue::Bool(b) => AMQPValue::Boolean(*b),
-        };
-        out.insert(ShortString::from(key.as_str()), value);
-    }
-    out
 }
 
 fn describe(table: &FieldTable) -> String {
@@ -193,18 +183,14 @@ impl RabbitMqExecutor {
         let Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } = command else {
             return self.apply_one(command).await;
         };
-        let mut all_headers = envelope.headers.clone();
-        all_headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-        // The caller's own AMQP headers keep their types; hourglass's are added on top.
-        let mut table = envelope.properties.headers().clone().unwrap_or_default();
-        for (key, value) in &to_amqp_table(&all_headers) {
-            table.insert(key.clone(), value.clone());
-        }
-        let mut properties = envelope.properties.clone().with_delivery_mode(2).with_headers(table);
+        // The producer's own headers keep their types; hourglass's and the plan's are added on top.
+        let mut message = envelope.properties.clone();
+        message.headers.extend(envelope.headers.iter().chain(headers).map(|(k, v)| (k.clone(), HeaderValue::from(v))));
         // A producer's own message id stays; otherwise the message carries hourglass's.
-        if envelope.stamp_message_id && envelope.properties.message_id().is_none() {
-            properties = properties.with_message_id(envelope.id.as_str().into());
+        if envelope.stamp_message_id && message.message_id.is_none() {
+            message.message_id = Some(envelope.id.clone());
         }
+        let mut properties = to_amqp_properties(&message).map_err(|e| ExecutorError::Invalid(format!("message {}: {e}", envelope.id)))?;
         if let Some(ms) = expiration_ms {
             properties = properties.with_expiration(ms.to_string().into());
         }

@@ -1,0 +1,98 @@
+//! The broker-neutral message: the properties a producer set (content type,
+//! correlation id, its own typed headers, …), carried through a delay on any
+//! broker. `broker::rabbitmq` converts them to and from AMQP; `broker::sqs`
+//! to and from message attributes.
+//!
+//! Two AMQP properties are deliberately absent: `expiration` (a per-message
+//! TTL would cut a delay short in the first delay queue, so it is never
+//! forwarded) and `delivery-mode` (hourglass always publishes persistent).
+
+use std::collections::BTreeMap;
+
+/// Header name → value, in name order.
+pub type Headers = BTreeMap<String, HeaderValue>;
+
+/// A header value of any AMQP field type, so a producer's headers arrive with
+/// the type they were sent with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeaderValue {
+    Bool(bool),
+    I8(i8),
+    U8(u8),
+    I16(i16),
+    U16(u16),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Decimal { scale: u8, value: u32 },
+    /// An AMQP short string (at most 255 bytes).
+    ShortText(String),
+    /// An AMQP long string: bytes, usually UTF-8 text.
+    Text(Vec<u8>),
+    Bytes(Vec<u8>),
+    /// Seconds since the Unix epoch.
+    Timestamp(u64),
+    Array(Vec<HeaderValue>),
+    Table(Headers),
+    Void,
+}
+
+impl HeaderValue {
+    pub fn text(text: &str) -> HeaderValue {
+        HeaderValue::Text(text.as_bytes().to_vec())
+    }
+
+    /// The value as text, if it is a string of either kind.
+    pub fn as_text(&self) -> Option<String> {
+        match self {
+            HeaderValue::ShortText(s) => Some(s.clone()),
+            HeaderValue::Text(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// The value as a whole number, if it is an integer of any width.
+    pub fn as_whole_number(&self) -> Option<i128> {
+        Some(match *self {
+            HeaderValue::I8(v) => v as i128,
+            HeaderValue::U8(v) => v as i128,
+            HeaderValue::I16(v) => v as i128,
+            HeaderValue::U16(v) => v as i128,
+            HeaderValue::I32(v) => v as i128,
+            HeaderValue::U32(v) => v as i128,
+            HeaderValue::I64(v) => v as i128,
+            _ => return None,
+        })
+    }
+}
+
+impl From<&crate::command::FieldValue> for HeaderValue {
+    fn from(value: &crate::command::FieldValue) -> HeaderValue {
+        use crate::command::FieldValue;
+        match value {
+            FieldValue::Text(s) => HeaderValue::text(s),
+            FieldValue::Int(i) => HeaderValue::I64(*i),
+            FieldValue::Bool(b) => HeaderValue::Bool(*b),
+        }
+    }
+}
+
+/// What a producer set on a message besides its body.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Properties {
+    pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+    pub headers: Headers,
+    pub priority: Option<u8>,
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub message_id: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub timestamp: Option<u64>,
+    /// AMQP's `type` property.
+    pub kind: Option<String>,
+    pub user_id: Option<String>,
+    pub app_id: Option<String>,
+}
