@@ -26,6 +26,7 @@ use crate::message::Properties;
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
 pub mod strategies;
+pub mod validate;
 
 use strategies::Strategies;
 
@@ -33,6 +34,12 @@ use strategies::Strategies;
 pub enum ScheduleError {
     #[error("{0}")]
     BadRequest(String),
+    /// The request itself is wrong (checked before the broker): which field, and why.
+    #[error("{}: {}", .0.field, .0.reason)]
+    Invalid(validate::Invalid),
+    /// The planner's answer cannot be carried out as asked (its fault, not the request's).
+    #[error("{0}")]
+    Unplannable(String),
     #[error(transparent)]
     Planner(#[from] PlannerError),
     #[error(transparent)]
@@ -76,11 +83,35 @@ pub struct PumpedQueue {
     pub config: Arc<Config>,
 }
 
+/// The queues and exchanges hourglass itself uses: the service's own queues
+/// and every object of every strategy's static topology.
+fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]) -> HashSet<String> {
+    let ingress = &config.service.ingress;
+    let input = config.service.redelivery_input();
+    let mut reserved: HashSet<String> = [ingress.queue.clone(), ingress.invalid_queue.clone(), input.to_string(), format!("{input}.unknown")].into();
+    for name in names {
+        // A planner that cannot say its topology fails its own requests later, with its own error.
+        let Ok(commands) = strategies.get_mut(name).map_err(PlannerError::Engine).and_then(|planner| planner.topology()) else { continue };
+        for command in commands {
+            match command {
+                Command::DeclareExchange { name, .. } | Command::DeclareQueue { name, .. } => {
+                    reserved.insert(name);
+                }
+                _ => {}
+            }
+        }
+    }
+    reserved.remove("");
+    reserved
+}
+
 /// One loaded config: its planners and what has been declared for them.
 struct Generation {
     config: Arc<Config>,
     strategies: Mutex<Strategies>,
     names: Vec<String>,
+    /// hourglass's own queues and exchanges: never destinations.
+    reserved: HashSet<String>,
     /// Strategies whose topology is declared; (strategy, destination) pairs set up.
     /// Async lock: preparation talks to the broker, and a second caller must
     /// wait for the first instead of publishing into half-declared topology.
@@ -94,12 +125,14 @@ struct Prepared {
 }
 
 impl Generation {
-    fn new(config: Config, strategies: Strategies) -> Generation {
-        let names = strategies.names().map(str::to_string).collect();
+    fn new(config: Config, mut strategies: Strategies) -> Generation {
+        let names: Vec<String> = strategies.names().map(str::to_string).collect();
+        let reserved = reserved_names(&config, &mut strategies, &names);
         Generation {
             config: Arc::new(config),
             strategies: Mutex::new(strategies),
             names,
+            reserved,
             prepared: Default::default(),
         }
     }
@@ -302,22 +335,11 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Everything up to the publish: preparation on first use, the plan, the envelope.
-    async fn plan(&self, request: ScheduleRequest) -> Result<(Scheduled, Vec<Command>, Envelope), ScheduleError> {
-        if request.destination.is_empty() {
-            return Err(ScheduleError::BadRequest("destination is empty".into()));
-        }
-        if let Some(reserved) = request.headers.keys().find(|k| k.starts_with("hourglass-")) {
-            return Err(ScheduleError::BadRequest(format!("header {reserved:?} is reserved: hourglass-* headers are set by hourglass")));
-        }
+    async fn plan(&self, mut request: ScheduleRequest) -> Result<(Scheduled, Vec<Command>, Envelope), ScheduleError> {
         let generation = self.generation();
+        validate::check(&mut request, &generation.reserved).map_err(ScheduleError::Invalid)?;
         let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(&request.destination));
         generation.check_strategy(&strategy)?;
-        {
-            let mut prepared = generation.prepared.lock().await;
-            if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
-                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination).await?;
-            }
-        }
         let id = uuid::Uuid::new_v4().to_string();
         let plan_request = PlanRequest {
             destination: request.destination.clone(),
@@ -328,6 +350,16 @@ impl<E: Executor> Scheduler<E> {
         let started = Instant::now();
         let plan = generation.call(&strategy, |planner| planner.plan(&plan_request))?;
         self.metrics.observe_planner_call(&strategy, started.elapsed());
+        if !plan.commands.iter().any(|c| matches!(c, Command::Publish { .. } | Command::SqsSend { .. })) {
+            return Err(ScheduleError::Unplannable(format!("strategy {strategy:?} planned no publish for this message; nothing was sent")));
+        }
+        // Only a request that planned cleanly declares anything on the broker.
+        {
+            let mut prepared = generation.prepared.lock().await;
+            if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
+                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination).await?;
+            }
+        }
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));

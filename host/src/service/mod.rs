@@ -446,10 +446,13 @@ impl IntoResponse for ApiError {
 fn schedule_error(err: ScheduleError) -> ApiError {
     match err {
         ScheduleError::BadRequest(message) => ApiError::bad("request", message),
+        ScheduleError::Invalid(invalid) => ApiError::bad(invalid.field, format!("{}: {}", invalid.field, invalid.reason)),
+        ScheduleError::Unplannable(message) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message },
         ScheduleError::Planner(PlannerError::Refused { message, planner }) => {
             ApiError::bad("delay", format!("planner {planner} refused: {message}"))
         }
         ScheduleError::Planner(other) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: other.to_string() },
+        ScheduleError::Broker(ExecutorError::Invalid(message)) => ApiError::bad("request", message),
         ScheduleError::Broker(ExecutorError::Unavailable(message)) => {
             ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message }
         }
