@@ -7,6 +7,7 @@ mod amqp;
 pub mod process;
 pub mod serve;
 pub mod sqs;
+pub mod vhost;
 
 pub use amqp::*;
 
@@ -47,12 +48,17 @@ pub fn unique(stem: &str) -> String {
 }
 
 pub async fn connect() -> Connection {
-    match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
+    connect_to(&amqp_url()).await
+}
+
+/// A connection to the test broker at `url` (a private vhost, say).
+pub async fn connect_to(url: &str) -> Connection {
+    match Connection::connect(url, ConnectionProperties::default()).await {
         Ok(connection) => connection,
         Err(err) => panic!(
             "RabbitMQ is not reachable at {} ({err}). Start it with `rabbitmq-server -detached` \
              (scripts/test does this), or set HOURGLASS_TEST_AMQP_URL.",
-            hourglass::broker::rabbitmq::redact(&amqp_url())
+            hourglass::broker::rabbitmq::redact(url)
         ),
     }
 }

@@ -19,13 +19,18 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// Starts `hourglass --config CONFIG serve` on a free port and waits until it listens.
     pub fn start(config: &Path) -> ServeProcess {
+        Self::start_on(config, &crate::amqp_url())
+    }
+
+    /// The same, with `HOURGLASS_AMQP_URL` set to `amqp_url` (a private vhost, say).
+    pub fn start_on(config: &Path, amqp_url: &str) -> ServeProcess {
         let mut child = Command::new(crate::hourglass_binary())
             .arg("--config")
             .arg(config)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info,lapin=off")
             // Configs with `url_env = "HOURGLASS_AMQP_URL"` (the examples) reach the test broker.
-            .env("HOURGLASS_AMQP_URL", crate::amqp_url())
+            .env("HOURGLASS_AMQP_URL", amqp_url)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()

@@ -5,19 +5,21 @@ use std::process::Command;
 use std::time::Duration;
 
 use hourglass_e2e::process::ServeProcess;
+use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
-use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 
 #[tokio::test]
 async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
-    let connection = connect().await;
+    // The example declares fixed names (prefix "hourglass"): it runs in a vhost of its own.
+    let vhost = PrivateVhost::create("examples");
+    let connection = connect_to(&vhost.url).await;
     let mut destination = Destination::declare(&connection, "example").await;
     let run = |args: &[&str]| {
         Command::new(hourglass_binary())
             .current_dir(repo_root())
             .args(["--config", "examples/rabbitmq.toml"])
             .args(args)
-            .env("HOURGLASS_AMQP_URL", amqp_url())
+            .env("HOURGLASS_AMQP_URL", &vhost.url)
             .output()
             .unwrap()
     };
@@ -45,30 +47,23 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"), "{}", String::from_utf8_lossy(&missing.stderr));
 
-    let config = hourglass::config::Config::load(&repo_root().join("examples/rabbitmq.toml")).unwrap();
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    let topology = strategies.get_mut("seconds").unwrap().topology().unwrap();
-    delete_declared(&connection, &topology).await;
     destination.delete().await;
+    connection.close(200, "done".into()).await.ok();
+    drop(vhost);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_succeeds() {
     let python = std::env::var("HOURGLASS_TEST_PYTHON")
         .unwrap_or_else(|_| panic!("HOURGLASS_TEST_PYTHON is not set: run the tests with scripts/test, which installs pika into a venv for this test"));
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    // The example's names are fixed: start from nothing left by an earlier run.
-    let queues = ["work", "work.error", "hourglass.redelivery", "hourglass.redelivery.unknown"];
-    for queue in queues {
-        channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await.unwrap();
-    }
+    // The example's names are fixed ("work", "hourglass.redelivery"): it runs in a vhost of its own.
+    let vhost = PrivateVhost::create("examples-redelivery");
     let config = repo_root().join("examples/redelivery.toml");
-    let mut serve = ServeProcess::start(&config);
+    let mut serve = ServeProcess::start_on(&config, &vhost.url);
     until("the example service ready", Duration::from_secs(20), async || serve.http.call("GET", "/readyz", None, None).await.0 == 200).await;
 
     let consumer = repo_root().join("examples/redelivery_consumer.py");
-    let url = amqp_url();
+    let url = vhost.url.clone();
     let output = tokio::task::spawn_blocking(move || Command::new(python).arg(consumer).args(["--url", &url, "--timeout", "60"]).output().unwrap())
         .await
         .unwrap();
@@ -94,11 +89,5 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
 
     serve.signal("TERM");
     assert!(serve.wait(Duration::from_secs(30)).success());
-    for queue in queues {
-        channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await.ok();
-    }
-    channel.exchange_delete("hourglass.redelivery".into(), ExchangeDeleteOptions::default()).await.ok();
-    let loaded = hourglass::config::Config::load(&config).unwrap();
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&loaded).unwrap();
-    delete_declared(&connection, &strategies.get_mut("retries").unwrap().topology().unwrap()).await;
+    drop(vhost);
 }

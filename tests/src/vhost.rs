@@ -1,0 +1,52 @@
+//! A virtual host of the test's own, for what must run under fixed names
+//! (the examples' `work` queue, the NServiceBus and Celery presets): a random
+//! vhost on the shared broker holds them, and deleting the vhost removes
+//! everything in it, so no fixed name is ever touched on the broker others use.
+
+use crate::{amqp_url, management_url, unique};
+
+pub struct PrivateVhost {
+    pub name: String,
+    /// The AMQP URL of the test broker, on this vhost.
+    pub url: String,
+}
+
+impl PrivateVhost {
+    /// Creates the vhost and gives the test broker's user every permission on it.
+    pub fn create(stem: &str) -> PrivateVhost {
+        let name = unique(stem);
+        let base = amqp_url();
+        let user = base.split("://").nth(1).and_then(|rest| rest.split(':').next()).unwrap_or("guest").to_string();
+        put(&format!("/api/vhosts/{name}"), serde_json::json!({}));
+        put(&format!("/api/permissions/{name}/{user}"), serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }));
+        let root = base.rsplit_once('/').map_or(base.as_str(), |(root, _)| root);
+        PrivateVhost { url: format!("{root}/{name}"), name }
+    }
+}
+
+impl Drop for PrivateVhost {
+    fn drop(&mut self) {
+        let (agent, url, authorization) = request(&format!("/api/vhosts/{}", self.name));
+        if let Err(err) = agent.delete(&url).header("Authorization", &authorization).call() {
+            eprintln!("could not delete test vhost {}: {err}", self.name);
+        }
+    }
+}
+
+/// An agent, the URL of `path` on the management API, and its basic-auth header.
+fn request(path: &str) -> (ureq::Agent, String, String) {
+    use base64::Engine;
+    let base = management_url();
+    let (scheme, rest) = base.split_once("://").expect("the management URL has a scheme");
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(true).build());
+    (agent, format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
+}
+
+fn put(path: &str, body: serde_json::Value) {
+    let (agent, url, authorization) = request(path);
+    agent.put(&url).header("Authorization", &authorization).send_json(body).unwrap_or_else(|err| {
+        panic!("management API PUT {path}: {err}; is the management plugin on? (rabbitmq-plugins enable rabbitmq_management)")
+    });
+}
