@@ -39,7 +39,7 @@ fn main() {
 
     // plan() through the component, as the host calls it.
     let runtime = PlannerRuntime::new(PlannerLimits::default(), None).unwrap();
-    let mut planner = runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap();
+    let planner = runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap();
     let mut i = 0;
     let wasm = measure(21, 20_000, || {
         i += 1;

@@ -4,14 +4,16 @@
 //! a destination checks the destination exists and applies its setup. Both are
 //! remembered, so later messages cost one plan and one publish.
 //!
-//! Everything is `&self`: planning takes a short lock on the planners (a call
-//! is microseconds), the publish and its confirm take none, so concurrent
-//! callers keep a window of confirms outstanding. The configured strategies
+//! Everything is `&self`: planning checks an instance out of the strategy's
+//! own pool (a call is microseconds; calls to different strategies, and to one
+//! strategy from several tasks, run in parallel, with no lock across
+//! strategies), the publish and its confirm take none, so concurrent callers
+//! keep a window of confirms outstanding. The configured strategies
 //! form a *generation*; [`Scheduler::reload`] swaps in a new one while
 //! messages planned with the old one finish as they were planned.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use thiserror::Error;
@@ -78,7 +80,8 @@ pub struct PumpedQueue {
 /// One loaded config: its planners and what has been declared for them.
 struct Generation {
     config: Arc<Config>,
-    strategies: Mutex<Strategies>,
+    /// Each strategy's planner guards its own pool of instances.
+    strategies: Strategies,
     names: Vec<String>,
     /// Strategies whose topology is declared; (strategy, destination) pairs set up.
     /// Async lock: preparation talks to the broker, and a second caller must
@@ -97,16 +100,15 @@ impl Generation {
         let names = strategies.names().map(str::to_string).collect();
         Generation {
             config: Arc::new(config),
-            strategies: Mutex::new(strategies),
+            strategies,
             names,
             prepared: Default::default(),
         }
     }
 
-    /// One call into `strategy`'s planner, under the planners' lock.
-    fn call<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
-        let mut planners = self.strategies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Ok(f(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?)?)
+    /// One call into `strategy`'s planner (on an instance of its pool).
+    fn call<R>(&self, strategy: &str, f: impl FnOnce(&LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
+        Ok(f(self.strategies.get(strategy).map_err(ScheduleError::BadRequest)?)?)
     }
 
     fn strategy_for(&self, destination: &str) -> String {
@@ -191,7 +193,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// One call into a configured strategy's planner; an unknown name is a bad request.
-    fn call_checked<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
+    fn call_checked<R>(&self, strategy: &str, f: impl FnOnce(&LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
         let generation = self.generation();
         generation.check_strategy(strategy)?;
         generation.call(strategy, f)

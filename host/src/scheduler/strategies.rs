@@ -9,8 +9,10 @@ use crate::command::{DueAction, DueMessage};
 use crate::config::{Config, Location};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
+/// A strategy that cannot be loaded; `strategy` is empty when the fault is
+/// not one strategy's (the planner cache directory, the engine).
 #[derive(Debug, Error)]
-#[error("{location}: strategy {strategy:?}: {source}")]
+#[error("{location}: {}{source}", if .strategy.is_empty() { String::new() } else { format!("strategy {:?}: ", .strategy) })]
 pub struct StrategyError {
     pub location: Location,
     pub strategy: String,
@@ -18,9 +20,9 @@ pub struct StrategyError {
     pub source: PlannerError,
 }
 
-/// Every strategy in a config, each with its own planner instance.
+/// Every strategy in a config, each with its own planner and pool of
+/// instances: calls need only `&self`, and run in parallel.
 pub struct Strategies {
-    // Declared before the runtime so instances drop before their engine.
     planners: BTreeMap<String, LoadedPlanner>,
     runtime: PlannerRuntime,
     default: String,
@@ -48,7 +50,7 @@ impl Strategies {
         Ok(Strategies { planners, runtime, default: config.default_strategy.clone() })
     }
 
-    /// A separate instance of one strategy's planner, for a task of its own (a pump).
+    /// One strategy's planner loaded on its own, for a task of its own (a pump).
     pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
         let located = |source| StrategyError { location: Location { path: config.path.clone(), line: 1, column: 1 }, strategy: name.to_string(), source };
         let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
@@ -72,9 +74,21 @@ impl Strategies {
         self.planners.keys().map(String::as_str)
     }
 
+    /// A strategy's planner; calls on it check an instance out of its pool.
+    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, String> {
+        self.planners.get(name).ok_or_else(|| self.unknown(name))
+    }
+
     pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
+        if !self.planners.contains_key(name) {
+            return Err(self.unknown(name));
+        }
+        Ok(self.planners.get_mut(name).expect("just checked"))
+    }
+
+    fn unknown(&self, name: &str) -> String {
         let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
-        self.planners.get_mut(name).ok_or_else(|| format!("unknown strategy {name:?}; configured: {known}"))
+        format!("unknown strategy {name:?}; configured: {known}")
     }
 }
 
