@@ -338,3 +338,58 @@ impl<E: Executor> Scheduler<E> {
         Ok((scheduled, plan.commands, envelope))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::broker::MemoryExecutor;
+
+    fn two_strategies() -> Config {
+        let text = "default_strategy = \"a\"\n[planners]\ncache = false\n[strategies.a]\nplanner = \"hold-queues\"\n[strategies.b]\nplanner = \"binary-levels\"\n";
+        Config::parse(Path::new("delay.toml"), text.into()).unwrap()
+    }
+
+    /// With one lock over all planners (as before pools), holding strategy A's
+    /// planner stopped every call in the process; now only A's own pool is
+    /// touched, and it has more than one instance.
+    #[test]
+    fn while_an_instance_of_a_is_held_a_call_to_b_and_a_second_call_to_a_both_complete() {
+        let config = two_strategies();
+        let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), MemoryExecutor::default());
+        let generation = scheduler.generation();
+        let a = generation.strategies.get("a").unwrap();
+        assert!(a.max_instances() >= 2, "{}", a.max_instances());
+        let held = a.checkout().unwrap();
+
+        let (done, finished) = std::sync::mpsc::channel();
+        let results = std::thread::scope(|scope| {
+            for (strategy, destination) in [("b", "to-b"), ("a", "to-a")] {
+                let (done, scheduler) = (done.clone(), &scheduler);
+                scope.spawn(move || {
+                    let request = ScheduleRequest { destination: destination.into(), delay_ms: 5_000, strategy: Some(strategy.into()), ..Default::default() };
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    // The full path: topology, destination setup and plan, each a planner call.
+                    let result = runtime.block_on(scheduler.schedule(request));
+                    done.send((strategy, result.map(|s| s.strategy).map_err(|e| e.to_string()))).unwrap();
+                });
+            }
+            // A deadline for a failure to show, not a wait for success: both normally finish in milliseconds.
+            let results: Vec<_> = (0..2).map(|_| finished.recv_timeout(Duration::from_secs(60))).collect();
+            let instances_meanwhile = a.instances();
+            // Released before asserting, so a failing run ends instead of hanging on the blocked threads.
+            drop(held);
+            (results, instances_meanwhile)
+        });
+        let (mut results, instances_meanwhile) = results;
+        results.sort_by_key(|r| r.as_ref().map(|(strategy, _)| *strategy).ok());
+        assert_eq!(
+            results,
+            [Ok(("a", Ok("a".to_string()))), Ok(("b", Ok("b".to_string())))],
+            "both calls completed while an instance of a was checked out"
+        );
+        assert_eq!(instances_meanwhile, 2, "the second call to a got an instance of its own");
+    }
+}
