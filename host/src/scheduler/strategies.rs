@@ -102,3 +102,25 @@ impl DueHandler for LoadedPlanner {
         LoadedPlanner::handle_due(self, message).map_err(|e| e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_cache_directory_others_can_write_fails_the_load_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let text = format!("[planners]\ncache_dir = {:?}\n[strategies.a]\nplanner = \"hold-queues\"\n", cache.display().to_string());
+        let config = Config::parse(&dir.path().join("delay.toml"), text).unwrap();
+        let err = Strategies::load(&config).err().expect("refused").to_string();
+        assert!(err.starts_with(&format!("{}:1:1: planner cache directory {}: writable by group and others", dir.path().join("delay.toml").display(), cache.display())), "{err}");
+
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+        Strategies::load(&config).expect("a private cache directory is fine");
+    }
+}
