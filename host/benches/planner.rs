@@ -2,10 +2,11 @@
 //! Method: BENCHMARKS.md.
 
 use std::hint::black_box;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use binary_levels::{BinaryLevels, Config};
-use hourglass::planner::{PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
+use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
 use hourglass_planner_sdk::{Planner, PlanRequest as NativeRequest};
 
 /// Median of `rounds` rounds of `iterations` calls, in nanoseconds per call.
@@ -34,12 +35,37 @@ fn show(name: &str, ns: f64) {
     }
 }
 
+/// Median of `rounds` rounds in which each of `threads` threads makes
+/// `calls` calls of `f(thread)`: calls per second, all threads together.
+fn throughput(rounds: usize, threads: usize, calls: u32, f: impl Fn(usize) + Sync) -> f64 {
+    let mut rates: Vec<f64> = (0..=rounds)
+        .map(|_| {
+            let start = Instant::now();
+            std::thread::scope(|scope| {
+                for thread in 0..threads {
+                    let f = &f;
+                    scope.spawn(move || (0..calls).for_each(|_| f(thread)));
+                }
+            });
+            (threads as f64 * f64::from(calls)) / start.elapsed().as_secs_f64()
+        })
+        .collect();
+    rates.remove(0); // warm-up round
+    rates.sort_by(f64::total_cmp);
+    rates[rounds / 2]
+}
+
+fn plan_once(planner: &LoadedPlanner) {
+    let request = PlanRequest { destination: "orders".into(), delay_ms: 1_925_000, message_id: "m".into(), routing_key: None };
+    black_box(planner.plan(black_box(&request)).unwrap());
+}
+
 fn main() {
     let delays = [10_000u64, 1_925_000, 86_400_000, 0, 268_435_455_000];
 
     // plan() through the component, as the host calls it.
     let runtime = PlannerRuntime::new(PlannerLimits::default(), None).unwrap();
-    let mut planner = runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap();
+    let planner = runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap();
     let mut i = 0;
     let wasm = measure(21, 20_000, || {
         i += 1;
@@ -70,6 +96,32 @@ fn main() {
     show("  through WebAssembly (host call, checks, conversion)", wasm);
     show("  native Rust, same logic", native);
     println!("{:<52} {:>10.1} x", "  ratio", wasm / native);
+
+    // Parallel calls: two strategies (each its own pool), one thread vs two;
+    // and the same two threads behind one lock, as every call was before pools.
+    let strategies = [
+        runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap(),
+        runtime.load(&PlannerSource::Builtin("hold-queues"), "{}".into()).unwrap(),
+    ];
+    let one_lock = Mutex::new(());
+    let calls = 20_000;
+    let one_thread = throughput(11, 1, calls, |_| {
+        plan_once(&strategies[0]);
+        plan_once(&strategies[1]);
+    }) * 2.0;
+    let two_threads = throughput(11, 2, calls, |thread| plan_once(&strategies[thread]));
+    let two_threads_same = throughput(11, 2, calls, |_| plan_once(&strategies[0]));
+    let two_threads_locked = throughput(11, 2, calls, |thread| {
+        let _lock = one_lock.lock().unwrap();
+        plan_once(&strategies[thread]);
+    });
+    println!("\nplan() of two strategies (binary-levels, hold-queues), calls per second");
+    let rate = |name: &str, r: f64| println!("{name:<52} {r:>10.0} /s");
+    rate("  one thread, alternating", one_thread);
+    rate("  two threads, one strategy each", two_threads);
+    rate("  two threads, both on binary-levels (its pool)", two_threads_same);
+    rate("  two threads behind one lock (before pools)", two_threads_locked);
+    println!("{:<52} {:>10.2} x", "  two threads / one thread", two_threads / one_thread);
 
     // Loading: compile from scratch vs load the cached compiled component.
     let cache = std::env::temp_dir().join(format!("hourglass-bench-cache-{}", std::process::id()));

@@ -1,9 +1,12 @@
 //! A planner that loops, panics, traps, allocates without bound or reaches for
-//! a WASI capability fails that one call with an error naming it; the next
-//! call works.
+//! a WASI capability fails that one call with an error naming it (running out
+//! of time is told apart); the next call works. The compiled-planner cache
+//! loads only intact entries from a directory no one else can write.
 
 mod common;
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hourglass::planner::{PlanRequest, PlannerError, PlannerLimits, PlannerRuntime, PlannerSource};
@@ -19,20 +22,35 @@ fn misbehaving() -> (PlannerRuntime, hourglass::planner::LoadedPlanner) {
     (runtime, planner)
 }
 
-fn assert_fails_then_recovers(destination: &str, expected: &str) {
-    let (_runtime, mut planner) = misbehaving();
+fn assert_fails_then_recovers(destination: &str, expected: &str) -> PlannerError {
+    let (_runtime, planner) = misbehaving();
+    assert_eq!(planner.instances(), 1, "loading made and kept one instance");
     let err = planner.plan(&request(destination)).unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, PlannerError::Trapped { function: "plan", .. }), "{text}");
+    assert!(matches!(err, PlannerError::Trapped { function: "plan", .. } | PlannerError::Timeout { function: "plan", .. }), "{text}");
     assert!(text.contains("misbehaving.wasm"), "the error names the planner: {text}");
     assert!(text.contains(expected), "{text}");
+    assert_eq!(planner.instances(), 0, "the failed instance was dropped, not returned to the pool");
     let plan = planner.plan(&request("fine")).expect("the next call works");
     assert_eq!(plan.commands.len(), 1);
+    assert_eq!(planner.instances(), 1, "a fresh instance was made and kept");
+    err
 }
 
 #[test]
-fn an_endless_loop_is_stopped_by_the_time_budget() {
-    assert_fails_then_recovers("loop", "ran past its time budget of 50ms");
+fn an_endless_loop_is_stopped_by_the_time_budget_as_a_timeout() {
+    let err = assert_fails_then_recovers("loop", "ran past its time budget of 50ms");
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(matches!(&err, PlannerError::Timeout { function: "plan", budget, .. } if *budget == Duration::from_millis(50)), "{err:?}");
+}
+
+#[test]
+fn traps_panics_and_memory_exhaustion_are_not_timeouts() {
+    for destination in ["trap", "panic", "allocate", "wasi"] {
+        let (_runtime, planner) = misbehaving();
+        let err = planner.plan(&request(destination)).unwrap_err();
+        assert!(!err.is_timeout() && matches!(err, PlannerError::Trapped { .. }), "{destination}: {err:?}");
+    }
 }
 
 #[test]
@@ -83,20 +101,116 @@ fn a_missing_file_is_named_in_the_error() {
     assert!(err.contains("/nonexistent/planner.wasm") && err.contains("cannot read"), "{err}");
 }
 
+/// The one cache entry in `dir`, and its inode (a rewrite renames a new file over it).
+fn only_entry(dir: &Path) -> (PathBuf, u64) {
+    let files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "one compiled component cached: {files:?}");
+    let inode = std::fs::metadata(&files[0]).unwrap().ino();
+    (files[0].clone(), inode)
+}
+
+fn plans(planner: &hourglass::planner::LoadedPlanner) -> bool {
+    planner.plan(&PlanRequest { destination: "d".into(), delay_ms: 5, message_id: "m".into(), routing_key: None }).is_ok()
+}
+
 #[test]
-fn compiled_planners_are_cached_and_a_corrupt_cache_file_is_recompiled() {
+fn compiled_planners_are_cached_and_a_cache_hit_is_loaded_not_rewritten() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).unwrap();
     let source = PlannerSource::Builtin("hold-queues");
     runtime.load(&source, "{}".into()).unwrap();
-    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(files.len(), 1, "one compiled component cached");
+    let (entry, inode) = only_entry(dir.path());
+    assert_eq!(std::fs::metadata(&entry).unwrap().mode() & 0o777, 0o600, "entries are the user's alone");
+    let planner = runtime.load(&source, "{}".into()).unwrap();
+    assert!(plans(&planner));
+    assert_eq!(only_entry(dir.path()), (entry, inode), "loaded from the cache: the entry was not written again");
+}
+
+#[test]
+fn a_corrupt_cache_file_is_recompiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).unwrap();
+    let source = PlannerSource::Builtin("hold-queues");
     runtime.load(&source, "{}".into()).unwrap();
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "loaded from cache, not written again");
-    std::fs::write(&files[0], b"garbage").unwrap();
-    let mut planner = runtime.load(&source, "{}".into()).expect("a corrupt cache entry is recompiled");
-    assert!(planner.plan(&PlanRequest { destination: "d".into(), delay_ms: 5, message_id: "m".into(), routing_key: None }).is_ok());
-    assert_ne!(std::fs::read(&files[0]).unwrap(), b"garbage", "and rewritten");
+    let (entry, _) = only_entry(dir.path());
+    std::fs::write(&entry, b"garbage").unwrap();
+    let planner = runtime.load(&source, "{}".into()).expect("a corrupt cache entry is recompiled");
+    assert!(plans(&planner));
+    assert_ne!(std::fs::read(&entry).unwrap(), b"garbage", "and rewritten");
+}
+
+#[test]
+fn a_tampered_cache_file_is_not_loaded_and_the_planner_is_compiled_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).unwrap();
+    let source = PlannerSource::Builtin("hold-queues");
+    runtime.load(&source, "{}".into()).unwrap();
+    let (entry, inode) = only_entry(dir.path());
+    let original = std::fs::read(&entry).unwrap();
+    // One byte of the compiled code changed in place (same file, same length,
+    // same header): wasmtime alone would load it and run the changed code.
+    let mut tampered = original.clone();
+    let middle = tampered.len() / 2;
+    tampered[middle] ^= 0x01;
+    std::fs::write(&entry, &tampered).unwrap();
+    assert_eq!(std::fs::metadata(&entry).unwrap().ino(), inode);
+
+    let planner = runtime.load(&source, "{}".into()).expect("the planner loads, compiled afresh");
+    assert!(plans(&planner));
+    let (rewritten, new_inode) = only_entry(dir.path());
+    assert_ne!(new_inode, inode, "the tampered entry was replaced by a fresh compile");
+    assert_eq!(std::fs::read(&rewritten).unwrap(), original, "with exactly what compiling produces");
+}
+
+#[test]
+fn a_cache_directory_others_can_write_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, problem) in [(0o777, "writable by group and others (mode 0777)"), (0o770, "writable by group (mode 0770)"), (0o1707, "writable by others (mode 1707)")] {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).err().expect("refused");
+        let text = err.to_string();
+        assert!(matches!(err, PlannerError::CacheDir { .. }), "{text}");
+        assert!(text.contains(&dir.path().display().to_string()) && text.contains(problem), "{text}");
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).expect("readable by others is fine");
+}
+
+#[test]
+fn a_cache_directory_hourglass_creates_is_private() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("new/cache");
+    let runtime = PlannerRuntime::new(PlannerLimits::default(), Some(dir.clone())).unwrap();
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    runtime.load(&PlannerSource::Builtin("hold-queues"), "{}".into()).unwrap();
+    only_entry(&dir);
+}
+
+#[test]
+fn a_file_where_the_cache_directory_should_be_is_refused() {
+    let parent = tempfile::tempdir().unwrap();
+    let path = parent.path().join("cache");
+    std::fs::write(&path, b"").unwrap();
+    let err = PlannerRuntime::new(PlannerLimits::default(), Some(path.clone())).err().expect("refused").to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+}
+
+#[test]
+fn a_pool_never_holds_more_instances_than_its_bound() {
+    let runtime = common::runtime().with_instances(2);
+    let planner = runtime.load(&PlannerSource::Builtin("hold-queues"), "{}".into()).unwrap();
+    assert_eq!(planner.max_instances(), 2);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..200 {
+                    assert!(plans(&planner));
+                }
+            });
+        }
+    });
+    let instances = planner.instances();
+    assert!((1..=2).contains(&instances), "{instances} instances");
 }
 
 #[test]

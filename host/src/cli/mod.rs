@@ -568,7 +568,7 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
     let mut counters = Vec::new();
     for destination in destinations {
         scheduler.prepare_destination(strategy, destination).await?;
-        let mut planner = Strategies::load_one(config, strategy)?;
+        let planner = Strategies::load_one(config, strategy)?;
         let pumped: Vec<String> = planner
             .destination_setup(destination)?
             .into_iter()

@@ -1,4 +1,6 @@
-//! One configured planner instance, and the host-side types of its answers.
+//! A configured planner and its pool of instances, and the host-side types of its answers.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
@@ -92,29 +94,65 @@ impl diagnostics::Host for StoreState {
     }
 }
 
+/// One instantiated, configured instance and its store.
 struct Live {
     store: Store<StoreState>,
     world: PlannerWorld,
 }
 
-/// A planner instantiated and configured for one strategy.
+/// A planner loaded and configured for one strategy: a small pool of
+/// instances, so calls from different tasks run in parallel.
 ///
-/// A trap leaves a wasm instance unusable, so after one the next call starts a
-/// fresh instance from the pre-linked component and configures it again.
+/// An instance is checked out for a call and returned after it. A trap leaves
+/// a wasm instance unusable, so one that trapped is dropped instead, and a
+/// later checkout instantiates a fresh one from the pre-linked component and
+/// configures it again. At most `bound` instances exist at once; a caller
+/// finding all of them busy waits for one to come back (a call ends within
+/// its time budget).
 pub struct LoadedPlanner {
     label: String,
     engine: Engine,
     pre: PlannerWorldPre<StoreState>,
     limits: PlannerLimits,
     config_json: String,
-    live: Option<Live>,
     info: PlannerInfo,
     range: DelayRange,
+    pool: Mutex<Pool>,
+    returned: Condvar,
+    bound: usize,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Live>,
+    /// Instances that exist: idle, checked out, or being made.
+    existing: usize,
 }
 
 impl std::fmt::Debug for LoadedPlanner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LoadedPlanner").field("label", &self.label).field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// One instance of a [`LoadedPlanner`], checked out of its pool; it goes back
+/// when dropped (or is discarded, if a call trapped). Hold it only for calls:
+/// not across an `.await`, where it would keep others of the pool waiting.
+pub struct PlannerInstance<'p> {
+    planner: &'p LoadedPlanner,
+    /// `None` once a call trapped.
+    live: Option<Live>,
+}
+
+impl Drop for PlannerInstance<'_> {
+    fn drop(&mut self) {
+        let mut pool = self.planner.lock_pool();
+        match self.live.take() {
+            Some(live) => pool.idle.push(live),
+            None => pool.existing -= 1,
+        }
+        drop(pool);
+        self.planner.returned.notify_one();
     }
 }
 
@@ -124,6 +162,7 @@ impl LoadedPlanner {
         engine: Engine,
         pre: PlannerWorldPre<StoreState>,
         limits: PlannerLimits,
+        bound: usize,
         config_json: String,
     ) -> Result<Self, PlannerError> {
         let placeholder_info = PlannerInfo { name: label.clone(), version: String::new(), family: BrokerFamily::Amqp, config_keys: vec![] };
@@ -134,12 +173,17 @@ impl LoadedPlanner {
             pre,
             limits,
             config_json,
-            live: None,
             info: placeholder_info,
             range: placeholder_range,
+            pool: Mutex::new(Pool::default()),
+            returned: Condvar::new(),
+            bound: bound.max(1),
         };
-        planner.ensure_live()?;
-        let info = planner.call("describe", |w, s| w.hourglass_planner_planner().call_describe(s))?;
+        // The first instance is made here, so a broken planner or config fails the load.
+        let (live, range) = planner.instantiate()?;
+        planner.range = range;
+        *planner.pool.get_mut().unwrap_or_else(|p| p.into_inner()) = Pool { idle: vec![live], existing: 1 };
+        let info = planner.checkout()?.call("describe", |w, s| w.hourglass_planner_planner().call_describe(s))?;
         planner.info = convert_info(info);
         Ok(planner)
     }
@@ -155,6 +199,46 @@ impl LoadedPlanner {
 
     pub fn delay_range(&self) -> &DelayRange {
         &self.range
+    }
+
+    /// The most instances this planner keeps at once.
+    pub fn max_instances(&self) -> usize {
+        self.bound
+    }
+
+    /// Instances that exist now (idle or checked out).
+    pub fn instances(&self) -> usize {
+        self.lock_pool().existing
+    }
+
+    fn lock_pool(&self) -> MutexGuard<'_, Pool> {
+        // The pool's state is updated in single statements; a panic elsewhere leaves it whole.
+        self.pool.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// An instance for this caller's calls: an idle one, a new one while
+    /// fewer than the bound exist, or else the next one returned.
+    pub fn checkout(&self) -> Result<PlannerInstance<'_>, PlannerError> {
+        let mut pool = self.lock_pool();
+        loop {
+            if let Some(live) = pool.idle.pop() {
+                return Ok(PlannerInstance { planner: self, live: Some(live) });
+            }
+            if pool.existing < self.bound {
+                pool.existing += 1;
+                drop(pool);
+                // Instantiating runs the planner's `configure`: outside the lock.
+                return match self.instantiate() {
+                    Ok((live, _)) => Ok(PlannerInstance { planner: self, live: Some(live) }),
+                    Err(err) => {
+                        self.lock_pool().existing -= 1;
+                        self.returned.notify_one();
+                        Err(err)
+                    }
+                };
+            }
+            pool = self.returned.wait(pool).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
     }
 
     fn instantiate(&self) -> Result<(Live, DelayRange), PlannerError> {
@@ -178,45 +262,18 @@ impl LoadedPlanner {
         }
     }
 
-    fn ensure_live(&mut self) -> Result<&mut Live, PlannerError> {
-        if self.live.is_none() {
-            let (live, range) = self.instantiate()?;
-            self.range = range;
-            self.live = Some(live);
-        }
-        Ok(self.live.as_mut().expect("just made live"))
-    }
-
     fn trapped(&self, function: &'static str, err: wasmtime::Error, panic: Option<String>) -> PlannerError {
+        let planner = self.label.clone();
         let reason = if let Some(message) = panic {
             format!("panicked: {message}")
         } else if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            format!("ran past its time budget of {:?}", self.limits.call_timeout)
+            return PlannerError::Timeout { planner, function, budget: self.limits.call_timeout };
         } else if format!("{err:?}").contains("forcing trap when growing memory") {
             format!("ran out of its memory limit of {} bytes", self.limits.memory_bytes)
         } else {
             format!("trapped: {}", err.root_cause())
         };
-        PlannerError::Trapped { planner: self.label.clone(), function, reason }
-    }
-
-    /// Runs one export under the call budget; a trap discards the instance.
-    fn call<R>(
-        &mut self,
-        function: &'static str,
-        f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PlannerError> {
-        let ticks = self.limits.deadline_ticks();
-        let live = self.ensure_live()?;
-        live.store.set_epoch_deadline(ticks);
-        match f(&live.world, &mut live.store) {
-            Ok(result) => Ok(result),
-            Err(err) => {
-                let panic = live.store.data_mut().panic_message.take();
-                self.live = None;
-                Err(self.trapped(function, err, panic))
-            }
-        }
+        PlannerError::Trapped { planner, function, reason }
     }
 
     fn refused(&self, message: String) -> PlannerError {
@@ -238,16 +295,62 @@ impl LoadedPlanner {
             .collect()
     }
 
+    /// The strategy's static topology (on an instance of the pool).
+    pub fn topology(&self) -> Result<Vec<Command>, PlannerError> {
+        self.checkout()?.topology()
+    }
+
+    pub fn destination_setup(&self, destination: &str) -> Result<Vec<Command>, PlannerError> {
+        self.checkout()?.destination_setup(destination)
+    }
+
+    pub fn plan(&self, request: &PlanRequest) -> Result<Plan, PlannerError> {
+        self.checkout()?.plan(request)
+    }
+
+    pub fn handle_due(&self, message: &DueMessage) -> Result<DueAction, PlannerError> {
+        self.checkout()?.handle_due(message)
+    }
+
+    pub fn decide_redelivery(&self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
+        self.checkout()?.decide_redelivery(queue, attempt, seed, reason)
+    }
+}
+
+impl PlannerInstance<'_> {
+    /// Runs one export under the call budget; a trap discards the instance.
+    fn call<R>(
+        &mut self,
+        function: &'static str,
+        f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PlannerError> {
+        let planner = self.planner;
+        if self.live.is_none() {
+            // Trapped earlier on this checkout: start afresh, as the pool would.
+            self.live = Some(planner.instantiate()?.0);
+        }
+        let live = self.live.as_mut().expect("just made live");
+        live.store.set_epoch_deadline(planner.limits.deadline_ticks());
+        match f(&live.world, &mut live.store) {
+            Ok(result) => Ok(result),
+            Err(err) => {
+                let panic = live.store.data_mut().panic_message.take();
+                self.live = None;
+                Err(planner.trapped(function, err, panic))
+            }
+        }
+    }
+
     pub fn topology(&mut self) -> Result<Vec<Command>, PlannerError> {
         let result = self.call("topology", |w, s| w.hourglass_planner_planner().call_topology(s))?;
-        let commands = result.map_err(|m| self.refused(m))?;
-        self.commands("topology", commands)
+        let commands = result.map_err(|m| self.planner.refused(m))?;
+        self.planner.commands("topology", commands)
     }
 
     pub fn destination_setup(&mut self, destination: &str) -> Result<Vec<Command>, PlannerError> {
         let result = self.call("destination-setup", |w, s| w.hourglass_planner_planner().call_destination_setup(s, destination))?;
-        let commands = result.map_err(|m| self.refused(m))?;
-        self.commands("destination-setup", commands)
+        let commands = result.map_err(|m| self.planner.refused(m))?;
+        self.planner.commands("destination-setup", commands)
     }
 
     pub fn plan(&mut self, request: &PlanRequest) -> Result<Plan, PlannerError> {
@@ -258,10 +361,10 @@ impl LoadedPlanner {
             routing_key: request.routing_key.clone(),
         };
         let result = self.call("plan", |w, s| w.hourglass_planner_planner().call_plan(s, &wit_request))?;
-        let plan = result.map_err(|m| self.refused(m))?;
+        let plan = result.map_err(|m| self.planner.refused(m))?;
         if plan.delivers_after_ms < request.delay_ms {
             return Err(PlannerError::InvalidOutput {
-                planner: self.label.clone(),
+                planner: self.planner.label.clone(),
                 function: "plan",
                 reason: format!(
                     "promised {}ms for a {}ms delay: planners may round up, never down",
@@ -269,7 +372,7 @@ impl LoadedPlanner {
                 ),
             });
         }
-        Ok(Plan { commands: self.commands("plan", plan.commands)?, delivers_after_ms: plan.delivers_after_ms })
+        Ok(Plan { commands: self.planner.commands("plan", plan.commands)?, delivers_after_ms: plan.delivers_after_ms })
     }
 
     pub fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, PlannerError> {
@@ -287,16 +390,17 @@ impl LoadedPlanner {
             host_now_ms: message.host_now_ms,
         };
         let result = self.call("handle-due", |w, s| w.hourglass_planner_planner().call_handle_due(s, &wit_message))?;
-        Ok(match result.map_err(|m| self.refused(m))? {
-            wit::DueAction::Recycle(c) => DueAction::Recycle(self.commands("handle-due", c)?),
-            wit::DueAction::HandOver(c) => DueAction::HandOver(self.commands("handle-due", c)?),
+        let planner = self.planner;
+        Ok(match result.map_err(|m| planner.refused(m))? {
+            wit::DueAction::Recycle(c) => DueAction::Recycle(planner.commands("handle-due", c)?),
+            wit::DueAction::HandOver(c) => DueAction::HandOver(planner.commands("handle-due", c)?),
         })
     }
 
     pub fn decide_redelivery(&mut self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
         let request = wit::RedeliveryRequest { queue: queue.into(), attempt, seed, reason: reason.map(Into::into) };
         let result = self.call("decide-redelivery", |w, s| w.hourglass_planner_planner().call_decide_redelivery(s, &request))?;
-        Ok(match result.map_err(|m| self.refused(m))? {
+        Ok(match result.map_err(|m| self.planner.refused(m))? {
             wit::RedeliveryDecision::RetryAfterMs(ms) => RedeliveryDecision::RetryAfterMs(ms),
             wit::RedeliveryDecision::GiveUp(why) => RedeliveryDecision::GiveUp(why),
         })

@@ -1,9 +1,12 @@
 //! Planners: WebAssembly components run in a sandbox.
 //!
-//! * [`PlannerRuntime`] owns the one wasmtime engine, the epoch ticker that
-//!   bounds every call, and the on-disk cache of compiled components.
-//! * [`LoadedPlanner`] is one configured instance per strategy; every call goes
-//!   through it and comes back converted to host types and validated.
+//! * [`PlannerRuntime`] loads planners on the process's one wasmtime engine
+//!   (with the one epoch ticker that bounds every call; see
+//!   [`engines_created`]), through the on-disk cache of compiled components.
+//! * [`LoadedPlanner`] is one strategy's configured planner: a pool of
+//!   instances, so calls run in parallel. Every call goes through it (or
+//!   through a [`PlannerInstance`] checked out of it) and comes back
+//!   converted to host types and validated.
 //! * [`builtin`] holds the four planners embedded in the binary.
 
 pub mod bindings {
@@ -20,8 +23,10 @@ mod instance;
 mod runtime;
 
 pub use crate::command::{DueAction, DueMessage};
-pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, RedeliveryDecision};
-pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource};
+pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, RedeliveryDecision};
+pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource, engines_created};
+
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -39,8 +44,21 @@ pub enum PlannerError {
     Refused { planner: String, message: String },
     #[error("planner {planner} failed in {function}: {reason}")]
     Trapped { planner: String, function: &'static str, reason: String },
+    /// Stopped by its epoch deadline: the planner may loop, or the host's CPU
+    /// may merely have been starved, so a caller may try the message again.
+    #[error("planner {planner} failed in {function}: ran past its time budget of {budget:?}")]
+    Timeout { planner: String, function: &'static str, budget: Duration },
     #[error("planner {planner} returned an invalid command from {function}: {reason}")]
     InvalidOutput { planner: String, function: &'static str, reason: String },
+    #[error("planner cache directory {path}: {problem}")]
+    CacheDir { path: String, problem: String },
     #[error("planner engine: {0}")]
     Engine(String),
+}
+
+impl PlannerError {
+    /// The call ran out of time (rather than trapping or answering wrongly).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, PlannerError::Timeout { .. })
+    }
 }

@@ -1,6 +1,13 @@
-//! The wasmtime engine, the call budget and component loading.
+//! The process's one wasmtime engine, the call budget and component loading.
+//!
+//! The engine's settings (component model, epoch interruption) are the same
+//! for every planner; per-call limits live in each instance's store. So one
+//! engine and one epoch ticker thread serve every load in the process: start,
+//! reloads, pumps, verify and the CLI.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, Linker};
@@ -72,27 +79,69 @@ impl PlannerSource {
     }
 }
 
-/// Owns the engine all planners share.
+static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+static ENGINES_CREATED: AtomicUsize = AtomicUsize::new(0);
+
+/// The process's engine, made (with its epoch ticker) on first use.
+fn shared_engine() -> Result<Engine, PlannerError> {
+    ENGINE
+        .get_or_init(|| {
+            let mut config = Config::new();
+            config.wasm_component_model(true);
+            // Epoch checks cost next to nothing per call, unlike fuel.
+            config.epoch_interruption(true);
+            let engine = Engine::new(&config).map_err(|e| e.to_string())?;
+            ENGINES_CREATED.fetch_add(1, Ordering::SeqCst);
+            spawn_epoch_ticker(engine.clone());
+            Ok(engine)
+        })
+        .clone()
+        .map_err(PlannerError::Engine)
+}
+
+/// How many wasmtime engines this process has made: one, once any planner is loaded.
+pub fn engines_created() -> usize {
+    ENGINES_CREATED.load(Ordering::SeqCst)
+}
+
+/// Instances each planner keeps at most: one per CPU, so every worker thread
+/// can be inside a planner at once, and at least two, so one slow call never
+/// holds up the next.
+fn default_instances() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 16)
+}
+
+/// Loads planners with one set of limits and one cache, on the shared engine.
+/// Cheap to make: one per config load.
 pub struct PlannerRuntime {
     engine: Engine,
     cache: Option<ComponentCache>,
     limits: PlannerLimits,
+    instances: usize,
 }
 
 impl PlannerRuntime {
-    /// `cache_dir = None` compiles every time.
+    /// `cache_dir = None` compiles every time. A cache directory that someone
+    /// else could write to is refused (see [`ComponentCache::open`]).
     pub fn new(limits: PlannerLimits, cache_dir: Option<PathBuf>) -> Result<Self, PlannerError> {
-        let mut config = Config::new();
-        config.wasm_component_model(true);
-        // Epoch checks cost next to nothing per call, unlike fuel.
-        config.epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| PlannerError::Engine(e.to_string()))?;
-        spawn_epoch_ticker(&engine);
-        Ok(PlannerRuntime { engine, cache: cache_dir.map(ComponentCache::new), limits })
+        let engine = shared_engine()?;
+        let cache = cache_dir.map(ComponentCache::open).transpose()?;
+        Ok(PlannerRuntime { engine, cache, limits, instances: default_instances() })
+    }
+
+    /// At most `instances` (≥ 1) instances per planner this runtime loads.
+    pub fn with_instances(mut self, instances: usize) -> Self {
+        self.instances = instances.max(1);
+        self
     }
 
     pub fn limits(&self) -> PlannerLimits {
         self.limits
+    }
+
+    /// Instances each planner loaded here may keep at once.
+    pub fn instances(&self) -> usize {
+        self.instances
     }
 
     pub fn cache_dir(&self) -> Option<&Path> {
@@ -135,19 +184,17 @@ impl PlannerRuntime {
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
         let pre = PlannerWorldPre::new(pre).map_err(wrong_contract)?;
-        LoadedPlanner::start(label, self.engine.clone(), pre, self.limits, config_json)
+        LoadedPlanner::start(label, self.engine.clone(), pre, self.limits, self.instances, config_json)
     }
 }
 
-fn spawn_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
+/// The engine lives as long as the process, and so does its ticker.
+fn spawn_epoch_ticker(engine: Engine) {
     std::thread::Builder::new()
         .name("planner-epoch".into())
         .spawn(move || {
-            // Ends with the engine.
-            while let Some(engine) = weak.upgrade() {
+            loop {
                 engine.increment_epoch();
-                drop(engine);
                 std::thread::sleep(EPOCH_TICK);
             }
         })

@@ -4,14 +4,16 @@
 //! a destination checks the destination exists and applies its setup. Both are
 //! remembered, so later messages cost one plan and one publish.
 //!
-//! Everything is `&self`: planning takes a short lock on the planners (a call
-//! is microseconds), the publish and its confirm take none, so concurrent
-//! callers keep a window of confirms outstanding. The configured strategies
+//! Everything is `&self`: planning checks an instance out of the strategy's
+//! own pool (a call is microseconds; calls to different strategies, and to one
+//! strategy from several tasks, run in parallel, with no lock across
+//! strategies), the publish and its confirm take none, so concurrent callers
+//! keep a window of confirms outstanding. The configured strategies
 //! form a *generation*; [`Scheduler::reload`] swaps in a new one while
 //! messages planned with the old one finish as they were planned.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use thiserror::Error;
@@ -108,7 +110,8 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
 /// One loaded config: its planners and what has been declared for them.
 struct Generation {
     config: Arc<Config>,
-    strategies: Mutex<Strategies>,
+    /// Each strategy's planner guards its own pool of instances.
+    strategies: Strategies,
     names: Vec<String>,
     /// hourglass's own queues and exchanges: never destinations.
     reserved: HashSet<String>,
@@ -130,17 +133,16 @@ impl Generation {
         let reserved = reserved_names(&config, &mut strategies, &names);
         Generation {
             config: Arc::new(config),
-            strategies: Mutex::new(strategies),
+            strategies,
             names,
             reserved,
             prepared: Default::default(),
         }
     }
 
-    /// One call into `strategy`'s planner, under the planners' lock.
-    fn call<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
-        let mut planners = self.strategies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        Ok(f(planners.get_mut(strategy).map_err(ScheduleError::BadRequest)?)?)
+    /// One call into `strategy`'s planner (on an instance of its pool).
+    fn call<R>(&self, strategy: &str, f: impl FnOnce(&LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
+        Ok(f(self.strategies.get(strategy).map_err(ScheduleError::BadRequest)?)?)
     }
 
     fn strategy_for(&self, destination: &str) -> String {
@@ -225,7 +227,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// One call into a configured strategy's planner; an unknown name is a bad request.
-    fn call_checked<R>(&self, strategy: &str, f: impl FnOnce(&mut LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
+    fn call_checked<R>(&self, strategy: &str, f: impl FnOnce(&LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
         let generation = self.generation();
         generation.check_strategy(strategy)?;
         generation.call(strategy, f)
@@ -367,5 +369,60 @@ impl<E: Executor> Scheduler<E> {
         let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties, stamp_message_id: !request.as_is };
         let scheduled = Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms };
         Ok((scheduled, plan.commands, envelope))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::broker::MemoryExecutor;
+
+    fn two_strategies() -> Config {
+        let text = "default_strategy = \"a\"\n[planners]\ncache = false\n[strategies.a]\nplanner = \"hold-queues\"\n[strategies.b]\nplanner = \"binary-levels\"\n";
+        Config::parse(Path::new("delay.toml"), text.into()).unwrap()
+    }
+
+    /// With one lock over all planners (as before pools), holding strategy A's
+    /// planner stopped every call in the process; now only A's own pool is
+    /// touched, and it has more than one instance.
+    #[test]
+    fn while_an_instance_of_a_is_held_a_call_to_b_and_a_second_call_to_a_both_complete() {
+        let config = two_strategies();
+        let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), MemoryExecutor::default());
+        let generation = scheduler.generation();
+        let a = generation.strategies.get("a").unwrap();
+        assert!(a.max_instances() >= 2, "{}", a.max_instances());
+        let held = a.checkout().unwrap();
+
+        let (done, finished) = std::sync::mpsc::channel();
+        let results = std::thread::scope(|scope| {
+            for (strategy, destination) in [("b", "to-b"), ("a", "to-a")] {
+                let (done, scheduler) = (done.clone(), &scheduler);
+                scope.spawn(move || {
+                    let request = ScheduleRequest { destination: destination.into(), delay_ms: 5_000, strategy: Some(strategy.into()), ..Default::default() };
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                    // The full path: topology, destination setup and plan, each a planner call.
+                    let result = runtime.block_on(scheduler.schedule(request));
+                    done.send((strategy, result.map(|s| s.strategy).map_err(|e| e.to_string()))).unwrap();
+                });
+            }
+            // A deadline for a failure to show, not a wait for success: both normally finish in milliseconds.
+            let results: Vec<_> = (0..2).map(|_| finished.recv_timeout(Duration::from_secs(60))).collect();
+            let instances_meanwhile = a.instances();
+            // Released before asserting, so a failing run ends instead of hanging on the blocked threads.
+            drop(held);
+            (results, instances_meanwhile)
+        });
+        let (mut results, instances_meanwhile) = results;
+        results.sort_by_key(|r| r.as_ref().map(|(strategy, _)| *strategy).ok());
+        assert_eq!(
+            results,
+            [Ok(("a", Ok("a".to_string()))), Ok(("b", Ok("b".to_string())))],
+            "both calls completed while an instance of a was checked out"
+        );
+        assert_eq!(instances_meanwhile, 2, "the second call to a got an instance of its own");
     }
 }

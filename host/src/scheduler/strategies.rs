@@ -9,8 +9,10 @@ use crate::command::{DueAction, DueMessage};
 use crate::config::{Config, Location};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
+/// A strategy that cannot be loaded; `strategy` is empty when the fault is
+/// not one strategy's (the planner cache directory, the engine).
 #[derive(Debug, Error)]
-#[error("{location}: strategy {strategy:?}: {source}")]
+#[error("{location}: {}{source}", if .strategy.is_empty() { String::new() } else { format!("strategy {:?}: ", .strategy) })]
 pub struct StrategyError {
     pub location: Location,
     pub strategy: String,
@@ -18,9 +20,9 @@ pub struct StrategyError {
     pub source: PlannerError,
 }
 
-/// Every strategy in a config, each with its own planner instance.
+/// Every strategy in a config, each with its own planner and pool of
+/// instances: calls need only `&self`, and run in parallel.
 pub struct Strategies {
-    // Declared before the runtime so instances drop before their engine.
     planners: BTreeMap<String, LoadedPlanner>,
     runtime: PlannerRuntime,
     default: String,
@@ -48,7 +50,7 @@ impl Strategies {
         Ok(Strategies { planners, runtime, default: config.default_strategy.clone() })
     }
 
-    /// A separate instance of one strategy's planner, for a task of its own (a pump).
+    /// One strategy's planner loaded on its own, for a task of its own (a pump).
     pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
         let located = |source| StrategyError { location: Location { path: config.path.clone(), line: 1, column: 1 }, strategy: name.to_string(), source };
         let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
@@ -72,9 +74,21 @@ impl Strategies {
         self.planners.keys().map(String::as_str)
     }
 
+    /// A strategy's planner; calls on it check an instance out of its pool.
+    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, String> {
+        self.planners.get(name).ok_or_else(|| self.unknown(name))
+    }
+
     pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
+        if !self.planners.contains_key(name) {
+            return Err(self.unknown(name));
+        }
+        Ok(self.planners.get_mut(name).expect("just checked"))
+    }
+
+    fn unknown(&self, name: &str) -> String {
         let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
-        self.planners.get_mut(name).ok_or_else(|| format!("unknown strategy {name:?}; configured: {known}"))
+        format!("unknown strategy {name:?}; configured: {known}")
     }
 }
 
@@ -86,5 +100,27 @@ impl DueHandler for LoadedPlanner {
 
     fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String> {
         LoadedPlanner::handle_due(self, message).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_cache_directory_others_can_write_fails_the_load_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let text = format!("[planners]\ncache_dir = {:?}\n[strategies.a]\nplanner = \"hold-queues\"\n", cache.display().to_string());
+        let config = Config::parse(&dir.path().join("delay.toml"), text).unwrap();
+        let err = Strategies::load(&config).err().expect("refused").to_string();
+        assert!(err.starts_with(&format!("{}:1:1: planner cache directory {}: writable by group and others", dir.path().join("delay.toml").display(), cache.display())), "{err}");
+
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+        Strategies::load(&config).expect("a private cache directory is fine");
     }
 }
