@@ -70,7 +70,12 @@ pub fn config(strategy_table: &str) -> Config {
 
 /// The RabbitMQ config text with strategy `main` and more TOML after it.
 pub fn config_text(strategy_table: &str, more: &str) -> String {
-    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n", amqp_url())
+    config_text_on(&amqp_url(), strategy_table, more)
+}
+
+/// [`config_text`] on another broker URL (a [`vhost::PrivateVhost`]'s, say).
+pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n")
 }
 
 /// [`config`] with more TOML after the strategy.

@@ -1,6 +1,7 @@
 //! The `nsb-v2` and `celery` presets share a broker with NServiceBus's and
 //! Celery's delay infrastructure: hourglass declares over theirs without
-//! conflict, and messages published either way arrive.
+//! conflict, and messages published either way arrive. The presets use the
+//! other clients' fixed names, so each test runs in a private vhost.
 
 use std::time::Duration;
 
@@ -44,10 +45,12 @@ async fn publish_like_the_other_client(connection: &lapin::Connection, exchange:
 }
 
 async fn round_trip(preset: &str, level_name: impl Fn(u32) -> String, quorum: bool) {
-    let connection = connect().await;
+    let vhost = vhost::PrivateVhost::create("interop");
+    let connection = connect_to(&vhost.url).await;
     // The other client got there first with its own declaration of level 1.
     declare_like_the_other_client(&connection, &level_name(1), 1, &level_name(0), quorum).await;
-    let config = config(&format!("planner = \"binary-levels\"\npreset = \"{preset}\""));
+    let text = config_text_on(&vhost.url, &format!("planner = \"binary-levels\"\npreset = \"{preset}\""), "");
+    let config = hourglass::config::Config::parse(std::path::Path::new("interop.toml"), text).expect("test config");
     let mut destination = Destination::declare(&connection, preset).await;
     let scheduler = scheduler(&config).await;
 
@@ -63,8 +66,9 @@ async fn round_trip(preset: &str, level_name: impl Fn(u32) -> String, quorum: bo
     let theirs = received.iter().find(|r| r.delivery.data == b"from the other client").expect("the other client's message arrived");
     assert!(ours.at_ms >= scheduled.due_at_ms && ours.at_ms <= scheduled.due_at_ms + 1_000);
     assert!(theirs.at_ms >= foreign_due && theirs.at_ms <= foreign_due + 1_000);
-    delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
+    // Dropping the vhost deletes the presets' fixed-name queues and exchanges.
+    drop(vhost);
 }
 
 #[tokio::test]

@@ -1,0 +1,88 @@
+//! `hourglass schedule`: publish one delayed message and wait for the broker's confirm.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use hourglass::broker::Broker;
+use hourglass::command::FieldValue;
+use hourglass::render;
+use hourglass::scheduler::{ScheduleRequest, Scheduler};
+
+use super::{Cli, TextOrJson, duration_arg, header_arg, load, print_json, tokio_runtime};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long = "to", value_name = "DEST")]
+    pub destination: String,
+    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+    pub delay: u64,
+    /// The body as text (else --body-file, else standard input).
+    #[arg(long, conflicts_with = "body_file")]
+    pub body: Option<String>,
+    #[arg(long, value_name = "PATH")]
+    pub body_file: Option<PathBuf>,
+    /// An application header, repeatable.
+    #[arg(long = "header", value_name = "K=V", value_parser = header_arg)]
+    pub headers: Vec<(String, String)>,
+    #[arg(long)]
+    pub content_type: Option<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: TextOrJson,
+}
+
+pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
+    let Args { destination, delay, body, body_file, headers, content_type, format } = args;
+    let (config, strategies) = load(&cli)?;
+    let body = read_body(body, body_file)?;
+    let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
+    let request = ScheduleRequest {
+        destination: destination.clone(),
+        delay_ms: *delay,
+        body,
+        headers: headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))).collect(),
+        properties,
+        strategy: cli.strategy.clone(),
+        ..Default::default()
+    };
+    let (scheduled, place) = tokio_runtime()?.block_on(async {
+        let broker = Broker::connect(&config.broker).await?;
+        let place = broker.describe();
+        let scheduler = Scheduler::new(&config, strategies, broker);
+        Ok::<_, anyhow::Error>((scheduler.schedule(request).await?, place))
+    })?;
+    let due = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(scheduled.due_at_ms));
+    match format {
+        TextOrJson::Json => print_json(&serde_json::json!({
+            "id": scheduled.id,
+            "strategy": scheduled.strategy,
+            "destination": destination,
+            "due_at_ms": scheduled.due_at_ms,
+            "due_at": due.to_string(),
+            "delivers_after_ms": scheduled.delivers_after_ms,
+        }))?,
+        TextOrJson::Table => println!(
+            "scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})",
+            scheduled.id,
+            scheduled.strategy,
+            render::duration(*delay)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_body(body: &Option<String>, body_file: &Option<PathBuf>) -> Result<Vec<u8>> {
+    use std::io::{IsTerminal, Read};
+    if let Some(text) = body {
+        return Ok(text.clone().into_bytes());
+    }
+    if let Some(path) = body_file {
+        return std::fs::read(path).with_context(|| format!("{}: cannot read the body file", path.display()));
+    }
+    if std::io::stdin().is_terminal() {
+        bail!("give the body with --body, --body-file, or on standard input");
+    }
+    let mut bytes = Vec::new();
+    std::io::stdin().read_to_end(&mut bytes).context("reading the body from standard input")?;
+    Ok(bytes)
+}

@@ -1,0 +1,56 @@
+//! `hourglass topology`: show the strategy's static topology (and a destination's setup with --to); with --apply, declare it on the configured broker.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use hourglass::broker::Broker;
+use hourglass::command::Command;
+use hourglass::render;
+use hourglass::scheduler::Scheduler;
+
+use super::{Cli, TopologyFormat, load, pick, print_json, tokio_runtime};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long = "to", value_name = "DEST")]
+    pub destinations: Vec<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: TopologyFormat,
+    /// Declare the topology (and each --to destination's setup) on the broker. Idempotent.
+    #[arg(long)]
+    pub apply: bool,
+}
+
+pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
+    let Args { destinations, format, apply } = args;
+    if *apply {
+        let (config, strategies) = load(&cli)?;
+        let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
+        tokio_runtime()?.block_on(async {
+            let broker = Broker::connect(&config.broker).await?;
+            let place = broker.describe();
+            let scheduler = Scheduler::new(&config, strategies, broker);
+            scheduler.apply_topology(&strategy).await?;
+            for destination in destinations {
+                scheduler.prepare_destination(&strategy, destination).await?;
+            }
+            println!("applied the topology of strategy {strategy} on {place}");
+            Ok::<_, anyhow::Error>(())
+        })?;
+        Ok(ExitCode::SUCCESS)
+    } else {
+        let (config, mut strategies) = load(&cli)?;
+        let (_, planner) = pick(&cli, &config, &mut strategies, None)?;
+        let mut commands: Vec<Command> = planner.topology()?;
+        for destination in destinations {
+            commands.extend(planner.destination_setup(destination)?);
+        }
+        match format {
+            TopologyFormat::Table => print!("{}", render::commands(&commands)),
+            TopologyFormat::Json => print_json(&commands)?,
+            TopologyFormat::Mermaid => print!("{}", render::mermaid(&commands)),
+            TopologyFormat::Dot => print!("{}", render::dot(&commands)),
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}

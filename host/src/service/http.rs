@@ -1,0 +1,285 @@
+//! The HTTP API: routes, request parsing and the mapping of scheduler errors
+//! to status codes. Every refusal is JSON naming the field at fault.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::Service;
+use crate::broker::ExecutorError;
+use crate::command::FieldValue;
+use crate::planner::{PlanRequest, PlannerError};
+use crate::scheduler::{ScheduleError, ScheduleRequest};
+
+/// Largest message body accepted, after base64 decoding.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// A JSON error naming what was wrong.
+struct ApiError {
+    status: StatusCode,
+    field: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(field: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, field: Some(field), message: message.into() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message, "field": self.field }))).into_response()
+    }
+}
+
+fn schedule_error(err: ScheduleError) -> ApiError {
+    match err {
+        ScheduleError::BadRequest(message) => ApiError::bad("request", message),
+        ScheduleError::Invalid(invalid) => ApiError::bad(invalid.field, format!("{}: {}", invalid.field, invalid.reason)),
+        ScheduleError::Unplannable(message) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message },
+        ScheduleError::Planner(PlannerError::Refused { message, planner }) => {
+            ApiError::bad("delay", format!("planner {planner} refused: {message}"))
+        }
+        ScheduleError::Planner(other) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: other.to_string() },
+        ScheduleError::Broker(ExecutorError::Invalid(message)) => ApiError::bad("request", message),
+        ScheduleError::Broker(ExecutorError::Unavailable(message)) => {
+            ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message }
+        }
+        ScheduleError::Broker(other) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("destination"), message: other.to_string() },
+    }
+}
+
+fn authorize(service: &Service, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &service.token else { return Ok(()) };
+    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(token.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError { status: StatusCode::UNAUTHORIZED, field: Some("authorization"), message: "missing or wrong bearer token".into() })
+    }
+}
+
+fn parse_delay(value: &Value) -> Result<u64, ApiError> {
+    match value {
+        Value::String(text) => hourglass_planner_sdk::parse_duration_ms(text).map_err(|e| ApiError::bad("delay", e)),
+        Value::Number(n) => n.as_u64().ok_or_else(|| ApiError::bad("delay", format!("{n} is not a non-negative whole number of milliseconds"))),
+        Value::Null => Err(ApiError::bad("delay", "missing: give \"10s\" or milliseconds")),
+        other => Err(ApiError::bad("delay", format!("{other} is neither a duration string nor milliseconds"))),
+    }
+}
+
+/// Checks and converts the JSON body of `POST /v1/messages`.
+fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
+    let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object"))?;
+    const FIELDS: [&str; 6] = ["destination", "delay", "body", "encoding", "headers", "strategy"];
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: {}", FIELDS.join(", "))));
+    }
+    let destination = match object.get("destination") {
+        Some(Value::String(d)) if !d.is_empty() => d.clone(),
+        Some(_) => return Err(ApiError::bad("destination", "must be a non-empty string")),
+        None => return Err(ApiError::bad("destination", "missing")),
+    };
+    let delay_ms = parse_delay(object.get("delay").unwrap_or(&Value::Null))?;
+    let text = match object.get("body") {
+        Some(Value::String(b)) => b.as_str(),
+        None => "",
+        Some(_) => return Err(ApiError::bad("body", "must be a string (text, or base64 with \"encoding\": \"base64\")")),
+    };
+    let body = match object.get("encoding").and_then(Value::as_str) {
+        None | Some("text") => text.as_bytes().to_vec(),
+        Some("base64") => base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| ApiError::bad("body", format!("not valid base64: {e}")))?,
+        Some(other) => return Err(ApiError::bad("encoding", format!("{other:?} is not \"text\" or \"base64\""))),
+    };
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            field: Some("body"),
+            message: format!("{} bytes; at most {MAX_BODY_BYTES}", body.len()),
+        });
+    }
+    let mut headers = BTreeMap::new();
+    match object.get("headers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (k, v) in map {
+                let v = v.as_str().ok_or_else(|| ApiError::bad("headers", format!("header {k:?} must be a string")))?;
+                headers.insert(k.clone(), FieldValue::Text(v.to_string()));
+            }
+        }
+        Some(_) => return Err(ApiError::bad("headers", "must be an object of strings")),
+    }
+    let strategy = match object.get("strategy") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::bad("strategy", "must be a string")),
+    };
+    Ok(ScheduleRequest { destination, delay_ms, body, headers, strategy, ..Default::default() })
+}
+
+async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, bytes: Bytes) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let request = match parse_message(&bytes) {
+        Ok(request) => request,
+        Err(err) => {
+            service.metrics.rejected(err.field.unwrap_or("request"));
+            return err.into_response();
+        }
+    };
+    let destination = request.destination.clone();
+    let scheduler = &service.scheduler;
+    if let Some(strategy) = &request.strategy
+        && !scheduler.strategy_names().contains(strategy)
+    {
+        service.metrics.rejected("strategy");
+        return ApiError::bad("strategy", format!("unknown strategy {strategy:?}")).into_response();
+    }
+    let strategy = request.strategy.clone().unwrap_or_else(|| scheduler.strategy_for(&destination));
+    let started = Instant::now();
+    let result = scheduler.schedule(request).await;
+    service.metrics.observe_schedule(started.elapsed());
+    match result {
+        Ok(scheduled) => {
+            service.metrics.scheduled(&scheduled.strategy, &destination);
+            let body = json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms, "strategy": scheduled.strategy });
+            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+        }
+        Err(err) => {
+            service.metrics.failed(&strategy, &destination);
+            schedule_error(err).into_response()
+        }
+    }
+}
+
+async fn get_plan(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let Some(destination) = query.get("destination").filter(|d| !d.is_empty()) else {
+        return ApiError::bad("destination", "missing").into_response();
+    };
+    let delay_ms = match parse_delay(&query.get("delay").map_or(Value::Null, |d| Value::String(d.clone()))) {
+        Ok(ms) => ms,
+        Err(err) => return err.into_response(),
+    };
+    let scheduler = &service.scheduler;
+    let strategy = query.get("strategy").cloned().unwrap_or_else(|| scheduler.strategy_for(destination));
+    let request = PlanRequest { destination: destination.clone(), delay_ms, message_id: "plan-preview".into(), routing_key: None };
+    match scheduler.plan_only(&strategy, &request) {
+        Ok(plan) => axum::Json(json!({ "strategy": strategy, "delivers_after_ms": plan.delivers_after_ms, "commands": plan.commands })).into_response(),
+        Err(err) => schedule_error(err).into_response(),
+    }
+}
+
+async fn get_topology(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let strategy = query.get("strategy").cloned().unwrap_or_else(|| service.scheduler.default_strategy());
+    let commands = match service.scheduler.topology_of(&strategy) {
+        Ok(commands) => commands,
+        Err(err) => return schedule_error(err).into_response(),
+    };
+    match query.get("format").map(String::as_str).unwrap_or("json") {
+        "json" => axum::Json(json!({ "strategy": strategy, "commands": commands })).into_response(),
+        "mermaid" => crate::render::mermaid(&commands).into_response(),
+        "dot" => crate::render::dot(&commands).into_response(),
+        other => ApiError::bad("format", format!("{other:?} is not json, mermaid or dot")).into_response(),
+    }
+}
+
+async fn get_redelivery(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let input = service.background.redelivery.as_ref().map(|r| r.handler().input().to_string());
+    axum::Json(json!({ "input": input, "queues": service.redelivery_status() })).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(service): State<Arc<Service>>) -> Response {
+    if service.is_ready().await {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    match service.reload().await {
+        Ok(reloaded) => axum::Json(reloaded).into_response(),
+        Err(err) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("config"), message: err.to_string() }.into_response(),
+    }
+}
+
+async fn get_metrics(State(service): State<Arc<Service>>) -> Response {
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], service.metrics.encode()).into_response()
+}
+
+pub fn router(service: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(post_message))
+        .route("/v1/plan", get(get_plan))
+        .route("/v1/topology", get(get_topology))
+        .route("/v1/reload", post(post_reload))
+        .route("/v1/redelivery", get(get_redelivery))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(get_metrics))
+        // Base64 makes a 256 KiB body about 350 KiB of JSON.
+        .layer(axum::extract::DefaultBodyLimit::max(2 * MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+/// Serves until `shutdown` resolves; then stops accepting, stops the ingress
+/// and the pumps, and waits (at most the shutdown timeout) for requests,
+/// confirms and acks in flight.
+pub async fn run(listener: TcpListener, service: Arc<Service>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let (signalled, mut signal) = watch::channel(false);
+    let server = axum::serve(listener, router(service.clone())).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = signalled.send(true);
+    });
+    let server = tokio::spawn(async move { server.await });
+    tokio::pin!(server);
+    tokio::select! {
+        finished = &mut server => return finished.map_err(std::io::Error::other)?,
+        _ = signal.wait_for(|s| *s) => {}
+    }
+    tracing::info!(timeout = ?service.shutdown_timeout, "shutting down: finishing work in flight");
+    let drained = async {
+        let (served, ()) = tokio::join!(&mut server, service.stop_background());
+        served.map_err(std::io::Error::other)?
+    };
+    match tokio::time::timeout(service.shutdown_timeout, drained).await {
+        Ok(result) => result,
+        Err(_) => {
+            // Unacked ingress messages go back to their queue; clients without a 202 retry.
+            tracing::warn!(timeout = ?service.shutdown_timeout, "shutdown timeout: leaving work unfinished");
+            Ok(())
+        }
+    }
+}

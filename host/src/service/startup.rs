@@ -1,0 +1,223 @@
+//! Starting the service for a config: planners, broker, topology (applied or
+//! verified), redelivery set-up, configured destinations, and the background
+//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
+use crate::broker::rabbitmq::consume::Consumer;
+use crate::broker::sqs::pump::Pump;
+use crate::broker::{Broker, amqp_url};
+use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::scheduler::strategies::Strategies;
+use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
+use crate::service::ingress::Ingress;
+use crate::service::redelivery::Redelivery;
+
+const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
+
+impl Service {
+    /// Everything `serve` runs for a config: loads the planners, connects to
+    /// the broker, applies or verifies the topology, prepares the configured
+    /// destinations, starts the ingress (RabbitMQ) and the pumps (SQS).
+    pub async fn start(config: Config) -> Result<Arc<Service>, ServiceError> {
+        let loaded = config.clone();
+        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded))
+            .await
+            .map_err(|e| ServiceError::Other(e.to_string()))??;
+        let broker = Broker::connect(&config.broker).await?;
+        let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
+        let mut scheduler = Scheduler::new(&config, strategies, broker);
+        scheduler.set_declaring(topology == TopologyAtStart::Apply);
+        let scheduler = Arc::new(scheduler);
+        check_redelivery_policies(&config, &scheduler)?;
+        match topology {
+            TopologyAtStart::Apply => scheduler.apply_topology(&config.default_strategy).await?,
+            TopologyAtStart::Verify => verify_topology(&config).await?,
+            TopologyAtStart::Skip => {}
+        }
+        if let Broker::Sqs(sqs) = scheduler.executor() {
+            scheduler.metrics().watch_sqs(sqs.requests.clone());
+        }
+        let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
+        scheduler.report_pumped_queues(pumped_tx);
+        let (mut ingress, mut redelivery) = (None, None);
+        if let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker {
+            let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+            if config.service.ingress.enabled {
+                let consumer = Consumer::new(&amqp, Ingress::new(config.service.ingress.clone(), scheduler.clone()));
+                if topology == TopologyAtStart::Apply {
+                    consumer.declare().await?;
+                }
+                ingress = Some(consumer);
+            }
+            if !config.redelivery.is_empty() {
+                redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
+            }
+        }
+        let service = Arc::new(Service {
+            metrics: scheduler.metrics().clone(),
+            scheduler,
+            token: config.service.token(),
+            source: Some(config.path.clone()),
+            topology,
+            shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
+            reloading: Default::default(),
+            background: Background { ingress, redelivery, ..Background::default() },
+        });
+        let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
+        let supervisor = tokio::spawn(supervise_pumps(service.clone(), pumped_rx, pump_wait));
+        service.spawn(supervisor);
+        if let Some(ingress) = &service.background.ingress {
+            service.spawn(tokio::spawn(ingress.clone().run(service.background.stop.subscribe())));
+        }
+        if let Some(redelivery) = &service.background.redelivery {
+            service.spawn(tokio::spawn(redelivery.clone().run(service.background.stop.subscribe())));
+        }
+        service.prepare_configured_destinations(&config).await;
+        Ok(service)
+    }
+
+
+    /// Sets up each configured destination now, so pumps start and mistakes
+    /// show in the log at start; a destination that fails is prepared again on
+    /// its first message.
+    pub(super) async fn prepare_configured_destinations(&self, config: &Config) {
+        for destination in config.destinations.keys() {
+            let strategy = config.strategy_for(destination).to_string();
+            if let Err(err) = self.scheduler.prepare_destination(&strategy, destination).await {
+                tracing::warn!(%destination, %strategy, error = %err, "configured destination not ready yet");
+            }
+        }
+    }
+}
+
+/// Starts a pump for each pumped queue reported, once per queue.
+async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, wait_seconds: i32) {
+    let mut stop = service.background.stop.subscribe();
+    loop {
+        let pumped = tokio::select! {
+            next = reported.recv() => match next { Some(p) => p, None => return },
+            _ = stop.changed() => return,
+        };
+        if service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).0.contains(&pumped.queue) {
+            continue;
+        }
+        let Broker::Sqs(sqs) = service.scheduler.executor() else {
+            tracing::error!(queue = %pumped.queue, strategy = %pumped.strategy, "a pumped queue needs the SQS broker; not pumping it");
+            continue;
+        };
+        let config = pumped.config.clone();
+        let strategy = pumped.strategy.clone();
+        let planner = match tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy)).await {
+            Ok(Ok(planner)) => planner,
+            Ok(Err(err)) => {
+                tracing::error!(queue = %pumped.queue, error = %err, "cannot load the pump's planner");
+                continue;
+            }
+            Err(err) => {
+                tracing::error!(queue = %pumped.queue, error = %err, "pump planner load panicked");
+                continue;
+            }
+        };
+        match Pump::new(sqs.clone(), Box::new(planner), &pumped.queue, wait_seconds).await {
+            Ok(pump) => {
+                tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, "pumping");
+                service.metrics.watch_pump(&pumped.queue, pump.counters.clone());
+                let queue = pumped.queue.clone();
+                let pump_stop = service.background.stop.subscribe();
+                let task = tokio::spawn(async move {
+                    if let Err(err) = pump.run(pump_stop).await {
+                        tracing::error!(%queue, error = %err, "pump stopped");
+                    }
+                });
+                let mut pumps = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner());
+                pumps.0.insert(pumped.queue);
+                pumps.1.push(task);
+            }
+            Err(err) => tracing::error!(queue = %pumped.queue, error = %err, "cannot start a pump"),
+        }
+    }
+}
+
+/// A policy that cannot answer the first redelivery is a config mistake:
+/// refused before anything is declared, not at the first rejection.
+fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> Result<(), ServiceError> {
+    for entry in &config.redelivery {
+        scheduler
+            .decide_redelivery(entry.policy_or(&config.default_strategy), &entry.queue, 1, 0, None)
+            .map_err(|e| ServiceError::Other(format!("{}: redelivery {:?}: {e}", config.path.display(), entry.queue)))?;
+    }
+    Ok(())
+}
+
+/// Sets up redelivery: declares the input, the
+/// error queues and the consumer queues' dead-lettering (or sets broker
+/// policies), and prepares each queue as a destination of its strategy.
+async fn start_redelivery(
+    config: &Config,
+    scheduler: &Arc<Scheduler<Broker>>,
+    topology: TopologyAtStart,
+    amqp: &str,
+    management_url: Option<&str>,
+) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
+    let handler = Redelivery::new(config, scheduler.clone(), topology == TopologyAtStart::Apply);
+    let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
+    let consumer = Consumer::new(amqp, handler.clone());
+    if topology == TopologyAtStart::Apply {
+        consumer.declare().await?;
+        let with_policy: Vec<String> =
+            handler.entries().filter(|e| e.dead_letter == crate::config::DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
+        if !with_policy.is_empty() {
+            let management = crate::broker::rabbitmq::manage::management_url(amqp, management_url)
+                .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
+            let api = crate::broker::rabbitmq::manage::Management::new(&management, crate::broker::rabbitmq::manage::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
+            let handler = handler.clone();
+            tokio::task::spawn_blocking(move || {
+                for queue in &with_policy {
+                    handler.apply_broker_policy(&api, queue).map_err(|e| (queue.clone(), format!("setting the broker policy: {e}")))?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| ServiceError::Other(e.to_string()))?
+            .map_err(|(queue, e)| named(&queue, &e))?;
+        }
+    }
+    for entry in handler.entries() {
+        let strategy = handler.strategy_of(entry);
+        if let Err(err) = scheduler.prepare_destination(&strategy, &entry.queue).await {
+            tracing::warn!(queue = %entry.queue, %strategy, error = %err, "redelivery queue not ready yet; prepared again on its first rejection");
+        }
+    }
+    tracing::info!(input = %handler.input(), queues = handler.entries().count(), "redelivery set up");
+    Ok(consumer)
+}
+
+/// Checks the default strategy's topology and the configured destinations'
+/// setup on RabbitMQ through the management API (or passive declares).
+pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
+    let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker else {
+        return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
+    };
+    let mut strategies = Strategies::load(config)?;
+    let planner = strategies.get_mut(&config.default_strategy).map_err(ServiceError::Other)?;
+    let mut commands = planner.topology().map_err(ScheduleError::from)?;
+    for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
+        commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
+    }
+    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
+    if report.drifts.is_empty() {
+        return Ok(());
+    }
+    let drifts = crate::broker::rabbitmq::verify::grouped(&report)
+        .into_iter()
+        .map(|(object, problems)| format!("{object}: {}", problems.join("; ")))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    Err(ServiceError::Drift { path: config.path.display().to_string(), drifts })
+}
