@@ -75,6 +75,16 @@ enum Commands {
     Strategies(strategies::Args),
 }
 
+/// `--to DEST --delay DUR`, as `plan` and `schedule` take them.
+#[derive(clap::Args)]
+struct DelayedMessage {
+    #[arg(long = "to", value_name = "DEST")]
+    destination: String,
+    /// `10s`, `1500ms`, `2h 5m` or milliseconds.
+    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+    delay: u64,
+}
+
 fn duration_arg(text: &str) -> Result<u64, String> {
     parse_duration_ms(text)
 }

@@ -8,15 +8,12 @@ use hourglass::render;
 use hourglass::sim::simulation::Simulation;
 use hourglass::sim::{Hop, HopStep};
 
-use super::{Cli, TextOrJson, duration_arg, load, pick, print_json};
+use super::{Cli, DelayedMessage, TextOrJson, load, pick, print_json};
 
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(long = "to", value_name = "DEST")]
-    pub destination: String,
-    /// `10s`, `1500ms`, `2h 5m` or milliseconds.
-    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
-    pub delay: u64,
+    #[command(flatten)]
+    pub message: DelayedMessage,
     #[arg(long, value_enum, default_value = "table")]
     pub format: TextOrJson,
     /// SQS price per million requests, for the cost of SQS strategies' plans.
@@ -25,7 +22,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
-    let Args { destination, delay, format, price_per_million } = args;
+    let Args { message: DelayedMessage { destination, delay }, format, price_per_million } = args;
     let (config, mut strategies) = load(&cli)?;
     let (name, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
     let request = PlanRequest {

@@ -9,14 +9,12 @@ use hourglass::command::FieldValue;
 use hourglass::render;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 
-use super::{Cli, TextOrJson, duration_arg, header_arg, load, print_json, tokio_runtime};
+use super::{Cli, DelayedMessage, TextOrJson, header_arg, load, print_json, tokio_runtime};
 
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(long = "to", value_name = "DEST")]
-    pub destination: String,
-    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
-    pub delay: u64,
+    #[command(flatten)]
+    pub message: DelayedMessage,
     /// The body as text (else --body-file, else standard input).
     #[arg(long, conflicts_with = "body_file")]
     pub body: Option<String>,
@@ -32,7 +30,7 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
-    let Args { destination, delay, body, body_file, headers, content_type, format } = args;
+    let Args { message: DelayedMessage { destination, delay }, body, body_file, headers, content_type, format } = args;
     let (config, strategies) = load(&cli)?;
     let body = read_body(body, body_file)?;
     let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
