@@ -243,3 +243,18 @@ fn serve_runs_on_the_default_config_and_stops_cleanly_on_sigterm() {
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     assert!(rest.contains("hourglass stopped"), "{rest}");
 }
+
+#[test]
+fn topology_apply_reports_each_destination_and_refuses_hourglass_own_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("delay.toml"), "[broker]\nkind = \"memory\"\n\n[strategies.main]\nplanner = \"binary-levels\"\n").unwrap();
+    let output = hourglass_in(dir.path(), &["topology", "--apply", "--to", "orders", "--to", "hourglass.delay-level-01", "--to", "invoices"]);
+    // Not a terminal here: one plain line per destination, then the summary on stdout.
+    let progress = stderr(&output);
+    assert!(progress.contains("[1/3] orders: prepared"), "{progress}");
+    assert!(progress.contains("[2/3] hourglass.delay-level-01: FAILED"), "{progress}");
+    assert!(progress.contains("[3/3] invoices: prepared"), "{progress}");
+    assert!(progress.contains("one of hourglass's own queues or exchanges"), "{progress}");
+    assert!(stdout(&output).contains("prepared 2 of 3 destinations"), "{}", stdout(&output));
+    assert!(!output.status.success(), "a destination that failed fails the command");
+}

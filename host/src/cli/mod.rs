@@ -14,6 +14,7 @@ use hourglass_planner_sdk::parse_duration_ms;
 
 mod check_planner;
 mod plan;
+mod progress;
 mod pump;
 mod redelivery;
 mod schedule;

@@ -8,6 +8,7 @@ use hourglass::command::Command;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
 
+use super::progress::Progress;
 use super::{Cli, TopologyFormat, load, pick, print_json, tokio_runtime};
 
 #[derive(clap::Args)]
@@ -31,13 +32,28 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             let place = broker.describe();
             let scheduler = Scheduler::new(&config, strategies, broker);
             scheduler.apply_topology(&strategy).await?;
+            // One destination that fails does not stop the others; the summary names it.
+            let mut progress = Progress::new(destinations.len() as u64);
+            let mut failed = Vec::new();
             for destination in destinations {
-                scheduler.prepare_destination(&strategy, destination).await?;
+                match scheduler.prepare_destination(&strategy, destination).await {
+                    Ok(_) => progress.step(destination, "prepared"),
+                    Err(err) => {
+                        progress.step(destination, "FAILED");
+                        failed.push(format!("{destination}: {err}"));
+                    }
+                }
             }
+            let took = progress.finish();
             println!("applied the topology of strategy {strategy} on {place}");
-            Ok::<_, anyhow::Error>(())
-        })?;
-        Ok(ExitCode::SUCCESS)
+            if !destinations.is_empty() {
+                println!("prepared {} of {} destinations in {}", destinations.len() - failed.len(), destinations.len(), render::duration(took.as_millis() as u64));
+            }
+            for failure in &failed {
+                eprintln!("error: {failure}");
+            }
+            Ok::<_, anyhow::Error>(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        })
     } else {
         let (config, mut strategies) = load(&cli)?;
         let (_, planner) = pick(&cli, &config, &mut strategies, None)?;

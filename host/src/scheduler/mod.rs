@@ -286,6 +286,7 @@ impl<E: Executor> Scheduler<E> {
         strategy: &str,
         destination: &str,
     ) -> Result<(), ScheduleError> {
+        validate::check_destination(destination, &generation.reserved).map_err(ScheduleError::Invalid)?;
         if !prepared.topology.contains(strategy) {
             self.apply_topology_in(generation, prepared, strategy).await?;
         }

@@ -49,10 +49,7 @@ fn is_routing_header(name: &str) -> bool {
 /// not pass on (the broker's death records). `reserved` holds the names of
 /// hourglass's own queues and exchanges, which are never destinations.
 pub fn check(request: &mut ScheduleRequest, reserved: &HashSet<String>) -> Result<(), Invalid> {
-    check_name("destination", &request.destination)?;
-    if reserved.contains(&request.destination) {
-        return Err(invalid("destination", format!("{:?} is one of hourglass's own queues or exchanges, not a destination", request.destination)));
-    }
+    check_destination(&request.destination, reserved)?;
     if let Some(key) = &request.routing_key {
         check_name("routing_key", key)?;
     }
@@ -64,6 +61,15 @@ pub fn check(request: &mut ScheduleRequest, reserved: &HashSet<String>) -> Resul
     let size = encoded_size(&request.properties) + request.headers.iter().map(|(k, v)| 1 + k.len() + field_size(v)).sum::<usize>();
     if size > MAX_HEADER_BYTES {
         return Err(invalid("headers", format!("headers and properties take {size} bytes; at most {MAX_HEADER_BYTES}")));
+    }
+    Ok(())
+}
+
+/// A destination is a valid AMQP name and none of hourglass's own objects.
+pub fn check_destination(destination: &str, reserved: &HashSet<String>) -> Result<(), Invalid> {
+    check_name("destination", destination)?;
+    if reserved.contains(destination) {
+        return Err(invalid("destination", format!("{destination:?} is one of hourglass's own queues or exchanges, not a destination")));
     }
     Ok(())
 }
