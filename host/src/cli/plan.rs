@@ -23,8 +23,8 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { message: DelayedMessage { destination, delay }, format, price_per_million } = args;
-    let (config, mut strategies) = load(&cli)?;
-    let (name, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
+    let (config, mut strategies) = load(cli)?;
+    let (name, planner) = pick(cli, &config, &mut strategies, Some(destination))?;
     let request = PlanRequest {
         destination: destination.clone(),
         delay_ms: *delay,

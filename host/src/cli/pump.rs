@@ -25,7 +25,7 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destinations, wait_seconds } = args;
-    let (config, strategies) = load(&cli)?;
+    let (config, strategies) = load(cli)?;
     let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
     let destinations: Vec<String> = if destinations.is_empty() {
         config.destinations.keys().filter(|d| config.strategy_for(d) == strategy).cloned().collect()

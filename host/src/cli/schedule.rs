@@ -31,7 +31,7 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { message: DelayedMessage { destination, delay }, body, body_file, headers, content_type, format } = args;
-    let (config, strategies) = load(&cli)?;
+    let (config, strategies) = load(cli)?;
     let body = read_body(body, body_file)?;
     let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
     let request = ScheduleRequest {

@@ -20,8 +20,8 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destination, delays, format } = args;
-    let (config, mut strategies) = load(&cli)?;
-    let (_, planner) = pick(&cli, &config, &mut strategies, Some(destination))?;
+    let (config, mut strategies) = load(cli)?;
+    let (_, planner) = pick(cli, &config, &mut strategies, Some(destination))?;
     let results = Simulation::new(planner, destination)?.run(delays)?;
     match format {
         TextOrJson::Json => print_json(&results)?,

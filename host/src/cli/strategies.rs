@@ -15,7 +15,7 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { format } = args;
-    let (config, mut strategies) = load(&cli)?;
+    let (config, mut strategies) = load(cli)?;
     let names: Vec<String> = strategies.names().map(str::to_string).collect();
     let mut listed = Vec::new();
     for name in names {

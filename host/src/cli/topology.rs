@@ -25,7 +25,7 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destinations, format, apply } = args;
     if *apply {
-        let (config, strategies) = load(&cli)?;
+        let (config, strategies) = load(cli)?;
         let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
         tokio_runtime()?.block_on(async {
             let broker = Broker::connect(&config.broker).await?;
@@ -55,8 +55,8 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             Ok::<_, anyhow::Error>(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         })
     } else {
-        let (config, mut strategies) = load(&cli)?;
-        let (_, planner) = pick(&cli, &config, &mut strategies, None)?;
+        let (config, mut strategies) = load(cli)?;
+        let (_, planner) = pick(cli, &config, &mut strategies, None)?;
         let mut commands: Vec<Command> = planner.topology()?;
         for destination in destinations {
             commands.extend(planner.destination_setup(destination)?);
