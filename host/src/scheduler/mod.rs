@@ -426,4 +426,50 @@ mod tests {
         );
         assert_eq!(instances_meanwhile, 2, "the second call to a got an instance of its own");
     }
+
+    /// Counts what reaches the broker, to show refused requests touch nothing.
+    #[derive(Default)]
+    struct Counting {
+        inner: MemoryExecutor,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Executor for Counting {
+        async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.apply(commands).await
+        }
+        async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.check_destination(destination).await
+        }
+        async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.send(commands, envelope).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_reaches_no_broker_and_names_its_field() {
+        let config = two_strategies();
+        let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), Counting::default());
+        let text = |name: &str, value: &str| -> FieldTable { [(name.to_string(), FieldValue::Text(value.into()))].into() };
+        let refused = [
+            ("destination", ScheduleRequest { destination: "d".repeat(256), delay_ms: 1_000, ..Default::default() }),
+            ("destination", ScheduleRequest { destination: "hourglass.delay-level-01".into(), delay_ms: 1_000, strategy: Some("b".into()), ..Default::default() }),
+            ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("CC", "elsewhere"), ..Default::default() }),
+            ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("x-death", "made up"), ..Default::default() }),
+            ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text(&"h".repeat(256), "v"), ..Default::default() }),
+        ];
+        for (field, request) in refused {
+            match scheduler.schedule(request).await {
+                Err(ScheduleError::Invalid(invalid)) => assert_eq!(invalid.field, field, "{invalid:?}"),
+                other => panic!("expected a refusal naming {field}, got {other:?}"),
+            }
+        }
+        assert_eq!(scheduler.executor().calls.load(std::sync::atomic::Ordering::SeqCst), 0, "a refused request declared, checked or sent something");
+        let valid = ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, ..Default::default() };
+        scheduler.schedule(valid).await.expect("a valid request beside them is scheduled");
+        assert!(scheduler.executor().calls.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
 }
