@@ -221,3 +221,23 @@ fn a_bad_planner_config_is_refused_with_the_planners_reason() {
         .to_string();
     assert!(err.contains("binary-levels rejected its configuration: levls: unknown field `levls`"), "{err}");
 }
+
+/// A plan without a publish would drop the message while the client hears
+/// "scheduled": it is an error naming the strategy, and nothing is sent.
+#[tokio::test]
+async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
+    use hourglass::broker::MemoryExecutor;
+    use hourglass::config::Config;
+    use hourglass::scheduler::strategies::Strategies;
+    use hourglass::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+
+    let text = format!("[planners]\ncache = false\n[strategies.odd]\nplanner = {:?}\n", common::wasm("misbehaving").display().to_string());
+    let config = Config::parse(Path::new("delay.toml"), text).unwrap();
+    let broker = MemoryExecutor::default();
+    let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), broker);
+    let err = scheduler.schedule(ScheduleRequest { destination: "nothing".into(), ..Default::default() }).await.unwrap_err();
+    assert!(matches!(err, ScheduleError::Unplannable(_)), "{err}");
+    assert!(err.to_string().contains("odd"), "names the strategy: {err}");
+    assert!(scheduler.executor().arrivals().is_empty());
+    scheduler.schedule(ScheduleRequest { destination: "fine".into(), ..Default::default() }).await.expect("an ordinary plan still schedules");
+}
