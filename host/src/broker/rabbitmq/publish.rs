@@ -308,6 +308,14 @@ fn declaration_order(command: &Command) -> u8 {
 }
 
 impl Executor for RabbitMqExecutor {
+    async fn is_ready(&self) -> bool {
+        RabbitMqExecutor::is_ready(self).await
+    }
+
+    fn reconnects(&self) -> u64 {
+        RabbitMqExecutor::reconnects(self)
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         let mut ordered: Vec<&Command> = commands.iter().collect();
         ordered.sort_by_key(|c| declaration_order(c));
