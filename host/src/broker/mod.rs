@@ -63,6 +63,13 @@ pub trait Executor {
     fn is_ready(&self) -> impl Future<Output = bool> + Send {
         async { true }
     }
+
+    /// How many times a lost connection was opened again. What was declared
+    /// before may be gone (a restarted broker, a deleted queue), so a caller
+    /// that remembers its declarations starts over when this changes.
+    fn reconnects(&self) -> u64 {
+        0
+    }
 }
 
 
@@ -117,6 +124,13 @@ impl Executor for Broker {
         match self {
             Broker::Memory(_) | Broker::Sqs(_) => true,
             Broker::RabbitMq(r) => r.is_ready().await,
+        }
+    }
+
+    fn reconnects(&self) -> u64 {
+        match self {
+            Broker::Memory(_) | Broker::Sqs(_) => 0,
+            Broker::RabbitMq(r) => r.reconnects(),
         }
     }
 

@@ -125,6 +125,8 @@ struct Generation {
 struct Prepared {
     topology: HashSet<String>,
     destinations: HashSet<(String, String)>,
+    /// The executor's reconnect count when these were declared.
+    reconnects: u64,
 }
 
 impl Generation {
@@ -214,7 +216,7 @@ impl<E: Executor> Scheduler<E> {
         let next = Arc::new(Generation::new(config, strategies));
         if apply_default_topology {
             let default = next.config.default_strategy.clone();
-            let mut prepared = next.prepared.lock().await;
+            let mut prepared = self.prepared(&next).await;
             self.apply_topology_in(&next, &mut prepared, &default).await?;
         }
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
@@ -255,10 +257,21 @@ impl<E: Executor> Scheduler<E> {
         self.call_checked(strategy, |planner| planner.decide_redelivery(queue, attempt, seed, reason))
     }
 
+    /// What `generation` has prepared, forgotten if the broker connection was
+    /// lost since: the broker may have lost it too (restarted, queue deleted).
+    async fn prepared<'g>(&self, generation: &'g Generation) -> tokio::sync::MutexGuard<'g, Prepared> {
+        let mut prepared = generation.prepared.lock().await;
+        let reconnects = self.executor.reconnects();
+        if prepared.reconnects != reconnects {
+            *prepared = Prepared { reconnects, ..Default::default() };
+        }
+        prepared
+    }
+
     /// Declares a strategy's static topology (idempotent on the broker).
     pub async fn apply_topology(&self, strategy: &str) -> Result<(), ScheduleError> {
         let generation = self.generation();
-        let mut prepared = generation.prepared.lock().await;
+        let mut prepared = self.prepared(&generation).await;
         self.apply_topology_in(&generation, &mut prepared, strategy).await
     }
 
@@ -275,7 +288,7 @@ impl<E: Executor> Scheduler<E> {
     /// Checks the destination exists and applies its setup for `strategy`.
     pub async fn prepare_destination(&self, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
         let generation = self.generation();
-        let mut prepared = generation.prepared.lock().await;
+        let mut prepared = self.prepared(&generation).await;
         self.prepare_destination_in(&generation, &mut prepared, strategy, destination).await
     }
 
@@ -358,7 +371,7 @@ impl<E: Executor> Scheduler<E> {
         }
         // Only a request that planned cleanly declares anything on the broker.
         {
-            let mut prepared = generation.prepared.lock().await;
+            let mut prepared = self.prepared(&generation).await;
             if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
                 self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination).await?;
             }

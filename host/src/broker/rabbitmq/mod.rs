@@ -1,13 +1,17 @@
 //! RabbitMQ through lapin: the only place that speaks AMQP.
 //!
 //! * [`publish`]: the executor — declares topology and sends confirmed publishes.
+//! * [`channels`]: its channels — a pool for publishes, one for declares.
+//! * [`link`]: one connection that reconnects, and wears out by broker-closed channels.
 //! * [`convert`]: neutral properties and headers to and from AMQP.
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`verify`]: compares a broker with a strategy's topology.
 
+pub mod channels;
 pub mod consume;
 pub mod convert;
+pub mod link;
 pub mod manage;
 pub mod publish;
 pub mod verify;

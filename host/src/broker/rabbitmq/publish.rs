@@ -1,47 +1,50 @@
 //! The RabbitMQ executor: planned commands on a real broker with lapin.
 //!
 //! Every publish is persistent, `mandatory`, and waits for the broker's
-//! publisher confirm; a message the broker returns as unroutable is an error,
-//! never a silent drop. Sends share one confirm-mode channel, so concurrent
-//! sends keep a window of confirms outstanding. Declares that the broker
-//! refuses (PRECONDITION_FAILED, NOT_FOUND) close the channel; the executor
-//! reopens it and reports the object and the arguments it wanted.
+//! publisher confirm (at most [`CONFIRM_TIMEOUT`]); a message the broker
+//! returns as unroutable is an error, never a silent drop. Each publish holds
+//! a confirm channel of its own from [`PublishPool`] until its answer, so
+//! concurrent sends run side by side and a refusal, a `basic.return` or a
+//! timeout is reported only to the publish it belongs to. Declares and
+//! passive checks run on a separate connection ([`Control`]); those the
+//! broker refuses (PRECONDITION_FAILED, NOT_FOUND) close only that channel,
+//! and the executor reports the object and the arguments it wanted.
+//!
+//! What the broker would answer by closing the whole connection (a content
+//! header larger than `frame_max`) or by copying the message elsewhere (`CC`,
+//! `BCC`) is refused before the wire as [`ExecutorError::Invalid`].
 
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
+use lapin::options::{BasicPublishOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind as AmqpExchangeKind};
+use lapin::{BasicProperties, Confirmation, ExchangeKind as AmqpExchangeKind};
 
-use std::time::{Duration, Instant};
-
-use tokio::sync::Mutex;
+use std::time::Duration;
 
 use crate::command::{Command, ExchangeKind, FieldTable};
 use crate::message::HeaderValue;
 
+use super::channels::{Control, OpenChannels, PUBLISH_CHANNELS, PublishPool};
 use super::convert::{to_amqp_properties, to_amqp_table};
+use super::link::Slot;
 use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// How long a publish waits for the broker's confirm before it is reported unavailable.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one declare or passive check may take.
+pub const DECLARE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A content header frame's own bytes besides the properties: frame header
+/// (7), class, weight and body size (12), frame end (1).
+const CONTENT_HEADER_OVERHEAD: usize = 20;
+
 pub struct RabbitMqExecutor {
-    link: Mutex<Link>,
     url: String,
+    publishing: PublishPool,
+    control: Control,
+    open: OpenChannels,
 }
-
-/// The connection and its confirm-mode channel, and when to try reconnecting.
-struct Link {
-    connection: Connection,
-    channel: Channel,
-    retry_delay: Duration,
-    next_attempt: Instant,
-}
-
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// `amqp://user:secret@host` → `amqp://user:***@host`, for error messages.
 pub fn redact(url: &str) -> String {
@@ -64,66 +67,77 @@ fn describe(table: &FieldTable) -> String {
     table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
 }
 
-async fn open_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
-    let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
-    Ok(channel)
+/// Headers that make the broker copy a message to other queues (and close
+/// the channel when malformed).
+fn is_routing_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC")
+}
+
+/// The encoded size of a content header's properties, headers included.
+fn encoded_size(properties: &BasicProperties) -> usize {
+    let generate = lapin::protocol::basic::gen_properties(properties);
+    match generate(Vec::<u8>::new().into()) {
+        Ok(written) => written.position as usize,
+        // Only a write error can fail it, and a Vec never refuses bytes.
+        Err(_) => usize::MAX,
+    }
 }
 
 impl RabbitMqExecutor {
+    /// Opens the publishing and the control connection now: a broker that is
+    /// down at start is an error, not a retry loop.
     pub async fn connect(url: &str) -> Result<Self, ExecutorError> {
-        let (connection, channel) = Self::open(url).await?;
-        let link = Link { connection, channel, retry_delay: FIRST_RETRY, next_attempt: Instant::now() };
-        Ok(RabbitMqExecutor { link: Mutex::new(link), url: url.to_string() })
+        // The broker lists connections by these names; the suffix tells two processes apart.
+        let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let publishing = Slot::connect(url, format!("hourglass publish {instance}")).await?;
+        let control = Slot::connect(url, format!("hourglass control {instance}")).await?;
+        let open = OpenChannels::default();
+        Ok(RabbitMqExecutor {
+            url: url.to_string(),
+            publishing: PublishPool::new(publishing, open.clone()),
+            control: Control::new(control, open.clone()),
+            open,
+        })
     }
 
-    async fn open(url: &str) -> Result<(Connection, Channel), ExecutorError> {
-        let unavailable = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url)));
-        let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(unavailable)?;
-        let channel = open_channel(&connection).await.map_err(unavailable)?;
-        Ok((connection, channel))
-    }
-
-    /// Whether the broker can take messages now; reconnects (with backoff) if not.
+    /// Whether the broker can take messages now: both connections up and
+    /// publishing not blocked. Reconnects (with backoff) if not.
     pub async fn is_ready(&self) -> bool {
-        self.channel().await.is_ok()
+        self.publishing.ready().await && self.control.slot().link().await.is_ok()
+    }
+
+    /// Channels open now (at most [`PUBLISH_CHANNELS`] plus the control channel).
+    pub fn open_channels(&self) -> usize {
+        self.open.get()
+    }
+
+    /// The most channels [`Self::open_channels`] can report.
+    pub fn max_open_channels(&self) -> usize {
+        PUBLISH_CHANNELS + 1
+    }
+
+    /// Whether the broker has blocked publishing (`connection.blocked`).
+    pub fn is_blocked(&self) -> bool {
+        self.publishing.slot().peek().is_some_and(|link| link.blocked())
+    }
+
+    /// The client-provided names of the publishing and the control connection, as the broker lists them.
+    pub fn connection_names(&self) -> [String; 2] {
+        [self.publishing.slot().name().to_string(), self.control.slot().name().to_string()]
+    }
+
+    /// How many times a lost connection was opened again: whatever was declared
+    /// before may be gone (a restarted broker, a deleted queue), so callers
+    /// that remember preparation start over when this changes.
+    pub fn reconnects(&self) -> u64 {
+        self.publishing.slot().reconnects() + self.control.slot().reconnects()
     }
 
     pub fn url(&self) -> String {
         redact(&self.url)
     }
 
-    /// The confirm-mode channel; after a lost connection, reconnects with
-    /// exponential backoff (250 ms doubling to 5 s) and answers "unavailable"
-    /// in between, so callers fail fast instead of hanging.
-    async fn channel(&self) -> Result<Channel, ExecutorError> {
-        let mut link = self.link.lock().await;
-        if !link.connection.status().connected() {
-            if Instant::now() < link.next_attempt {
-                return Err(ExecutorError::Unavailable(format!("RabbitMQ at {}: connection lost; reconnecting", self.url())));
-            }
-            match Self::open(&self.url).await {
-                Ok((connection, channel)) => {
-                    tracing::info!(url = %self.url(), "reconnected to RabbitMQ");
-                    link.connection = connection;
-                    link.channel = channel;
-                    link.retry_delay = FIRST_RETRY;
-                }
-                Err(err) => {
-                    link.next_attempt = Instant::now() + link.retry_delay;
-                    link.retry_delay = (link.retry_delay * 2).min(MAX_RETRY);
-                    return Err(err);
-                }
-            }
-        } else if !link.channel.status().connected() {
-            link.channel = open_channel(&link.connection)
-                .await
-                .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", self.url())))?;
-        }
-        Ok(link.channel.clone())
-    }
-
-    /// A broker error; the channel it closed is reopened on next use.
+    /// A broker error about `what`.
     fn refused(&self, what: String, err: lapin::Error) -> ExecutorError {
         // A soft error is about this request (a channel-level refusal); a hard
         // error closes the connection (CONNECTION_FORCED when the broker stops),
@@ -135,8 +149,23 @@ impl RabbitMqExecutor {
         }
     }
 
+    /// Runs one declare or check on the control channel, bounded by [`DECLARE_TIMEOUT`].
+    async fn control<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        operation: impl AsyncFnOnce(&lapin::Channel) -> Result<T, lapin::Error>,
+    ) -> Result<Result<T, lapin::Error>, ExecutorError> {
+        let mut guard = self.control.channel().await?;
+        match tokio::time::timeout(DECLARE_TIMEOUT, operation(guard.channel())).await {
+            Ok(result) => Ok(result),
+            Err(_) => {
+                guard.abandon();
+                Err(ExecutorError::Unavailable(format!("{}: no answer from RabbitMQ at {} within {DECLARE_TIMEOUT:?}", what(), self.url())))
+            }
+        }
+    }
+
     async fn apply_one(&self, command: &Command) -> Result<(), ExecutorError> {
-        let channel = self.channel().await?;
         match command {
             Command::DeclareExchange { name, kind, durable, arguments } => {
                 let kind = match kind {
@@ -145,33 +174,45 @@ impl RabbitMqExecutor {
                     ExchangeKind::Topic => AmqpExchangeKind::Topic,
                     ExchangeKind::Headers => AmqpExchangeKind::Headers,
                 };
+                let what = || format!("exchange {name:?} (wanted: {} durable={durable}, {})", command_kind(command), describe(arguments));
                 let options = ExchangeDeclareOptions { durable: *durable, ..Default::default() };
-                channel.exchange_declare(name.as_str().into(), kind, options, to_amqp_table(arguments)).await.map_err(|e| {
-                    self.refused(format!("exchange {name:?} (wanted: {} durable={durable}, {})", command_kind(command), describe(arguments)), e)
-                })
+                self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), kind, options, to_amqp_table(arguments)).await)
+                    .await?
+                    .map_err(|e| self.refused(what(), e))
             }
             Command::DeclareQueue { name, durable, arguments } => {
+                let what = || format!("queue {name:?} (wanted: durable={durable}, {})", describe(arguments));
                 let options = QueueDeclareOptions { durable: *durable, ..Default::default() };
-                channel
-                    .queue_declare(name.as_str().into(), options, to_amqp_table(arguments))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| self.refused(format!("queue {name:?} (wanted: durable={durable}, {})", describe(arguments)), e))
+                self.control(what, async |channel| channel.queue_declare(name.as_str().into(), options, to_amqp_table(arguments)).await.map(|_| ()))
+                    .await?
+                    .map_err(|e| self.refused(what(), e))
             }
-            Command::BindQueue { queue, exchange, routing_key, arguments } => channel
-                .queue_bind(queue.as_str().into(), exchange.as_str().into(), routing_key.as_str().into(), QueueBindOptions::default(), to_amqp_table(arguments))
-                .await
-                .map_err(|e| self.refused(format!("binding queue {queue:?} to exchange {exchange:?} with key {routing_key:?}"), e)),
-            Command::BindExchange { source, destination, routing_key, arguments } => channel
-                .exchange_bind(
-                    destination.as_str().into(),
-                    source.as_str().into(),
-                    routing_key.as_str().into(),
-                    ExchangeBindOptions::default(),
-                    to_amqp_table(arguments),
-                )
-                .await
-                .map_err(|e| self.refused(format!("binding exchange {destination:?} to exchange {source:?} with key {routing_key:?}"), e)),
+            Command::BindQueue { queue, exchange, routing_key, arguments } => {
+                let what = || format!("binding queue {queue:?} to exchange {exchange:?} with key {routing_key:?}");
+                self.control(what, async |channel| {
+                    channel
+                        .queue_bind(queue.as_str().into(), exchange.as_str().into(), routing_key.as_str().into(), QueueBindOptions::default(), to_amqp_table(arguments))
+                        .await
+                })
+                .await?
+                .map_err(|e| self.refused(what(), e))
+            }
+            Command::BindExchange { source, destination, routing_key, arguments } => {
+                let what = || format!("binding exchange {destination:?} to exchange {source:?} with key {routing_key:?}");
+                self.control(what, async |channel| {
+                    channel
+                        .exchange_bind(
+                            destination.as_str().into(),
+                            source.as_str().into(),
+                            routing_key.as_str().into(),
+                            ExchangeBindOptions::default(),
+                            to_amqp_table(arguments),
+                        )
+                        .await
+                })
+                .await?
+                .map_err(|e| self.refused(what(), e))
+            }
             Command::Publish { .. } => Err(ExecutorError::Refused("a publish needs a message".into())),
             Command::SqsEnsureQueue { name, .. } | Command::SqsSend { queue: name, .. } => {
                 Err(ExecutorError::Refused(format!("SQS command for {name:?} sent to RabbitMQ: the strategy is for SQS")))
@@ -183,33 +224,68 @@ impl RabbitMqExecutor {
         let Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } = command else {
             return self.apply_one(command).await;
         };
+        let invalid = |reason: String| ExecutorError::Invalid(format!("message {}: {reason}", envelope.id));
         // The producer's own headers keep their types; hourglass's and the plan's are added on top.
         let mut message = envelope.properties.clone();
         message.headers.extend(envelope.headers.iter().chain(headers).map(|(k, v)| (k.clone(), HeaderValue::from(v))));
+        if let Some(name) = message.headers.keys().find(|name| is_routing_header(name)) {
+            return Err(invalid(format!("header {name:?} would copy the message to other queues; it is never sent")));
+        }
         // A producer's own message id stays; otherwise the message carries hourglass's.
         if envelope.stamp_message_id && message.message_id.is_none() {
             message.message_id = Some(envelope.id.clone());
         }
-        let mut properties = to_amqp_properties(&message).map_err(|e| ExecutorError::Invalid(format!("message {}: {e}", envelope.id)))?;
+        let mut properties = to_amqp_properties(&message).map_err(invalid)?;
         if let Some(ms) = expiration_ms {
             properties = properties.with_expiration(ms.to_string().into());
         }
-        let channel = self.channel().await?;
+        let lease = self.publishing.lease().await?;
+        // Too large a content header closes the whole connection: refuse it here.
+        let frame_max = lease.link().frame_max();
+        let size = encoded_size(&properties).saturating_add(CONTENT_HEADER_OVERHEAD);
+        if size > frame_max {
+            lease.release();
+            return Err(invalid(format!("its headers and properties take {size} bytes; the broker's frame_max is {frame_max}")));
+        }
         let what = || format!("publish of {} to exchange {exchange:?} with key {routing_key:?}", envelope.id);
         let options = BasicPublishOptions { mandatory: *mandatory, ..Default::default() };
-        let confirm = channel
-            .basic_publish(exchange.as_str().into(), routing_key.as_str().into(), options, &envelope.body, properties)
-            .await
-            .map_err(|e| self.refused(what(), e))?;
-        match confirm.await.map_err(|e| self.refused(what(), e))? {
+        let sent_id = properties.message_id().clone();
+        let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+            let confirm = lease
+                .channel()
+                .basic_publish(exchange.as_str().into(), routing_key.as_str().into(), options, &envelope.body, properties)
+                .await?;
+            confirm.await
+        })
+        .await;
+        let confirmation = match confirmed {
+            // Dropping the lease closes a channel whose state is unknown, or forgets one the broker closed.
+            Err(_) => {
+                let why = if lease.link().blocked() { " (the broker blocked publishing)" } else { "" };
+                return Err(ExecutorError::Unavailable(format!("{}: no confirm within {CONFIRM_TIMEOUT:?}{why}", what())));
+            }
+            Ok(Err(err)) => return Err(self.refused(what(), err)),
+            Ok(Ok(confirmation)) => confirmation,
+        };
+        lease.release();
+        match confirmation {
             Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => Err(ExecutorError::Unroutable(format!(
-                "{}: the broker returned it ({} {}): nothing is bound for that routing key",
-                what(),
-                returned.reply_code,
-                returned.reply_text
-            ))),
-            Confirmation::Nack(None) => Err(ExecutorError::Refused(format!("{}: the broker did not accept it (nack)", what()))),
+            // The channel carried only this publish, so a return is this message's; the id check guards that.
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))
+                if sent_id.is_none() || returned.properties.message_id() == &sent_id =>
+            {
+                Err(ExecutorError::Unroutable(format!(
+                    "{}: the broker returned it ({} {}): nothing is bound for that routing key",
+                    what(),
+                    returned.reply_code,
+                    returned.reply_text
+                )))
+            }
+            Confirmation::Ack(Some(returned)) => {
+                tracing::warn!(returned = ?returned.properties.message_id(), publish = %envelope.id, "a returned message was not this publish's; ignoring it");
+                Ok(())
+            }
+            Confirmation::Nack(_) => Err(ExecutorError::Refused(format!("{}: the broker did not accept it (nack)", what()))),
             Confirmation::NotRequested => Err(ExecutorError::Refused(format!("{}: channel is not in confirm mode", what()))),
         }
     }
@@ -232,6 +308,14 @@ fn declaration_order(command: &Command) -> u8 {
 }
 
 impl Executor for RabbitMqExecutor {
+    async fn is_ready(&self) -> bool {
+        RabbitMqExecutor::is_ready(self).await
+    }
+
+    fn reconnects(&self) -> u64 {
+        RabbitMqExecutor::reconnects(self)
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         let mut ordered: Vec<&Command> = commands.iter().collect();
         ordered.sort_by_key(|c| declaration_order(c));
@@ -242,15 +326,15 @@ impl Executor for RabbitMqExecutor {
     }
 
     async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
-        let channel = self.channel().await?;
+        let what = || format!("checking destination queue {destination:?}");
         let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        match channel.queue_declare(destination.into(), passive, AmqpTable::default()).await {
+        match self.control(what, async |channel| channel.queue_declare(destination.into(), passive, AmqpTable::default()).await).await? {
             Ok(_) => Ok(()),
             Err(e) if e.is_amqp_soft_error() => Err(ExecutorError::Refused(format!(
                 "destination queue {destination:?} does not exist on RabbitMQ at {}; declare it before scheduling to it ({e})",
                 self.url()
             ))),
-            Err(e) => Err(self.refused(format!("checking destination queue {destination:?}"), e)),
+            Err(e) => Err(self.refused(what(), e)),
         }
     }
 

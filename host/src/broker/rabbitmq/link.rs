@@ -1,0 +1,207 @@
+//! One AMQP connection and the slot that keeps one open.
+//!
+//! A [`Link`] is a lapin connection plus what it has cost: lapin 4 never
+//! reuses the number of a channel the *broker* closed (it stays poisoned), so
+//! after about `channel_max` such closes every new channel fails. A link
+//! counts those closes and calls itself worn out well before that; its
+//! [`Slot`] then opens a fresh connection, and the old one closes by itself
+//! once the last publish still using it has its answer.
+//!
+//! A [`Slot`] reconnects single-flight: one caller connects (bounded by
+//! [`CONNECT_TIMEOUT`]) while every other caller is told "unavailable" at
+//! once instead of queueing behind it; failed attempts back off from 250 ms
+//! to 5 s.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lapin::options::ConfirmSelectOptions;
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use crate::broker::ExecutorError;
+
+use super::publish::redact;
+
+/// How long opening a connection (TCP, TLS, AMQP handshake) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long opening a channel may take.
+pub const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A link is replaced after this many broker-closed channels (each one a
+/// channel number lapin will not use again; RabbitMQ allows 2,047 per connection).
+pub const WEAR_LIMIT: usize = 1_000;
+
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// One connection to the broker.
+pub struct Link {
+    connection: Connection,
+    /// Channels the broker closed on this connection.
+    burnt: AtomicUsize,
+    wear_limit: usize,
+    /// Which connection of its slot this is (1 = the first).
+    pub number: u64,
+}
+
+impl Link {
+    async fn open(url: &str, name: &str) -> Result<Link, ExecutorError> {
+        let unavailable = |reason: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: {reason}", redact(url)));
+        let properties = ConnectionProperties::default().with_connection_name(name.into());
+        let connection = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
+            .await
+            .map_err(|_| unavailable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| unavailable(e.to_string()))?;
+        // A broker that negotiates fewer channels wears a link out sooner.
+        let channel_max = match connection.configuration().channel_max() {
+            0 => usize::from(u16::MAX),
+            max => usize::from(max),
+        };
+        let wear_limit = WEAR_LIMIT.min(channel_max / 2).max(1);
+        Ok(Link { connection, burnt: AtomicUsize::new(0), wear_limit, number: 0 })
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connection.status().connected()
+    }
+
+    /// The broker stopped reading from this connection (a memory or disk
+    /// alarm, `connection.blocked`): a publish would hang until it lifts.
+    pub fn blocked(&self) -> bool {
+        self.connection.status().blocked()
+    }
+
+    /// Connected, and not so worn that new channels might fail.
+    fn usable(&self) -> bool {
+        self.connected() && self.burnt.load(Ordering::Relaxed) < self.wear_limit
+    }
+
+    /// Records a channel the broker closed (its number is lost for good).
+    pub fn burn(&self) {
+        self.burnt.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The largest frame the broker accepts (content headers must fit in one).
+    pub fn frame_max(&self) -> usize {
+        match self.connection.configuration().frame_max() {
+            0 => usize::MAX,
+            max => max as usize,
+        }
+    }
+
+    /// A new channel, in confirm mode if `confirm`. Failing to open one is "not now".
+    pub async fn open_channel(&self, confirm: bool) -> Result<Channel, String> {
+        let open = async {
+            let channel = self.connection.create_channel().await?;
+            if confirm {
+                channel.confirm_select(ConfirmSelectOptions::default()).await?;
+            }
+            Ok::<_, lapin::Error>(channel)
+        };
+        match tokio::time::timeout(CHANNEL_TIMEOUT, open).await {
+            Ok(result) => result.map_err(|e| format!("opening a channel: {e}")),
+            Err(_) => Err(format!("no channel opened within {CHANNEL_TIMEOUT:?}")),
+        }
+    }
+}
+
+/// Keeps one [`Link`] open, replacing it when lost or worn out.
+pub struct Slot {
+    url: String,
+    /// The connection name the broker shows (management UI, `rabbitmqctl`).
+    name: String,
+    current: std::sync::Mutex<Option<Arc<Link>>>,
+    /// Held only by the one caller that is connecting.
+    connecting: tokio::sync::Mutex<Backoff>,
+    /// How many connections this slot opened after losing one.
+    reconnects: AtomicU64,
+}
+
+struct Backoff {
+    delay: Duration,
+    next_attempt: Instant,
+    opened: u64,
+}
+
+impl Slot {
+    /// Connects now: a broker that is down at start is an error, not a retry loop.
+    pub async fn connect(url: &str, name: String) -> Result<Slot, ExecutorError> {
+        let mut link = Link::open(url, &name).await?;
+        link.number = 1;
+        Ok(Slot {
+            url: url.to_string(),
+            name,
+            current: std::sync::Mutex::new(Some(Arc::new(link))),
+            connecting: tokio::sync::Mutex::new(Backoff { delay: FIRST_RETRY, next_attempt: Instant::now(), opened: 1 }),
+            reconnects: AtomicU64::new(0),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Connections opened after one was lost (not counting worn-out replacements).
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Acquire)
+    }
+
+    /// The current link if it is connected, without trying to reconnect.
+    pub fn peek(&self) -> Option<Arc<Link>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|link| link.connected())
+    }
+
+    /// A usable link: the current one, or a new one if it was lost or worn out.
+    pub async fn link(&self) -> Result<Arc<Link>, ExecutorError> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(link) = &current
+            && link.usable()
+        {
+            return Ok(link.clone());
+        }
+        // Single flight: whoever holds the lock connects; everyone else hears "not now".
+        let Ok(mut backoff) = self.connecting.try_lock() else {
+            // A link that is only worn out still works while its successor opens.
+            return match current {
+                Some(link) if link.connected() => Ok(link),
+                _ => Err(self.unavailable("reconnecting")),
+            };
+        };
+        // Someone may have replaced it between our look and the lock.
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(link) = &current
+            && link.usable()
+        {
+            return Ok(link.clone());
+        }
+        let lost = current.as_ref().is_none_or(|link| !link.connected());
+        if lost && Instant::now() < backoff.next_attempt {
+            return Err(self.unavailable("connection lost; reconnecting"));
+        }
+        match Link::open(&self.url, &self.name).await {
+            Ok(mut link) => {
+                backoff.opened += 1;
+                link.number = backoff.opened;
+                backoff.delay = FIRST_RETRY;
+                let link = Arc::new(link);
+                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
+                if lost {
+                    self.reconnects.fetch_add(1, Ordering::AcqRel);
+                    tracing::info!(url = %redact(&self.url), connection = %self.name, "reconnected to RabbitMQ");
+                } else {
+                    tracing::info!(connection = %self.name, "replaced a connection worn out by broker-closed channels");
+                }
+                Ok(link)
+            }
+            Err(err) => {
+                backoff.next_attempt = Instant::now() + backoff.delay;
+                backoff.delay = (backoff.delay * 2).min(MAX_RETRY);
+                Err(err)
+            }
+        }
+    }
+
+    fn unavailable(&self, what: &str) -> ExecutorError {
+        ExecutorError::Unavailable(format!("RabbitMQ at {}: {what}", redact(&self.url)))
+    }
+}

@@ -1,0 +1,390 @@
+//! Channels on a real RabbitMQ: a request the broker refuses costs only that
+//! request — never a channel, never the connection, never another client's
+//! request — and a lost connection comes back with its preparation redone.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hourglass::broker::rabbitmq::RabbitMqExecutor;
+use hourglass::broker::{Broker, Envelope, Executor, ExecutorError};
+use hourglass::command::{Command, ExchangeKind, FieldTable};
+use hourglass::message::{HeaderValue, Properties};
+use hourglass::scheduler::{ScheduleRequest, Scheduler};
+use hourglass_e2e::*;
+use lapin::options::QueueBindOptions;
+use lapin::types::FieldTable as AmqpTable;
+
+fn rabbit(scheduler: &Scheduler<Broker>) -> &RabbitMqExecutor {
+    match scheduler.executor() {
+        Broker::RabbitMq(executor) => executor,
+        _ => panic!("the test config names RabbitMQ"),
+    }
+}
+
+fn envelope(id: &str, headers: Vec<(&str, HeaderValue)>) -> Envelope {
+    let properties = Properties { headers: headers.into_iter().map(|(k, v)| (k.to_string(), v)).collect(), ..Default::default() };
+    Envelope { id: id.into(), body: id.as_bytes().to_vec(), headers: FieldTable::new(), properties, stamp_message_id: true }
+}
+
+fn publish_to(exchange: &str, routing_key: &str) -> Command {
+    Command::Publish { exchange: exchange.into(), routing_key: routing_key.into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }
+}
+
+fn message_ids(received: &[Received]) -> Vec<String> {
+    let mut ids: Vec<String> = received.iter().map(|r| r.delivery.properties.message_id().as_ref().unwrap().to_string()).collect();
+    ids.sort();
+    ids
+}
+
+/// A passive check of a missing queue closes its channel on the broker; lapin
+/// never reuses the number of such a channel, so before the fix the 2,047th
+/// one ended every request on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
+    let connection = connect().await;
+    let prefix = unique("leak");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut destination = Destination::declare(&connection, "leak").await;
+    let scheduler = scheduler(&config).await;
+    let executor = rabbit(&scheduler);
+    let most_open = AtomicUsize::new(0);
+    let missing = unique("nowhere");
+    let refused = futures_util::stream::iter(0..10_000)
+        .map(|i| {
+            let (scheduler, missing, most_open) = (&scheduler, &missing, &most_open);
+            async move {
+                let request = ScheduleRequest { destination: format!("{missing}-{i}"), delay_ms: 0, ..Default::default() };
+                let result = scheduler.schedule(request).await;
+                most_open.fetch_max(executor.open_channels(), Ordering::Relaxed);
+                result.is_err_and(|e| e.to_string().contains("does not exist"))
+            }
+        })
+        .buffer_unordered(64)
+        .filter(|refused| std::future::ready(*refused))
+        .count()
+        .await;
+    assert_eq!(refused, 10_000, "every missing destination is refused as missing");
+    let most_open = most_open.into_inner();
+    assert!(most_open <= executor.max_open_channels(), "{most_open} channels open at once");
+    let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 0, body: b"after".to_vec(), ..Default::default() };
+    let scheduled = scheduler.schedule(request).await.expect("a valid request after 10,000 refused ones");
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(message_ids(&received), [scheduled.id]);
+    assert_eq!(executor.reconnects(), 0, "no connection was lost on the way");
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+enum Outcome {
+    Valid(Result<String, String>),
+    Failed(&'static str, Result<(), ExecutorError>),
+}
+
+/// Valid requests run concurrently beside requests the broker or the
+/// executor refuses (missing destination, missing exchange, CC and BCC
+/// headers, a header too large for a frame); before the fix they shared the
+/// channel a refusal closed and failed although the broker had delivered them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
+    let connection = connect().await;
+    let prefix = unique("beside");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut destination = Destination::declare(&connection, "beside").await;
+    let scheduler = scheduler(&config).await;
+    let executor = rabbit(&scheduler);
+    let missing_exchange = unique("no-such-exchange");
+    let oversize = "x".repeat(400 * 1024);
+    let outcomes: Vec<Outcome> = futures_util::stream::iter(0..1_200)
+        .map(|i| {
+            let (scheduler, destination, missing_exchange, oversize) = (&scheduler, &destination.name, &missing_exchange, &oversize);
+            async move {
+                let id = format!("m{i}");
+                match i % 6 {
+                    0 | 1 | 2 => {
+                        let request = ScheduleRequest { destination: destination.clone(), delay_ms: 0, body: id.into_bytes(), ..Default::default() };
+                        Outcome::Valid(scheduler.schedule(request).await.map(|s| s.id).map_err(|e| e.to_string()))
+                    }
+                    3 => {
+                        let request = ScheduleRequest { destination: format!("{destination}-missing-{i}"), delay_ms: 0, ..Default::default() };
+                        let result = scheduler.schedule(request).await.map(|_| ());
+                        Outcome::Failed("missing destination", result.map_err(|e| ExecutorError::Refused(e.to_string())))
+                    }
+                    4 => Outcome::Failed("missing exchange", executor.send(&[publish_to(missing_exchange, "x")], &envelope(&id, vec![])).await),
+                    _ if i % 12 == 5 => {
+                        let cc = HeaderValue::Array(vec![HeaderValue::Text(destination.clone().into_bytes())]);
+                        Outcome::Failed("CC header", executor.send(&[publish_to("", destination)], &envelope(&id, vec![("CC", cc)])).await)
+                    }
+                    _ => {
+                        let big = HeaderValue::Text(oversize.clone().into_bytes());
+                        Outcome::Failed("oversize header", executor.send(&[publish_to("", destination)], &envelope(&id, vec![("x-big", big)])).await)
+                    }
+                }
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut confirmed = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Valid(result) => confirmed.push(result.expect("a valid request beside refused ones")),
+            Outcome::Failed(kind, result) => {
+                let err = result.expect_err(kind);
+                let expected = match kind {
+                    "CC header" | "oversize header" => matches!(err, ExecutorError::Invalid(_)),
+                    _ => matches!(err, ExecutorError::Refused(_)),
+                };
+                assert!(expected, "{kind}: {err}");
+            }
+        }
+    }
+    assert_eq!(confirmed.len(), 600);
+    let received = destination.receive(600, Duration::from_secs(20)).await;
+    confirmed.sort();
+    assert_eq!(message_ids(&received), confirmed, "every confirmed message arrived, once");
+    destination.assert_quiet(Duration::from_millis(500)).await;
+    assert!(executor.open_channels() <= executor.max_open_channels(), "{} channels open", executor.open_channels());
+    assert_eq!(executor.reconnects(), 0, "no refusal cost the connection");
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// Half the publishes are unroutable, all run at once: each `basic.return`
+/// is reported to the publish it came back for. With many confirms
+/// outstanding on one channel, a multiple-ack gave a return to whichever
+/// publish was oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returns_go_to_their_own_publish_under_many_outstanding_confirms() {
+    let connection = connect().await;
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
+    let exchange = unique("returns");
+    let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Direct, durable: false, arguments: FieldTable::new() };
+    executor.apply(std::slice::from_ref(&declare)).await.unwrap();
+    let mut destination = Destination::declare(&connection, "returns").await;
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .queue_bind(destination.name.as_str().into(), exchange.as_str().into(), "routed".into(), QueueBindOptions::default(), AmqpTable::default())
+        .await
+        .unwrap();
+    let results: Vec<(usize, Result<(), ExecutorError>)> = futures_util::stream::iter(0..2_000)
+        .map(|i| {
+            let (executor, exchange) = (&executor, &exchange);
+            async move {
+                let key = if i % 2 == 0 { "routed" } else { "nowhere" };
+                (i, executor.send(&[publish_to(exchange, key)], &envelope(&format!("r{i}"), vec![])).await)
+            }
+        })
+        .buffer_unordered(200)
+        .collect()
+        .await;
+    let mut routed = Vec::new();
+    for (i, result) in results {
+        if i % 2 == 0 {
+            result.unwrap_or_else(|e| panic!("routed publish r{i} got {e}"));
+            routed.push(format!("r{i}"));
+        } else {
+            let err = result.expect_err("an unroutable publish is an error");
+            assert!(matches!(err, ExecutorError::Unroutable(_)), "r{i}: {err}");
+            assert!(err.to_string().contains(&format!("publish of r{i} ")), "the return named its own publish: {err}");
+        }
+    }
+    routed.sort();
+    let received = destination.receive(1_000, Duration::from_secs(20)).await;
+    assert_eq!(message_ids(&received), routed);
+    delete_declared(&connection, &[declare]).await;
+    destination.delete().await;
+}
+
+/// A content header larger than `frame_max` closes the whole connection on
+/// the broker (before the fix: "frame too large" and a reconnect loop). Now
+/// it is refused before the wire, and the next publish needs no reconnect.
+#[tokio::test]
+async fn a_header_too_large_for_a_frame_is_invalid_and_the_connection_stays() {
+    let connection = connect().await;
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
+    let mut destination = Destination::declare(&connection, "oversize").await;
+    for (id, bytes) in [("just-over", 131 * 1024), ("far-over", 400 * 1024)] {
+        let header = ("x-big", HeaderValue::Text("x".repeat(bytes).into_bytes()));
+        let err = executor.send(&[publish_to("", &destination.name)], &envelope(id, vec![header])).await.unwrap_err();
+        assert!(matches!(err, ExecutorError::Invalid(_)), "{id}: {err}");
+        assert!(err.to_string().contains("frame_max"), "{err}");
+    }
+    executor.send(&[publish_to("", &destination.name)], &envelope("after", vec![])).await.expect("the next publish");
+    assert_eq!(message_ids(&destination.receive(1, Duration::from_secs(10)).await), ["after"]);
+    assert_eq!(executor.reconnects(), 0, "the connection never dropped");
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    destination.delete().await;
+}
+
+/// The management API's connections opened by this executor (by client-provided name).
+fn broker_connections(executor: &RabbitMqExecutor) -> Vec<String> {
+    let names = executor.connection_names();
+    let listed = management_get("/api/connections");
+    listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["client_properties"]["connection_name"].as_str().is_some_and(|n| names.iter().any(|m| m == n)))
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn management(path: &str) -> (ureq::Agent, String, String) {
+    use base64::Engine;
+    let base = management_url();
+    let (scheme, rest) = base.split_once("://").unwrap();
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
+    (ureq::Agent::new_with_defaults(), format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
+}
+
+fn management_get(path: &str) -> serde_json::Value {
+    let (agent, url, authorization) = management(path);
+    agent.get(&url).header("Authorization", &authorization).call().unwrap().body_mut().read_json().unwrap()
+}
+
+fn close_connection(name: &str) {
+    let encoded: String = name.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let (agent, url, authorization) = management(&format!("/api/connections/{encoded}"));
+    agent.delete(&url).header("Authorization", &authorization).call().unwrap();
+}
+
+/// The broker drops hourglass's connections while its topology is deleted:
+/// after the reconnect, the scheduler prepares again (declares the topology
+/// anew) instead of trusting what it declared on the lost connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reconnect_the_topology_is_declared_again() {
+    let connection = connect().await;
+    let prefix = unique("reconnect");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let mut destination = Destination::declare(&connection, "reconnect").await;
+    let scheduler = scheduler(&config).await;
+    let executor = rabbit(&scheduler);
+    let name = destination.name.clone();
+    let request = || ScheduleRequest { destination: name.clone(), delay_ms: 1_000, ..Default::default() };
+    let first = scheduler.schedule(request()).await.expect("before the reconnect");
+    assert_eq!(message_ids(&destination.receive(1, Duration::from_secs(10)).await), [first.id]);
+
+    let mut names = Vec::new();
+    until("the broker lists both connections", Duration::from_secs(30), async || {
+        names = broker_connections(executor);
+        names.len() == 2
+    })
+    .await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    for name in &names {
+        close_connection(name);
+    }
+    let mut second = None;
+    until("a schedule after the reconnect", Duration::from_secs(30), async || {
+        second = scheduler.schedule(request()).await.ok();
+        second.is_some()
+    })
+    .await;
+    assert!(executor.reconnects() >= 1, "the connections were opened again");
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(message_ids(&received), [second.unwrap().id]);
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// A RabbitMQ node of this test's own (its own name, ports and directories),
+/// for faults that must not touch the shared broker; stopped when dropped.
+struct PrivateNode {
+    name: String,
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl PrivateNode {
+    async fn start() -> PrivateNode {
+        let stem = unique("node");
+        let name = format!("{stem}@localhost");
+        let dir = std::env::temp_dir().join(&stem);
+        for sub in ["mnesia", "log"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+        let chown = std::process::Command::new("chown").args(["-R", "rabbitmq:rabbitmq"]).arg(&dir).status().unwrap();
+        assert!(chown.success(), "chown {}", dir.display());
+        let (port, dist_port) = (free_port(), free_port());
+        let node = PrivateNode { name, dir, port };
+        let status = std::process::Command::new("rabbitmq-server")
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", &node.name)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", node.dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", node.dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", node.dir.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", node.dir.join("none"))
+            .status()
+            .expect("rabbitmq-server (the Debian package) starts a private node");
+        assert!(status.success(), "rabbitmq-server -detached for {}", node.name);
+        until(&format!("private node {} accepting AMQP", node.name), Duration::from_secs(90), async || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && node.ctl(&["-q", "await_startup"])
+        })
+        .await;
+        node
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    fn ctl(&self, args: &[&str]) -> bool {
+        std::process::Command::new("rabbitmqctl").arg("-n").arg(&self.name).args(args).output().is_ok_and(|o| o.status.success())
+    }
+}
+
+impl Drop for PrivateNode {
+    fn drop(&mut self) {
+        self.ctl(&["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A memory alarm makes the broker stop reading from publishing connections
+/// (`connection.blocked`). Before the fix a publish then hung with no error
+/// and the executor called itself ready; now it is not ready, a publish is
+/// refused at once as unavailable, and all flows again once the alarm lifts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
+    let node = PrivateNode::start().await;
+    let executor = std::sync::Arc::new(RabbitMqExecutor::connect(&node.url()).await.unwrap());
+    let queue = unique("blocked");
+    let declare = Command::DeclareQueue { name: queue.clone(), durable: false, arguments: FieldTable::new() };
+    executor.apply(&[declare]).await.unwrap();
+    executor.send(&[publish_to("", &queue)], &envelope("before", vec![])).await.expect("before the alarm");
+    assert!(executor.is_ready().await);
+
+    assert!(node.ctl(&["set_vm_memory_high_watermark", "0.000001"]), "raise a memory alarm");
+    // RabbitMQ blocks a connection when it next publishes: this publish waits until the alarm lifts.
+    let during = tokio::spawn({
+        let (executor, queue) = (executor.clone(), queue.clone());
+        async move { executor.send(&[publish_to("", &queue)], &envelope("during", vec![])).await }
+    });
+    until("the broker blocks the publishing connection", Duration::from_secs(20), async || executor.is_blocked()).await;
+    assert!(!executor.is_ready().await, "a blocked broker is not ready");
+    let started = std::time::Instant::now();
+    let err = executor.send(&[publish_to("", &queue)], &envelope("refused", vec![])).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Unavailable(_)) && err.to_string().contains("blocked"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after a hang: {:?}", started.elapsed());
+
+    assert!(node.ctl(&["set_vm_memory_high_watermark", "0.4"]), "lift the alarm");
+    until("ready again", Duration::from_secs(20), async || executor.is_ready().await).await;
+    during.await.unwrap().expect("the publish sent as the alarm rose is confirmed once it lifts");
+    executor.send(&[publish_to("", &queue)], &envelope("after", vec![])).await.expect("after the alarm");
+    let channel = connect_to(&node.url()).await.create_channel().await.unwrap();
+    let got = get_at_least(&channel, &queue, 3, Duration::from_secs(10)).await;
+    let mut ids: Vec<String> = got.iter().map(|d| d.properties.message_id().as_ref().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, ["after", "before", "during"]);
+}
