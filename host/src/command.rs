@@ -117,7 +117,30 @@ impl Command {
     pub fn is_sqs(&self) -> bool {
         matches!(self, Command::SqsEnsureQueue { .. } | Command::SqsSend { .. })
     }
+}
 
+/// The queues among `commands` that dead-letter at most once: declared with a
+/// dead-letter exchange but not as quorum queues with `x-dead-letter-strategy =
+/// at-least-once` and `x-overflow = reject-publish` (without which the broker
+/// falls back to at most once). A broker crash can lose messages waiting in
+/// them; the names are for the startup warning. Pass a strategy's topology, and
+/// for strategies that declare queues per message (hold-queues) a sample plan.
+pub fn at_most_once_dead_lettering(commands: &[Command]) -> Vec<String> {
+    let is = |arguments: &FieldTable, key: &str, value: &str| arguments.get(key).and_then(FieldValue::as_text) == Some(value);
+    let mut queues: Vec<String> = commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::DeclareQueue { name, arguments, .. } if arguments.contains_key("x-dead-letter-exchange") => {
+                let at_least_once = is(arguments, "x-queue-type", "quorum")
+                    && is(arguments, "x-dead-letter-strategy", "at-least-once")
+                    && is(arguments, "x-overflow", "reject-publish");
+                (!at_least_once).then(|| name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    queues.dedup();
+    queues
 }
 
 pub(crate) fn check_name(what: &str, name: &str, empty_ok: bool) -> Result<(), String> {
@@ -152,4 +175,28 @@ pub(crate) fn check_queue_arguments(queue: &str, arguments: &FieldTable) -> Resu
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str, arguments: &[(&str, &str)]) -> Command {
+        let arguments = arguments.iter().map(|(k, v)| (k.to_string(), FieldValue::Text(v.to_string()))).collect();
+        Command::DeclareQueue { name: name.into(), durable: true, arguments }
+    }
+
+    #[test]
+    fn only_quorum_at_least_once_with_reject_publish_dead_letters_safely() {
+        let dlx = ("x-dead-letter-exchange", "next");
+        let commands = [
+            queue("safe", &[dlx, ("x-queue-type", "quorum"), ("x-dead-letter-strategy", "at-least-once"), ("x-overflow", "reject-publish")]),
+            queue("classic", &[dlx, ("x-queue-type", "classic")]),
+            queue("untyped", &[dlx]),
+            // The broker quietly falls back to at most once with drop-head.
+            queue("drop-head", &[dlx, ("x-queue-type", "quorum"), ("x-dead-letter-strategy", "at-least-once")]),
+            queue("no-dead-letters", &[("x-queue-type", "classic")]),
+        ];
+        assert_eq!(at_most_once_dead_lettering(&commands), vec!["classic", "untyped", "drop-head"]);
+    }
 }

@@ -198,7 +198,8 @@ fn topology_renders_as_mermaid_and_dot() {
     let dot = stdout(&hourglass(&["topology", "--format", "dot"]));
     assert!(dot.starts_with("digraph topology {") && dot.trim_end().ends_with('}'), "{dot}");
     let table = json(&hourglass(&["topology", "--format", "json"]));
-    assert_eq!(table.as_array().unwrap().len(), 1 + 28 + 28 * 3, "delivery exchange, 28 exchanges, 28 queues with two bindings each");
+    let parking = 3; // exchange, queue, binding
+    assert_eq!(table.as_array().unwrap().len(), parking + 1 + 28 + 28 * 3, "parking, delivery exchange, 28 exchanges, 28 queues with two bindings each");
 }
 
 #[test]

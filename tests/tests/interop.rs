@@ -78,5 +78,6 @@ async fn nsb_v2_preset_shares_a_broker_with_nservicebus() {
 
 #[tokio::test]
 async fn celery_preset_shares_a_broker_with_celery() {
-    round_trip("celery", |level| format!("celery_delayed_{level}"), false).await;
+    // Celery declares quorum levels by default (broker_native_delayed_delivery_queue_type), as hourglass does.
+    round_trip("celery", |level| format!("celery_delayed_{level}"), true).await;
 }

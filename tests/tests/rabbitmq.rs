@@ -59,13 +59,14 @@ const SECONDS: [u64; 6] = [0, 1_000, 2_000, 3_000, 5_000, 7_000];
 #[tokio::test]
 async fn binary_levels_classic_delivers_on_time() {
     let prefix = unique("bl");
-    assert_delays_on_time(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), &SECONDS, 1_000).await;
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"classic\"");
+    assert_delays_on_time(&table, &SECONDS, 1_000).await;
 }
 
 #[tokio::test]
-async fn binary_levels_quorum_delivers_on_time() {
+async fn binary_levels_quorum_by_default_delivers_on_time() {
     let prefix = unique("blq");
-    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"quorum\"");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
     assert_delays_on_time(&table, &SECONDS, 1_000).await;
 }
 

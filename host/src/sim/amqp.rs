@@ -1,4 +1,11 @@
 //! AMQP exchanges, queues, TTLs and dead-lettering.
+//!
+//! Dead-lettering follows the queue type: classic queues (and quorum queues
+//! without `x-dead-letter-strategy = at-least-once` and `x-overflow =
+//! reject-publish`) dead-letter at most once and drop what routes nowhere;
+//! at-least-once queues keep such a message and retry it after the topology
+//! changes. An exchange that routes a message nowhere hands it to its
+//! `alternate-exchange`, which is how strategies park what lost its destination.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
@@ -65,6 +72,10 @@ struct Queue {
     messages: VecDeque<Stored>,
     /// A consumer's queue: what reaches it has arrived.
     destination: bool,
+    /// Dead-letters at least once: keeps what it cannot route.
+    at_least_once: bool,
+    /// Expired messages whose dead-letter target routed them nowhere, kept for a retry.
+    held: Vec<Stored>,
 }
 
 impl Queue {
@@ -77,7 +88,13 @@ impl Queue {
 enum EventKind {
     HeadExpires,
     QueueExpires,
+    /// At-least-once dead-lettering tries its held messages again.
+    RetryHeld,
 }
+
+/// How long RabbitMQ waits before retrying an at-least-once dead-letter that
+/// found no route (measured ~173 s; the broker's default is 180 s).
+pub const HELD_RETRY_MS: u64 = 180_000;
 
 /// The outcome of a publish: who got it, and what reached nobody.
 pub struct Routed {
@@ -158,7 +175,37 @@ impl AmqpBroker {
             last_used_ms: now,
             messages: VecDeque::new(),
             destination: true,
+            at_least_once: false,
+            held: Vec::new(),
         });
+    }
+
+    /// Deletes a queue as `queue.delete` does: its bindings go, its messages are lost.
+    pub fn delete_queue(&mut self, name: &str, now: u64) -> Result<Vec<Lost>, SimError> {
+        let queue = self.queues.remove(name).ok_or_else(|| SimError::NotFound(format!("no queue {name:?} to delete")))?;
+        for exchange in self.exchanges.values_mut() {
+            exchange.bindings.retain(|b| b.target != Target::Queue(name.to_string()));
+        }
+        let reason = format!("queue {name:?} was deleted while holding it");
+        let messages = queue.messages.into_iter().chain(queue.held);
+        Ok(messages.map(|stored| Lost { at_ms: now, reason: reason.clone(), message: stored.message }).collect())
+    }
+
+    /// The queue a message waits in (or is held by), if it waits anywhere.
+    pub fn queue_holding(&self, message_id: &str) -> Option<&str> {
+        self.queues
+            .iter()
+            .find(|(_, q)| q.messages.iter().chain(&q.held).any(|m| m.message.id == message_id))
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// After a topology change, at-least-once queues retry what they hold one retry interval later.
+    fn schedule_held_retries(&mut self, now: u64) {
+        for (name, queue) in &self.queues {
+            if !queue.held.is_empty() {
+                self.events.push(Reverse((now + HELD_RETRY_MS, EventKind::RetryHeld, name.clone())));
+            }
+        }
     }
 
     pub fn apply(&mut self, command: &Command, now: u64) -> Result<(), SimError> {
@@ -206,6 +253,10 @@ impl AmqpBroker {
                     last_used_ms: now,
                     messages: VecDeque::new(),
                     destination: false,
+                    at_least_once: text_argument(arguments, "x-queue-type").as_deref() == Some("quorum")
+                        && text_argument(arguments, "x-dead-letter-strategy").as_deref() == Some("at-least-once")
+                        && text_argument(arguments, "x-overflow").as_deref() == Some("reject-publish"),
+                    held: Vec::new(),
                 };
                 if let Some(deadline) = queue.expiry_deadline() {
                     self.events.push(Reverse((deadline, EventKind::QueueExpires, name.clone())));
@@ -228,6 +279,7 @@ impl AmqpBroker {
             }
             other => return Err(SimError::Invalid(format!("not an AMQP topology command: {other:?}"))),
         }
+        self.schedule_held_retries(now);
         Ok(())
     }
 
@@ -271,8 +323,16 @@ impl AmqpBroker {
             .collect();
         let mut routed_to: Vec<String> = matched.iter().map(|b| b.target.label()).collect();
         routed_to.dedup();
+        // Like RabbitMQ: an exchange whose own bindings match nothing hands the message to its alternate.
+        let alternate = text_argument(&source.arguments, "alternate-exchange").filter(|_| matched.is_empty());
+        if let Some(alternate) = &alternate {
+            routed_to.push(format!("{} (alternate)", Target::Exchange(alternate.clone()).label()));
+        }
         let step = HopStep::Exchange { name: exchange.to_string(), routing_key: message.routing_key.clone(), routed_to };
         hops.push(Hop { at_ms: now, step });
+        if let Some(alternate) = alternate {
+            queues.extend(self.route(&alternate, message, now, hops, seen));
+        }
         for binding in matched {
             match &binding.target {
                 Target::Queue(q) => {
@@ -324,6 +384,7 @@ impl AmqpBroker {
         match kind {
             EventKind::HeadExpires => queue.messages.front().and_then(|m| m.expires_at) == Some(*at),
             EventKind::QueueExpires => queue.expiry_deadline() == Some(*at),
+            EventKind::RetryHeld => !queue.held.is_empty(),
         }
     }
 
@@ -357,7 +418,7 @@ impl AmqpBroker {
                 for exchange in self.exchanges.values_mut() {
                     exchange.bindings.retain(|b| b.target != Target::Queue(name.clone()));
                 }
-                for stored in queue.messages {
+                for stored in queue.messages.into_iter().chain(queue.held) {
                     let reason = format!("queue {name:?} was deleted by x-expires while holding it");
                     fired.lost.push(Lost { at_ms: now, reason, message: stored.message });
                 }
@@ -371,6 +432,16 @@ impl AmqpBroker {
                 let dead_letter_exchange = queue.dead_letter_exchange.clone();
                 let dead_letter_key = queue.dead_letter_routing_key.clone();
                 self.dead_letter(&name, stored, dead_letter_exchange, dead_letter_key, now, &mut fired);
+            }
+            EventKind::RetryHeld => {
+                let queue = self.queues.get_mut(&name).expect("current event has its queue");
+                let held = std::mem::take(&mut queue.held);
+                let dead_letter_exchange = queue.dead_letter_exchange.clone();
+                for stored in held {
+                    // The broker retries the held message as it was when it first expired.
+                    let retry = Stored { message: stored.message, enqueued_ms: now, expires_at: None };
+                    self.redead_letter(&name, retry, dead_letter_exchange.clone(), now, &mut fired);
+                }
             }
         }
         self.prune();
@@ -418,7 +489,27 @@ impl AmqpBroker {
         }
         // The broker drops the expiration so the message does not expire again downstream.
         message.expiration_ms = None;
+        self.route_dead_letter(queue, message, exchange, now, fired);
+    }
+
+    /// Retries a held message: its death is already recorded.
+    fn redead_letter(&mut self, queue: &str, stored: Stored, exchange: Option<String>, now: u64, fired: &mut Fired) {
+        let Some(exchange) = exchange else { return };
+        self.route_dead_letter(queue, stored.message, exchange, now, fired);
+    }
+
+    /// Routes a dead-lettered message; what reaches no queue is held by an
+    /// at-least-once queue and lost from any other.
+    fn route_dead_letter(&mut self, queue: &str, mut message: SimMessage, exchange: String, now: u64, fired: &mut Fired) {
+        let at_least_once = self.queues.get(queue).is_some_and(|q| q.at_least_once);
+        let hold = |broker: &mut Self, message: SimMessage| {
+            let held = broker.queues.get_mut(queue).expect("the dead-lettering queue exists");
+            held.held.push(Stored { message, enqueued_ms: now, expires_at: None });
+        };
         if !exchange.is_empty() && !self.exchanges.contains_key(&exchange) {
+            if at_least_once {
+                return hold(self, message);
+            }
             let reason = format!("dead-letter exchange {exchange:?} of queue {queue:?} does not exist");
             fired.lost.push(Lost { at_ms: now, reason, message });
             return;
@@ -438,6 +529,9 @@ impl AmqpBroker {
             }
             delivered = true;
             fired.arrivals.extend(self.enqueue(&target, message.clone(), now));
+        }
+        if !delivered && !cycled && at_least_once {
+            return hold(self, message);
         }
         if !delivered && !cycled {
             let reason = format!("dead-lettered from queue {queue:?} to exchange {exchange:?}, which routes it nowhere");

@@ -4,7 +4,8 @@
 //! It models what delay strategies rely on: direct, fanout, topic and headers
 //! routing, exchange-to-exchange bindings, per-queue and per-message TTL with
 //! head-of-queue expiry, dead-lettering with `x-death` (and the broker's cycle
-//! drop), `x-expires`, and SQS queues with per-message and queue-level delays,
+//! drop) at most once or at least once by queue type, alternate exchanges,
+//! `x-expires`, queue deletion, and SQS queues with per-message and queue-level delays,
 //! FIFO deduplication and `SentTimestamp`. Time only moves when [`Simulator::step`]
 //! jumps to the next event, so years of delay simulate in microseconds.
 //!
@@ -149,6 +150,20 @@ impl Simulator {
     /// A consumer's queue: messages that reach it count as arrived.
     pub fn declare_destination_queue(&mut self, name: &str) {
         self.amqp.declare_destination(name, self.now_ms);
+    }
+
+    /// Deletes an AMQP queue with its bindings, as a consumer's `queue.delete`
+    /// would; messages waiting in it are recorded as lost.
+    pub fn delete_queue(&mut self, name: &str) -> Result<(), SimError> {
+        let lost = self.amqp.delete_queue(name, self.now_ms)?;
+        self.lost.extend(lost);
+        Ok(())
+    }
+
+    /// The AMQP queue a message waits in, if it waits in one (a parking queue, a
+    /// level, or held by an at-least-once queue whose dead-letter found no route).
+    pub fn queue_holding(&self, message_id: &str) -> Option<&str> {
+        self.amqp.queue_holding(message_id)
     }
 
     /// A consumer's SQS queue: messages count as arrived when they become visible.

@@ -102,7 +102,10 @@ impl<'p> Simulation<'p> {
         let mut results: Vec<SimulatedMessage> = results.into_values().collect();
         results.sort_by_key(|r| r.id[1..].parse::<u64>().unwrap_or(0));
         for r in results.iter_mut().filter(|r| r.arrival_ms.is_none() && r.problem.is_none()) {
-            r.problem = Some("never reached the destination".into());
+            r.problem = Some(match self.simulator.queue_holding(&r.id) {
+                Some(queue) => format!("never reached the destination; it waits in queue {queue:?}"),
+                None => "never reached the destination".into(),
+            });
         }
         Ok(results)
     }

@@ -176,3 +176,90 @@ fn sqs_destination_receives_when_visible() {
     let missing = Command::SqsSend { queue: "nope".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: None, dedup_id: None };
     assert!(matches!(sim.execute(&missing, SimMessage::new("m", FieldTable::new())), Err(SimError::NotFound(_))));
 }
+
+fn text(key: &'static str, value: &str) -> (&'static str, FieldValue) {
+    (key, FieldValue::Text(value.into()))
+}
+
+fn at_least_once() -> [(&'static str, FieldValue); 3] {
+    [text("x-queue-type", "quorum"), text("x-dead-letter-strategy", "at-least-once"), text("x-overflow", "reject-publish")]
+}
+
+/// A wait queue dead-lettering to a delivery exchange that parks what it cannot route.
+fn parking_topology(sim: &mut Simulator, wait_arguments: &[(&str, FieldValue)]) {
+    sim.declare_destination_queue("dest");
+    let delivery = Command::DeclareExchange {
+        name: "delivery".into(),
+        kind: ExchangeKind::Direct,
+        durable: true,
+        arguments: table(&[text("alternate-exchange", "parking")]),
+    };
+    for c in [exchange("parking", ExchangeKind::Fanout), queue("parked", &[]), bind("parked", "parking", ""), delivery, bind("dest", "delivery", "dest")] {
+        sim.apply(&c).unwrap();
+    }
+    let mut arguments = wait_arguments.to_vec();
+    arguments.extend([ttl(5_000), dlx("delivery"), text("x-dead-letter-routing-key", "dest")]);
+    sim.apply(&queue("wait", &arguments)).unwrap();
+}
+
+#[test]
+fn a_destination_deleted_while_its_message_waits_parks_the_message() {
+    let mut sim = Simulator::new();
+    parking_topology(&mut sim, &at_least_once());
+    sim.execute(&publish("", "wait", None), SimMessage::new("gone", FieldTable::new())).unwrap();
+    sim.advance_to(1_000);
+    sim.delete_queue("dest").unwrap();
+    run(&mut sim);
+    assert!(sim.arrivals().is_empty());
+    assert!(sim.lost().is_empty(), "{:?}", sim.lost().iter().map(|l| &l.reason).collect::<Vec<_>>());
+    assert_eq!(sim.queue_holding("gone"), Some("parked"));
+}
+
+#[test]
+fn an_alternate_exchange_catches_only_what_its_exchange_cannot_route() {
+    let mut sim = Simulator::new();
+    parking_topology(&mut sim, &at_least_once());
+    sim.execute(&publish("delivery", "dest", None), SimMessage::new("routed", FieldTable::new())).unwrap();
+    sim.execute(&publish("delivery", "elsewhere", None), SimMessage::new("parked", FieldTable::new())).unwrap();
+    assert_eq!(sim.arrivals().len(), 1);
+    assert_eq!(sim.arrivals()[0].message.id, "routed");
+    assert_eq!(sim.queue_holding("parked"), Some("parked"));
+    assert!(sim.lost().is_empty());
+}
+
+#[test]
+fn at_least_once_holds_an_unroutable_dead_letter_until_a_route_appears() {
+    let mut sim = Simulator::new();
+    sim.declare_destination_queue("dest");
+    sim.apply(&exchange("delivery", ExchangeKind::Direct)).unwrap();
+    let mut arguments = at_least_once().to_vec();
+    arguments.extend([ttl(5_000), dlx("delivery"), text("x-dead-letter-routing-key", "dest")]);
+    sim.apply(&queue("wait", &arguments)).unwrap();
+    sim.execute(&publish("", "wait", None), SimMessage::new("m", FieldTable::new())).unwrap();
+    run(&mut sim);
+    assert!(sim.lost().is_empty(), "at least once keeps it");
+    assert_eq!(sim.queue_holding("m"), Some("wait"));
+    sim.advance_to(10_000);
+    sim.apply(&bind("dest", "delivery", "dest")).unwrap();
+    run(&mut sim);
+    assert_eq!(sim.arrivals()[0].at_ms, 10_000 + amqp::HELD_RETRY_MS, "retried one interval after the binding");
+}
+
+#[test]
+fn classic_dead_lettering_drops_what_routes_nowhere() {
+    let mut sim = Simulator::new();
+    sim.declare_destination_queue("dest");
+    sim.apply(&exchange("delivery", ExchangeKind::Direct)).unwrap();
+    sim.apply(&queue("wait", &[text("x-queue-type", "classic"), ttl(5_000), dlx("delivery")])).unwrap();
+    sim.execute(&publish("", "wait", None), SimMessage::new("m", FieldTable::new())).unwrap();
+    run(&mut sim);
+    assert!(sim.lost()[0].reason.contains("routes it nowhere"), "{}", sim.lost()[0].reason);
+    // A quorum queue without reject-publish falls back to at most once too.
+    let mut sim = Simulator::new();
+    sim.apply(&exchange("delivery", ExchangeKind::Direct)).unwrap();
+    let drop_head = [text("x-queue-type", "quorum"), text("x-dead-letter-strategy", "at-least-once"), ttl(5_000), dlx("delivery")];
+    sim.apply(&queue("wait", &drop_head)).unwrap();
+    sim.execute(&publish("", "wait", None), SimMessage::new("m", FieldTable::new())).unwrap();
+    run(&mut sim);
+    assert_eq!(sim.lost().len(), 1);
+}

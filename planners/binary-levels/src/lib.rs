@@ -5,6 +5,12 @@
 //! most significant bit first, then the destination; each level's bindings look
 //! at their own bit only. A message enters at the exchange of its highest set bit
 //! and leaves level 0 for the delivery exchange, which routes on the destination.
+//!
+//! Level queues are quorum queues that dead-letter at least once unless
+//! `queue_type = "classic"` is chosen. With the `hourglass` preset the delivery
+//! exchange parks what it cannot route (a destination queue deleted while its
+//! message waited) in `<prefix>.parked`; the interop presets declare the other
+//! client's delivery exchange as it does, without an alternate exchange.
 
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
@@ -21,15 +27,6 @@ pub enum Preset {
     NsbV2,
     /// Celery/kombu: `celery_delayed_N`, `celery_delayed_delivery`.
     Celery,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "kebab-case")]
-pub enum QueueType {
-    #[default]
-    Classic,
-    /// Replicated; dead-letters at least once (needs `x-overflow = reject-publish`).
-    Quorum,
 }
 
 #[derive(Debug, Deserialize)]
@@ -73,6 +70,14 @@ impl BinaryLevels {
         }
     }
 
+    /// Where the delivery exchange sends what no destination is bound for (hourglass preset only).
+    pub fn parking(&self) -> Option<Parking> {
+        match self.preset {
+            Preset::Hourglass => Some(Parking::under(&self.prefix)),
+            Preset::NsbV2 | Preset::Celery => None,
+        }
+    }
+
     fn max_units(&self) -> u64 {
         (1u64 << self.levels) - 1
     }
@@ -99,18 +104,13 @@ impl BinaryLevels {
 
     fn queue_arguments(&self, level: u32) -> Vec<Field> {
         let ttl = (1i64 << level) * self.unit_ms as i64;
-        let mut args = vec![
-            text("x-queue-type", match self.queue_type {
-                QueueType::Classic => "classic",
-                QueueType::Quorum => "quorum",
-            }),
-            text("x-overflow", "reject-publish"),
-            int("x-message-ttl", ttl),
-            text("x-dead-letter-exchange", self.next_exchange(level)),
-        ];
-        if self.queue_type == QueueType::Quorum {
-            args.push(text("x-dead-letter-strategy", "at-least-once"));
+        let mut args = self.queue_type.dead_letter_arguments();
+        if self.queue_type == QueueType::Classic {
+            // As NServiceBus and Celery declare classic levels (and as earlier versions did).
+            args.push(text("x-overflow", "reject-publish"));
         }
+        args.push(int("x-message-ttl", ttl));
+        args.push(text("x-dead-letter-exchange", self.next_exchange(level)));
         args
     }
 
@@ -141,7 +141,7 @@ impl Planner for BinaryLevels {
             .key("preset", "naming: hourglass, nsb-v2 or celery", Some("hourglass"))
             .key("levels", "number of delay levels (bits)", Some("28"))
             .key("unit", "delay of level 0; delays round up to it (1ms for sub-second)", Some("1s"))
-            .key("queue_type", "classic or quorum (quorum dead-letters at least once)", Some("classic"))
+            .key("queue_type", "quorum (dead-letters at least once) or classic (a broker crash can lose messages)", Some("quorum"))
             .key("prefix", "name prefix of the hourglass preset", Some("hourglass"))
     }
 
@@ -193,8 +193,13 @@ impl Planner for BinaryLevels {
 
     fn topology(&self) -> Result<Vec<Command>, String> {
         let mut commands = Vec::new();
+        let mut delivery_arguments = Vec::new();
+        if let Some(parking) = self.parking() {
+            commands.extend(parking.topology(self.queue_type));
+            delivery_arguments.push(parking.alternate_exchange());
+        }
         // Every exchange first: exchange-to-exchange bindings fail unless both exist.
-        commands.push(declare_exchange(&self.delivery_exchange(), ExchangeKind::Topic, vec![]));
+        commands.push(declare_exchange(&self.delivery_exchange(), ExchangeKind::Topic, delivery_arguments));
         for level in (0..self.levels).rev() {
             commands.push(declare_exchange(&self.level_name(level), ExchangeKind::Topic, vec![]));
         }
@@ -333,6 +338,67 @@ mod tests {
             redelivery: None,
         })
         .is_err());
+    }
+
+    fn level_queues(p: &BinaryLevels) -> Vec<DeclareQueue> {
+        p.topology()
+            .unwrap()
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::DeclareQueue(q) if q.name.contains("delay-level") => Some(q),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn level_queues_are_quorum_and_dead_letter_at_least_once_by_default() {
+        let queues = level_queues(&planner(Preset::Hourglass));
+        assert_eq!(queues.len(), 28);
+        for q in queues {
+            assert!(q.arguments.contains(&text("x-queue-type", "quorum")), "{}", q.name);
+            assert!(q.arguments.contains(&text("x-dead-letter-strategy", "at-least-once")), "{}", q.name);
+            assert!(q.arguments.contains(&text("x-overflow", "reject-publish")), "{}", q.name);
+        }
+    }
+
+    #[test]
+    fn classic_is_an_explicit_choice_without_at_least_once() {
+        let p = BinaryLevels::new(Config {
+            preset: Preset::Hourglass,
+            levels: Some(3),
+            unit: None,
+            queue_type: Some(QueueType::Classic),
+            prefix: None,
+            redelivery: None,
+        })
+        .unwrap();
+        for q in level_queues(&p) {
+            assert!(q.arguments.contains(&text("x-queue-type", "classic")), "{}", q.name);
+            assert!(!q.arguments.iter().any(|f| f.key == "x-dead-letter-strategy"), "{}", q.name);
+        }
+    }
+
+    #[test]
+    fn the_delivery_exchange_parks_what_it_cannot_route() {
+        let topology = planner(Preset::Hourglass).topology().unwrap();
+        let delivery = topology
+            .iter()
+            .position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.delay-delivery"))
+            .unwrap();
+        let Command::DeclareExchange(exchange) = &topology[delivery] else { unreachable!() };
+        assert_eq!(exchange.arguments, vec![text("alternate-exchange", "hourglass.parking")]);
+        let parking = topology
+            .iter()
+            .position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.parking"))
+            .unwrap();
+        assert!(parking < delivery, "the parking exchange comes first");
+        assert!(topology.contains(&bind_queue("hourglass.parked", "hourglass.parking", "")));
+        // The interop presets' delivery exchange is the other client's: declared as it declares it.
+        for preset in [Preset::NsbV2, Preset::Celery] {
+            let topology = planner(preset).topology().unwrap();
+            assert!(topology.iter().all(|c| !matches!(c, Command::DeclareExchange(e) if !e.arguments.is_empty())));
+        }
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! `hourglass-original-routing-key` header. Delays that are not an interval
 //! round up to the next one or are refused, as configured. Redelivery policies
 //! use the intervals in order: attempt `n` waits `intervals[n-1]`.
+//!
+//! Interval queues are quorum queues that dead-letter at least once unless
+//! `queue_type = "classic"` is chosen, and the return exchange parks what no
+//! destination is bound for in `<prefix>.parked`.
 
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
@@ -32,6 +36,7 @@ pub struct Config {
     #[serde(default)]
     pub rounding: Rounding,
     pub prefix: Option<String>,
+    pub queue_type: Option<QueueType>,
     /// Another redelivery policy; by default redelivery n waits the n-th interval.
     pub redelivery: Option<RedeliveryPolicy>,
 }
@@ -41,6 +46,7 @@ pub struct FixedIntervals {
     intervals: Vec<u64>,
     rounding: Rounding,
     prefix: String,
+    queue_type: QueueType,
     redelivery: RedeliveryPolicy,
 }
 
@@ -51,6 +57,10 @@ impl FixedIntervals {
 
     pub fn return_exchange(&self) -> String {
         format!("{}.return", self.prefix)
+    }
+
+    pub fn parking(&self) -> Parking {
+        Parking::under(&self.prefix)
     }
 
     fn choose(&self, delay_ms: u64) -> Result<u64, String> {
@@ -77,7 +87,8 @@ impl Planner for FixedIntervals {
         Info::new("fixed-intervals", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
             .key("intervals", "the delays offered, e.g. [\"5m\", \"15m\", \"30m\"]", None)
             .key("rounding", "up (next interval) or reject, for delays that are not an interval", Some("up"))
-            .key("prefix", "names: <prefix>.<interval>ms and <prefix>.return", Some("hourglass.interval"))
+            .key("prefix", "names: <prefix>.<interval>ms, <prefix>.return, <prefix>.parked", Some("hourglass.interval"))
+            .key("queue_type", "quorum (dead-letters at least once) or classic (a broker crash can lose messages)", Some("quorum"))
     }
 
     fn new(config: Config) -> Result<Self, String> {
@@ -97,7 +108,8 @@ impl Planner for FixedIntervals {
         let longest = intervals.last().copied().unwrap_or(0);
         let redelivery = checked_policy(config.redelivery, longest)?
             .unwrap_or_else(|| RedeliveryPolicy::Intervals { intervals: intervals.iter().map(|&i| DurationMs(i)).collect() });
-        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix, redelivery })
+        let queue_type = config.queue_type.unwrap_or_default();
+        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix, queue_type, redelivery })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -108,15 +120,16 @@ impl Planner for FixedIntervals {
 
     fn topology(&self) -> Result<Vec<Command>, String> {
         let return_exchange = self.return_exchange();
-        let mut commands = vec![declare_exchange(&return_exchange, ExchangeKind::Headers, vec![])];
+        let parking = self.parking();
+        let mut commands = parking.topology(self.queue_type);
+        commands.push(declare_exchange(&return_exchange, ExchangeKind::Headers, vec![parking.alternate_exchange()]));
         for &interval in &self.intervals {
             let name = self.interval_name(interval);
             commands.push(declare_exchange(&name, ExchangeKind::Fanout, vec![]));
-            commands.push(declare_queue(&name, vec![
-                text("x-queue-type", "classic"),
-                int("x-message-ttl", interval as i64),
-                text("x-dead-letter-exchange", return_exchange.as_str()),
-            ]));
+            let mut arguments = self.queue_type.dead_letter_arguments();
+            arguments.push(int("x-message-ttl", interval as i64));
+            arguments.push(text("x-dead-letter-exchange", return_exchange.as_str()));
+            commands.push(declare_queue(&name, arguments));
             commands.push(bind_queue(&name, &name, ""));
         }
         Ok(commands)
@@ -163,6 +176,7 @@ mod tests {
             intervals: vec![DurationMs(30_000), DurationMs(5_000), DurationMs(15_000)],
             rounding,
             prefix: None,
+            queue_type: None,
             redelivery: None,
         })
         .unwrap()
@@ -180,6 +194,27 @@ mod tests {
         assert_eq!(p.exchange, "hourglass.interval.15000ms");
         assert_eq!(p.routing_key, "orders.created");
         assert!(p.headers.contains(&text(ORIGINAL_KEY_HEADER, "orders.created")));
+    }
+
+    #[test]
+    fn interval_queues_are_quorum_at_least_once_and_the_return_exchange_parks() {
+        let topology = planner(Rounding::Up).topology().unwrap();
+        let interval = topology
+            .iter()
+            .find_map(|c| match c {
+                Command::DeclareQueue(q) if q.name == "hourglass.interval.5000ms" => Some(q),
+                _ => None,
+            })
+            .unwrap();
+        assert!(interval.arguments.contains(&text("x-queue-type", "quorum")));
+        assert!(interval.arguments.contains(&text("x-dead-letter-strategy", "at-least-once")));
+        assert!(interval.arguments.contains(&text("x-overflow", "reject-publish")));
+        assert!(topology.contains(&declare_exchange(
+            "hourglass.interval.return",
+            ExchangeKind::Headers,
+            vec![text("alternate-exchange", "hourglass.interval.parking")]
+        )));
+        assert!(topology.contains(&bind_queue("hourglass.interval.parked", "hourglass.interval.parking", "")));
     }
 
     #[test]

@@ -1,12 +1,20 @@
 //! Hold queues: one queue per (delay, destination), declared with each message.
 //!
 //! The hold queue has no consumer. Its `x-message-ttl` is the delay, and expired
-//! messages dead-letter through the default exchange straight to the destination
-//! queue. Since every message in one hold queue has the same TTL, nothing waits
-//! behind a longer-lived head. `x-expires` removes the queue once it has been
-//! unused for longer than its TTL, so idle delays cost nothing; redeclaring it
-//! with each message keeps it alive while in use. Hold queues are classic: quorum
-//! queues do not renew `x-expires` on redeclare.
+//! messages dead-letter to the delivery exchange (direct, `<prefix>.delivery`),
+//! where the destination queue is bound under its own name. Since every message
+//! in one hold queue has the same TTL, nothing waits behind a longer-lived head.
+//! `x-expires` removes the queue once it has been unused for longer than its
+//! TTL, so idle delays cost nothing; redeclaring it with each message keeps it
+//! alive while in use. The delivery exchange parks what it cannot route (a
+//! destination deleted while its message waited) in `<prefix>.parked`.
+//!
+//! Hold queues are classic, so they dead-letter at most once: a broker crash can
+//! lose messages. Quorum queues would dead-letter at least once, but they do not
+//! renew `x-expires` on redeclare and would be deleted with their messages
+//! (rabbitmq-server #5894); without `x-expires`, every distinct delay would
+//! leave a queue behind for good. Choose binary-levels where a crash must not
+//! lose messages.
 
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
@@ -35,6 +43,14 @@ impl HoldQueues {
     pub fn hold_queue(&self, delay_ms: u64, destination: &str) -> String {
         format!("{}.{delay_ms}ms.{destination}", self.prefix)
     }
+
+    pub fn delivery_exchange(&self) -> String {
+        format!("{}.delivery", self.prefix)
+    }
+
+    pub fn parking(&self) -> Parking {
+        Parking::under(&self.prefix)
+    }
 }
 
 impl Planner for HoldQueues {
@@ -42,7 +58,7 @@ impl Planner for HoldQueues {
 
     fn info() -> Info {
         Info::new("hold-queues", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
-            .key("prefix", "hold queues are named <prefix>.<delay>ms.<destination>", Some("hourglass.hold"))
+            .key("prefix", "names: <prefix>.<delay>ms.<destination>, <prefix>.delivery, <prefix>.parked", Some("hourglass.hold"))
             .key("expires_margin", "how long an unused hold queue outlives its TTL", Some("60s"))
     }
 
@@ -64,6 +80,21 @@ impl Planner for HoldQueues {
 
     fn delay_range(&self) -> DelayRange {
         DelayRange::uniform(1, AMQP_MAX_TTL_MS - self.expires_margin_ms)
+    }
+
+    fn topology(&self) -> Result<Vec<Command>, String> {
+        let parking = self.parking();
+        // The parking queue holds no TTL and dead-letters nowhere: quorum keeps it safe.
+        let mut commands = parking.topology(QueueType::Quorum);
+        commands.push(declare_exchange(&self.delivery_exchange(), ExchangeKind::Direct, vec![parking.alternate_exchange()]));
+        Ok(commands)
+    }
+
+    fn destination_setup(&self, destination: &str) -> Result<Vec<Command>, String> {
+        if destination.is_empty() {
+            return Err("destination is empty".into());
+        }
+        Ok(vec![bind_queue(destination, &self.delivery_exchange(), destination)])
     }
 
     fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
@@ -89,7 +120,7 @@ impl Planner for HoldQueues {
         let arguments = vec![
             text("x-queue-type", "classic"),
             int("x-message-ttl", delay as i64),
-            text("x-dead-letter-exchange", ""),
+            text("x-dead-letter-exchange", self.delivery_exchange()),
             text("x-dead-letter-routing-key", destination.as_str()),
             int("x-expires", (delay + self.expires_margin_ms) as i64),
         ];
@@ -120,7 +151,19 @@ mod tests {
         assert!(queue.arguments.contains(&int("x-message-ttl", 5_000)));
         assert!(queue.arguments.contains(&int("x-expires", 65_000)));
         assert!(queue.arguments.contains(&text("x-dead-letter-routing-key", "orders")));
+        assert!(queue.arguments.contains(&text("x-dead-letter-exchange", "hourglass.hold.delivery")));
         assert_eq!(plan.commands[1], publish("", "hourglass.hold.5000ms.orders", vec![]));
+    }
+
+    #[test]
+    fn the_delivery_exchange_binds_destinations_by_name_and_parks_the_rest() {
+        let p = planner();
+        assert!(p.topology().unwrap().contains(&declare_exchange(
+            "hourglass.hold.delivery",
+            ExchangeKind::Direct,
+            vec![text("alternate-exchange", "hourglass.hold.parking")]
+        )));
+        assert_eq!(p.destination_setup("orders").unwrap(), vec![bind_queue("orders", "hourglass.hold.delivery", "orders")]);
     }
 
     #[test]

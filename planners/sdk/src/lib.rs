@@ -28,6 +28,7 @@
 
 mod adapter;
 mod duration;
+mod durability;
 mod helpers;
 mod redelivery;
 
@@ -52,6 +53,7 @@ pub use __bindings::hourglass::planner::types::{
 #[doc(hidden)]
 pub use adapter::Adapter;
 pub use duration::{DurationMs, parse_duration_ms};
+pub use durability::{Parking, QueueType};
 pub use helpers::*;
 pub use redelivery::{RedeliveryPolicy, checked_policy, decide_with};
 

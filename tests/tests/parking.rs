@@ -1,0 +1,153 @@
+//! Delivery guarantees on a real RabbitMQ: the default strategies declare
+//! quorum queues that dead-letter at least once, classic is an explicit choice
+//! that `at_most_once_dead_lettering` names, and a message whose destination
+//! queue is deleted while it waits ends in the strategy's parking queue instead
+//! of vanishing — while the valid messages beside it arrive on time.
+
+use std::time::Duration;
+
+use hourglass::broker::rabbitmq::manage::Management;
+use hourglass::broker::{Broker, Executor};
+use hourglass::command::{Command, at_most_once_dead_lettering};
+use hourglass::config::Config;
+use hourglass::scheduler::{ScheduleRequest, Scheduled};
+use hourglass_e2e::*;
+use lapin::options::QueueDeleteOptions;
+use lapin::types::AMQPValue;
+
+/// Every queue the strategy's topology declares with a dead-letter exchange.
+fn dead_lettering_queues(topology: &[Command]) -> Vec<String> {
+    topology
+        .iter()
+        .filter_map(|c| match c {
+            Command::DeclareQueue { name, arguments, .. } if arguments.contains_key("x-dead-letter-exchange") => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Declares the topology on the broker and reads back each dead-lettering queue's type and arguments.
+async fn declared_queues(config: &Config) -> Vec<serde_json::Value> {
+    let topology = topology_of(config);
+    let broker = Broker::connect(&config.broker).await.expect("connect to RabbitMQ");
+    broker.apply(&topology).await.expect("declare the topology");
+    let management = Management::new(&management_url(), "/".into()).unwrap();
+    let mut queues = Vec::new();
+    for name in dead_lettering_queues(&topology) {
+        let queue = tokio::task::block_in_place(|| management.object("queues", &name)).unwrap();
+        queues.push(queue.unwrap_or_else(|| panic!("queue {name} was not declared")));
+    }
+    queues
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_strategies_declare_quorum_queues_that_dead_letter_at_least_once() {
+    let connection = connect().await;
+    for table in [
+        format!("planner = \"binary-levels\"\nprefix = \"{}\"\nlevels = 4", unique("park-bl")),
+        format!("planner = \"fixed-intervals\"\nprefix = \"{}\"\nintervals = [\"1s\", \"5s\"]", unique("park-fi")),
+    ] {
+        let config = config(&table);
+        let queues = declared_queues(&config).await;
+        assert!(!queues.is_empty(), "{table}: no dead-lettering queues");
+        for queue in &queues {
+            let arguments = &queue["arguments"];
+            assert_eq!(queue["type"], "quorum", "{table}: {queue}");
+            assert_eq!(arguments["x-dead-letter-strategy"], "at-least-once", "{table}: {queue}");
+            assert_eq!(arguments["x-overflow"], "reject-publish", "{table}: {queue}");
+        }
+        assert_eq!(at_most_once_dead_lettering(&topology_of(&config)), Vec::<String>::new(), "{table}");
+        delete_declared(&connection, &topology_of(&config)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_is_an_opt_in_that_at_most_once_dead_lettering_names() {
+    let connection = connect().await;
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nlevels = 4\nqueue_type = \"classic\"", unique("park-cl"));
+    let config = config(&table);
+    let queues = declared_queues(&config).await;
+    assert_eq!(queues.len(), 4);
+    for queue in &queues {
+        assert_eq!(queue["type"], "classic", "{queue}");
+        assert!(queue["arguments"].get("x-dead-letter-strategy").is_none(), "{queue}");
+    }
+    let topology = topology_of(&config);
+    let mut named = at_most_once_dead_lettering(&topology);
+    named.sort();
+    let mut levels = dead_lettering_queues(&topology);
+    levels.sort();
+    assert_eq!(named, levels, "every classic level is named for the startup warning");
+    delete_declared(&connection, &topology).await;
+}
+
+/// Schedules messages to a destination that is deleted while they wait and to
+/// a canary that stays; the canaries arrive on time, the others are parked.
+async fn destination_deleted_while_waiting_parks(table: &str, parked_queue: &str, delay_ms: u64) {
+    let connection = connect().await;
+    let config = config(table);
+    let channel = connection.create_channel().await.unwrap();
+    let mut canary = Destination::declare(&connection, "park-canary").await;
+    let doomed = Destination::declare(&connection, "park-doomed").await;
+    let doomed_name = doomed.name.clone();
+    let scheduler = scheduler(&config).await;
+    let schedule = async |destination: &str, body: &str| -> Scheduled {
+        let request = ScheduleRequest { destination: destination.into(), delay_ms, body: body.as_bytes().to_vec(), ..Default::default() };
+        scheduler.schedule(request).await.expect("schedule")
+    };
+    let mut canaries = Vec::new();
+    for i in 0..3 {
+        canaries.push(schedule(&canary.name, &format!("canary-{i}")).await);
+        schedule(&doomed_name, &format!("doomed-{i}")).await;
+    }
+    channel.queue_delete(doomed_name.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+
+    let received = canary.receive(3, Duration::from_millis(delay_ms + 10_000)).await;
+    for message in &received {
+        let id = message.delivery.properties.message_id().as_ref().unwrap().to_string();
+        let scheduled = canaries.iter().find(|s| s.id == id).expect("a canary");
+        let late = message.at_ms as i64 - scheduled.due_at_ms as i64;
+        assert!((0..=1_500).contains(&late), "canary {id} arrived {late}ms from due");
+    }
+    let parked = get_at_least(&channel, parked_queue, 3, Duration::from_secs(10)).await;
+    assert_eq!(parked.len(), 3, "each message to the deleted destination is parked once");
+    for message in &parked {
+        let body = String::from_utf8_lossy(&message.data).into_owned();
+        assert!(body.starts_with("doomed-"), "only the deleted destination's messages are parked: {body}");
+        // The routing key or hourglass's header names the destination; x-death says it expired from the last wait.
+        let routing_key = message.routing_key.as_str();
+        let destination = header_text(message, "hourglass-destination");
+        assert!(
+            routing_key.ends_with(doomed_name.as_str()) || destination.as_deref() == Some(doomed_name.as_str()),
+            "{body}: parked with routing key {routing_key} and destination header {destination:?}"
+        );
+        let Some(AMQPValue::FieldArray(deaths)) = header(message, "x-death") else { panic!("{body}: no x-death header") };
+        assert!(!deaths.as_slice().is_empty());
+        assert_eq!(header_text(message, "x-first-death-reason").as_deref(), Some("expired"), "{body}");
+    }
+    canary.assert_quiet(Duration::from_millis(300)).await;
+    assert_eq!(queue_depth(&channel, parked_queue).await, 0, "nothing else was parked");
+    delete_declared(&connection, &topology_of(&config)).await;
+    canary.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_levels_parks_a_message_whose_destination_was_deleted_while_it_waited() {
+    let prefix = unique("park-bl");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
+    destination_deleted_while_waiting_parks(&table, &format!("{prefix}.parked"), 3_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_intervals_parks_a_message_whose_destination_was_deleted_while_it_waited() {
+    let prefix = unique("park-fi");
+    let table = format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"2s\"]");
+    destination_deleted_while_waiting_parks(&table, &format!("{prefix}.parked"), 2_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_queues_park_a_message_whose_destination_was_deleted_while_it_waited() {
+    let prefix = unique("park-hq");
+    let table = format!("planner = \"hold-queues\"\nprefix = \"{prefix}\"\nexpires_margin = \"5s\"");
+    destination_deleted_while_waiting_parks(&table, &format!("{prefix}.parked"), 2_000).await;
+}
