@@ -213,3 +213,42 @@ async fn the_http_api_schedules_on_sqs_and_serve_runs_the_pumps_itself() {
     assert!(cycles >= 2.0, "5 s on a 2 s cycle: at least one recycle and the hand-over, counted {cycles}");
     served.stop().await;
 }
+
+#[tokio::test]
+async fn content_type_and_custom_properties_survive_a_multi_cycle_delay() {
+    use hourglass::broker::sqs::properties::{CONTENT_TYPE_ATTRIBUTE, from_attributes};
+    use hourglass::message::{HeaderValue, Properties};
+
+    let config = sqs_config(CYCLE_TABLE);
+    let (scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor.clone(), "properties").await;
+    let properties = Properties {
+        content_type: Some("application/json".into()),
+        correlation_id: Some("order-42".into()),
+        priority: Some(3),
+        headers: [
+            ("x-trace".to_string(), HeaderValue::text("abc")),
+            ("x-attempts".to_string(), HeaderValue::I32(2)),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    // 5 s on a 2 s cycle: the typed message goes around twice; a plain one beside it.
+    let mut typed = request(&destination.name, 5_000, 0);
+    typed.body = b"{\"order\": 42}".to_vec();
+    typed.properties = properties.clone();
+    scheduler.schedule(typed).await.expect("schedule with properties");
+    scheduler.schedule(request(&destination.name, 5_000, 1)).await.expect("schedule plain");
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+
+    let received = destination.receive(2, Duration::from_secs(20)).await;
+    let typed = received.iter().find(|r| r.body.contains("order")).expect("the typed message arrived");
+    assert_eq!(typed.attribute(CONTENT_TYPE_ATTRIBUTE).as_deref(), Some("application/json"), "content-type is an attribute of its own");
+    assert_eq!(from_attributes(&typed.attributes).unwrap(), properties, "every property and typed header as sent");
+    assert_eq!(typed.attribute("tenant").as_deref(), Some("t-0"), "the caller's plain headers too");
+    let plain = received.iter().find(|r| r.body == "body-1").expect("the plain message arrived");
+    assert_eq!(from_attributes(&plain.attributes).unwrap(), Properties::default(), "no properties invented");
+    assert!(counters.snapshot().recycled >= 2, "the messages went around at least once: {:?}", counters.snapshot());
+    stop.send(true).unwrap();
+}

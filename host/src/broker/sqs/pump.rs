@@ -9,6 +9,11 @@
 //! after its visibility timeout: it is delivered, possibly twice, never lost.
 //! Several pumps may share a queue: the FIFO deduplication id of each cycle
 //! (message and cycle) absorbs a double send within five minutes.
+//!
+//! The attributes that carry the producer's properties (`content-type`,
+//! `hourglass-properties`) are forwarded exactly as received on every cycle
+//! and at the hand-over, so the destination gets them as they were sent; the
+//! planner does not see them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +27,8 @@ use crate::command::{DueAction, DueMessage};
 use crate::clock::unix_now_ms;
 use crate::metrics::PumpCounters;
 
-use super::send::{SqsExecutor, count};
+use super::properties::is_property_attribute;
+use super::send::{PropertyAttributes, SqsExecutor, count};
 
 /// Where a pump stops in the middle, for fault-injection tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +110,13 @@ impl Pump {
             }
             let mut base: BTreeMap<String, FieldValue> = BTreeMap::new();
             let mut attributes = Vec::new();
+            // The producer's properties ride along unchanged, unseen by the planner.
+            let mut properties = PropertyAttributes::new();
             for (name, value) in message.message_attributes().into_iter().flatten() {
+                if is_property_attribute(name) {
+                    properties.insert(name.clone(), value.clone());
+                    continue;
+                }
                 let text = value.string_value().unwrap_or_default().to_string();
                 let field = match (value.data_type(), text.parse::<i64>()) {
                     ("Number", Ok(n)) => FieldValue::Int(n),
@@ -142,7 +154,7 @@ impl Pump {
                     entries.clear();
                     break;
                 };
-                match self.executor.batch_entry(&format!("{index}-{n}"), command, body, &carried) {
+                match self.executor.batch_entry(&format!("{index}-{n}"), command, body, &carried, &properties) {
                     Ok(entry) => entries.push((queue.clone(), entry)),
                     Err(err) => {
                         entries.clear();

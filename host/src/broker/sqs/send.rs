@@ -37,10 +37,20 @@ fn unavailable(what: impl std::fmt::Display, err: impl std::error::Error) -> Exe
     ExecutorError::Unavailable(format!("SQS {what}: {text}"))
 }
 
-/// Message attributes for a send: the envelope's headers, then the command's,
-/// checked against SQS's limit of ten.
-pub fn message_attributes(envelope_headers: &BTreeMap<String, FieldValue>, extra: &BTreeMap<String, String>) -> Result<HashMap<String, MessageAttributeValue>, ExecutorError> {
-    let mut attributes = HashMap::new();
+/// The attributes a message's properties travel in (see [`super::properties`]).
+pub type PropertyAttributes = HashMap<String, MessageAttributeValue>;
+
+/// Message attributes for a send: the message's properties, the envelope's
+/// headers, then the command's, checked against SQS's limit of ten.
+pub fn message_attributes(
+    properties: &PropertyAttributes,
+    envelope_headers: &BTreeMap<String, FieldValue>,
+    extra: &BTreeMap<String, String>,
+) -> Result<HashMap<String, MessageAttributeValue>, ExecutorError> {
+    if let Some(name) = envelope_headers.keys().chain(extra.keys()).find(|name| properties.contains_key(*name)) {
+        return Err(ExecutorError::Invalid(format!("header {name:?} would overwrite the message property carried in that attribute")));
+    }
+    let mut attributes = properties.clone();
     for (name, value) in envelope_headers {
         let (data_type, text) = match value {
             FieldValue::Int(i) => ("Number", i.to_string()),
@@ -92,11 +102,12 @@ fn checked_send<'c>(
     command: &'c Command,
     body: &str,
     base: &BTreeMap<String, FieldValue>,
+    properties: &PropertyAttributes,
 ) -> Result<(SendParts<'c>, HashMap<String, MessageAttributeValue>, usize), ExecutorError> {
     let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
         return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
     };
-    let message_attributes = message_attributes(base, attributes)?;
+    let message_attributes = message_attributes(properties, base, attributes)?;
     let size = message_size(body, &message_attributes);
     if size > SQS_MAX_MESSAGE_BYTES {
         return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
@@ -204,8 +215,15 @@ impl SqsExecutor {
     }
 
     /// A batch entry for one send, checked against SQS's limits; returns it with its size.
-    pub fn batch_entry(&self, id: &str, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-        let (send, message_attributes, size) = checked_send(command, body, base)?;
+    pub fn batch_entry(
+        &self,
+        id: &str,
+        command: &Command,
+        body: &str,
+        base: &BTreeMap<String, FieldValue>,
+        properties: &PropertyAttributes,
+    ) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
+        let (send, message_attributes, size) = checked_send(command, body, base, properties)?;
         let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
         let mut entry = SendMessageBatchRequestEntry::builder()
             .id(id)
@@ -250,8 +268,8 @@ impl SqsExecutor {
     }
 
     /// Sends one message as a command describes; the body must be text (SQS bodies are).
-    pub async fn send_one(&self, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>) -> Result<(), ExecutorError> {
-        let (send, message_attributes, _) = checked_send(command, body, base)?;
+    pub async fn send_one(&self, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>, properties: &PropertyAttributes) -> Result<(), ExecutorError> {
+        let (send, message_attributes, _) = checked_send(command, body, base, properties)?;
         let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
         let url = self.existing_url(queue).await?;
         let mut request = self
@@ -291,8 +309,9 @@ impl Executor for SqsExecutor {
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let body = std::str::from_utf8(&envelope.body)
             .map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
+        let properties = super::properties::to_attributes(&envelope.properties)?;
         for command in commands {
-            self.send_one(command, body, &envelope.headers).await?;
+            self.send_one(command, body, &envelope.headers, &properties).await?;
         }
         Ok(())
     }
@@ -306,8 +325,23 @@ mod tests {
     fn more_than_ten_attributes_are_refused_before_sending() {
         let headers: BTreeMap<String, FieldValue> = (0..9).map(|i| (format!("h{i}"), FieldValue::Int(i))).collect();
         let extra: BTreeMap<String, String> = [("a".to_string(), "1".to_string()), ("b".to_string(), "2".to_string())].into();
-        let err = message_attributes(&headers, &extra).unwrap_err().to_string();
+        let none = PropertyAttributes::new();
+        let err = message_attributes(&none, &headers, &extra).unwrap_err().to_string();
         assert!(err.contains("11 attributes; SQS allows 10"), "{err}");
-        assert!(message_attributes(&headers, &BTreeMap::new()).is_ok());
+        assert!(message_attributes(&none, &headers, &BTreeMap::new()).is_ok());
+        // The properties count too.
+        let typed = crate::message::Properties { content_type: Some("text/plain".into()), ..Default::default() };
+        let properties = super::super::properties::to_attributes(&typed).unwrap();
+        let err = message_attributes(&properties, &headers, &[("a".to_string(), "1".to_string())].into()).unwrap_err().to_string();
+        assert!(err.contains("11 attributes; SQS allows 10") && err.contains("content-type"), "{err}");
+    }
+
+    #[test]
+    fn a_header_cannot_overwrite_a_property() {
+        let typed = crate::message::Properties { content_type: Some("text/plain".into()), ..Default::default() };
+        let properties = super::super::properties::to_attributes(&typed).unwrap();
+        let headers: BTreeMap<String, FieldValue> = [("content-type".to_string(), FieldValue::Text("x".into()))].into();
+        let err = message_attributes(&properties, &headers, &BTreeMap::new()).unwrap_err().to_string();
+        assert!(err.contains("\"content-type\""), "{err}");
     }
 }
