@@ -217,12 +217,12 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// `200` only when the broker answers and every task that should run runs;
+/// otherwise `503` naming what is down.
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
-    if service.is_ready().await {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
-    }
+    let readiness = service.readiness().await;
+    let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(readiness)).into_response()
 }
 
 async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
