@@ -25,6 +25,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod connections;
 pub mod http;
 pub mod ingress;
 pub mod redelivery;
@@ -108,6 +109,19 @@ pub struct Service {
     shutdown_timeout: Duration,
     reloading: tokio::sync::Mutex<()>,
     background: Background,
+    /// Connection limits of the HTTP API.
+    limits: connections::Limits,
+}
+
+/// The HTTP connection limits a config asks for.
+fn http_limits(service: &crate::config::ServiceConfig) -> connections::Limits {
+    use connections::Limits;
+    let ms = |d: hourglass_planner_sdk::DurationMs| Duration::from_millis(d.ms());
+    Limits {
+        max_connections: service.max_connections.map_or(Limits::DEFAULT_MAX_CONNECTIONS, |n| n as usize),
+        header_read_timeout: service.header_read_timeout.map_or(Limits::DEFAULT_HEADER_READ_TIMEOUT, ms),
+        idle_timeout: service.idle_timeout.map_or(Limits::DEFAULT_IDLE_TIMEOUT, ms),
+    }
 }
 
 /// What a reload changed.
@@ -135,6 +149,7 @@ impl Service {
             topology: TopologyAtStart::Apply,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             reloading: Default::default(),
+            limits: http_limits(&config.service),
         })
     }
 
@@ -232,6 +247,10 @@ impl Service {
         self.metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         self.prepare_configured_destinations(&config).await;
         Ok(reloaded)
+    }
+
+    pub fn limits(&self) -> connections::Limits {
+        self.limits
     }
 
     /// Stops the background tasks and waits for them to finish their work in hand.

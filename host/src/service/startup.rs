@@ -72,6 +72,7 @@ impl Service {
             topology,
             shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
             reloading: Default::default(),
+            limits: super::http_limits(&config.service),
         });
         let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
         let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pump_wait));
