@@ -65,6 +65,7 @@ pub struct ServiceConfig {
     /// Address to listen on (default 127.0.0.1:8080).
     pub listen: Option<String>,
     /// Bearer token required on the API; `token_env` (default `HOURGLASS_TOKEN`) overrides it.
+    /// Never empty: an empty token is a config error, not "no token".
     pub token: Option<String>,
     pub token_env: Option<String>,
     /// `apply` (default), `verify` or `skip`; see [`TopologyAtStart`].
@@ -80,6 +81,13 @@ pub struct ServiceConfig {
     pub ingress: IngressConfig,
     /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
     pub redelivery_input: Option<String>,
+    /// Most HTTP connections open at once (default 512); more wait in the listen backlog.
+    pub max_connections: Option<u32>,
+    /// Time a client has to send a request's headers, counted from when the
+    /// server starts waiting for them (default 10s): closes idle and slowloris connections.
+    pub header_read_timeout: Option<DurationMs>,
+    /// A connection on which nothing moves either way for this long is closed (default 60s).
+    pub idle_timeout: Option<DurationMs>,
 }
 
 /// A consumer queue whose rejected messages hourglass redelivers later.
@@ -189,6 +197,17 @@ fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> 
         && wait.ms() > 20_000
     {
         return Err(("pump_wait", format!("service.pump_wait: {} ms is above SQS's 20 s long-poll limit", wait.ms())));
+    }
+    if service.token.as_deref() == Some("") {
+        return Err(("token", "service.token: empty; an empty token would lock every client out. Remove the key for no token, or set one".into()));
+    }
+    if service.max_connections == Some(0) {
+        return Err(("max_connections", "service.max_connections: must be at least 1".into()));
+    }
+    for (key, value) in [("header_read_timeout", service.header_read_timeout), ("idle_timeout", service.idle_timeout)] {
+        if value.is_some_and(|d| d.ms() == 0) {
+            return Err((key, format!("service.{key}: must be above zero")));
+        }
     }
     Ok(())
 }
@@ -516,6 +535,10 @@ mod tests {
             ("[service]\npump_wait = \"30s\"\n", "delay.toml:2:", "above SQS's 20 s"),
             ("[service.ingress]\nqueue = \"q\"\ninvalid_queue = \"q\"\n", "delay.toml:3:", "is also the ingress queue"),
             ("[service]\ntopology = \"maybe\"\n", "delay.toml:2:", "unknown variant"),
+            ("[service]\ntoken = \"\"\n", "delay.toml:2:", "service.token: empty"),
+            ("[service]\nmax_connections = 0\n", "delay.toml:2:", "at least 1"),
+            ("[service]\nheader_read_timeout = \"0s\"\n", "delay.toml:2:", "header_read_timeout: must be above zero"),
+            ("[service]\nidle_timeout = \"0ms\"\n", "delay.toml:2:", "idle_timeout: must be above zero"),
         ];
         for (service, location, message) in bad {
             let err = parse(&format!("{service}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();

@@ -1,5 +1,9 @@
 //! Prometheus metrics, shared by the scheduler, the service, the ingress and
 //! the pumps. Encoded as OpenMetrics text for `GET /metrics`.
+//!
+//! Every label set is bounded: a strategy or destination label is a name from
+//! the config (set by [`Metrics::bound_labels`]), anything else counts as
+//! `other`, so a client cannot grow the series without limit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +50,29 @@ struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabel {
+    connection: String,
+}
+
+/// The label value for anything not named in the config.
+pub const OTHER_LABEL: &str = "other";
+
+/// Open channels per connection, read when the metrics are read.
+pub type ChannelCounts = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>;
+
+/// The names a strategy or destination label may take.
+#[derive(Default)]
+struct LabelBounds {
+    strategies: std::collections::HashSet<String>,
+    destinations: std::collections::HashSet<String>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueOutcome {
     queue: String,
     outcome: String,
@@ -57,6 +84,7 @@ struct QueueOutcome {
 struct Mirrored {
     sqs: Vec<Arc<RequestCounts>>,
     pumps: Vec<(String, Arc<PumpCounters>)>,
+    channels: Vec<ChannelCounts>,
 }
 
 pub struct Metrics {
@@ -74,6 +102,9 @@ pub struct Metrics {
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
     redeliveries: Family<QueueOutcome, Counter>,
+    task_restarts: Family<TaskLabel, Counter>,
+    open_channels: Family<ConnectionLabel, Gauge>,
+    bounds: std::sync::RwLock<LabelBounds>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -99,6 +130,9 @@ impl Default for Metrics {
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
             redeliveries: Family::default(),
+            task_restarts: Family::default(),
+            open_channels: Family::default(),
+            bounds: Default::default(),
         };
         registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
         registry.register("messages_failed", "Messages that could not be scheduled", metrics.failed.clone());
@@ -116,18 +150,46 @@ impl Default for Metrics {
             "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued",
             metrics.redeliveries.clone(),
         );
+        registry.register("task_restarts", "Background tasks (ingress, redelivery, pump:<queue>) restarted after a panic, an error or an early end", metrics.task_restarts.clone());
+        registry.register("open_channels", "AMQP channels open, by connection", metrics.open_channels.clone());
         *metrics.registry.lock().expect("fresh mutex") = registry;
         metrics
     }
 }
 
 impl Metrics {
+    /// The strategy and destination names labels may carry from now on (the
+    /// config's); any other name is counted as `other`.
+    pub fn bound_labels<'a>(&self, strategies: impl IntoIterator<Item = &'a String>, destinations: impl IntoIterator<Item = &'a String>) {
+        let mut bounds = self.bounds.write().unwrap_or_else(|p| p.into_inner());
+        bounds.strategies = strategies.into_iter().cloned().collect();
+        bounds.destinations = destinations.into_iter().cloned().collect();
+    }
+
+    fn route(&self, strategy: &str, destination: &str) -> Route {
+        let bounds = self.bounds.read().unwrap_or_else(|p| p.into_inner());
+        let named = |known: &std::collections::HashSet<String>, name: &str| {
+            if known.contains(name) { name.to_string() } else { OTHER_LABEL.to_string() }
+        };
+        Route { strategy: named(&bounds.strategies, strategy), destination: named(&bounds.destinations, destination) }
+    }
+
     pub fn scheduled(&self, strategy: &str, destination: &str) {
-        self.scheduled.get_or_create(&Route { strategy: strategy.into(), destination: destination.into() }).inc();
+        self.scheduled.get_or_create(&self.route(strategy, destination)).inc();
     }
 
     pub fn failed(&self, strategy: &str, destination: &str) {
-        self.failed.get_or_create(&Route { strategy: strategy.into(), destination: destination.into() }).inc();
+        self.failed.get_or_create(&self.route(strategy, destination)).inc();
+    }
+
+    /// A supervised background task was restarted.
+    pub fn task_restarted(&self, task: &str) {
+        self.task_restarts.get_or_create(&TaskLabel { task: task.into() }).inc();
+    }
+
+    /// Reports open AMQP channels per connection, read at each scrape.
+    pub fn watch_open_channels(&self, counts: ChannelCounts) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).channels.push(counts);
     }
 
     pub fn rejected(&self, field: &str) {
@@ -139,7 +201,8 @@ impl Metrics {
     }
 
     pub fn observe_planner_call(&self, strategy: &str, took: Duration) {
-        self.planner_call_seconds.get_or_create(&Strategy { strategy: strategy.into() }).observe(took.as_secs_f64());
+        let strategy = self.route(strategy, "").strategy;
+        self.planner_call_seconds.get_or_create(&Strategy { strategy }).observe(took.as_secs_f64());
     }
 
     pub fn observe_confirm(&self, took: Duration) {
@@ -197,6 +260,11 @@ impl Metrics {
         }
         for (queue, value) in by_queue {
             raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), value);
+        }
+        for counts in &mirrored.channels {
+            for (connection, open) in counts() {
+                self.open_channels.get_or_create(&ConnectionLabel { connection: connection.into() }).set(open);
+            }
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -132,10 +133,20 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     Ok(ScheduleRequest { destination, delay_ms, body, headers, strategy, ..Default::default() })
 }
 
-async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, bytes: Bytes) -> Response {
+async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, bytes: Result<Bytes, BytesRejection>) -> Response {
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
     }
+    let bytes = match bytes {
+        Ok(bytes) => bytes,
+        Err(rejection) => {
+            // Over the request limit (a JSON-encoded body is larger than the body itself).
+            let field = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body" } else { "request" };
+            service.metrics.rejected(field);
+            return ApiError { status: rejection.status(), field: Some(field), message: format!("{field}: {}", rejection.body_text()) }
+                .into_response();
+        }
+    };
     let request = match parse_message(&bytes) {
         Ok(request) => request,
         Err(err) => {
@@ -217,12 +228,12 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// `200` only when the broker answers and every task that should run runs;
+/// otherwise `503` naming what is down.
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
-    if service.is_ready().await {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
-    }
+    let readiness = service.readiness().await;
+    let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(readiness)).into_response()
 }
 
 async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
@@ -235,7 +246,11 @@ async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) ->
     }
 }
 
-async fn get_metrics(State(service): State<Arc<Service>>) -> Response {
+/// Behind the token when one is set: label values name destinations and queues.
+async fn get_metrics(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
     ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], service.metrics.encode()).into_response()
 }
 
@@ -256,14 +271,19 @@ pub fn router(service: Arc<Service>) -> Router {
 
 /// Serves until `shutdown` resolves; then stops accepting, stops the ingress
 /// and the pumps, and waits (at most the shutdown timeout) for requests,
-/// confirms and acks in flight.
+/// confirms and acks in flight. Connections are limited as
+/// [`connections`](super::connections) describes.
 pub async fn run(listener: TcpListener, service: Arc<Service>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let address = listener.local_addr()?;
+    if service.token.is_none() && !address.ip().is_loopback() {
+        tracing::warn!(%address, "listening beyond loopback with no token: anyone who can reach this address can schedule messages, reload and read metrics; set service.token or HOURGLASS_TOKEN");
+    }
     let (signalled, mut signal) = watch::channel(false);
-    let server = axum::serve(listener, router(service.clone())).with_graceful_shutdown(async move {
+    tokio::spawn(async move {
         shutdown.await;
         let _ = signalled.send(true);
     });
-    let server = tokio::spawn(async move { server.await });
+    let server = tokio::spawn(super::connections::serve(listener, router(service.clone()), service.limits, signal.clone()));
     tokio::pin!(server);
     tokio::select! {
         finished = &mut server => return finished.map_err(std::io::Error::other)?,

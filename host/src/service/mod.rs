@@ -6,7 +6,9 @@
 //!   nothing is published; a broker that cannot be reached gives `503`.
 //! * [`startup`]: what [`Service::start`] runs for a config — planners,
 //!   broker, topology, and the background tasks: the AMQP [`ingress`] and
-//!   [`redelivery`] consumers on RabbitMQ, a pump for every pumped queue on SQS.
+//!   [`redelivery`] consumers on RabbitMQ, a pump for every pumped queue on SQS,
+//!   each run by the [`supervise`] supervisor, which restarts a task that
+//!   panicked or failed and tells readiness which task is down.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -23,10 +25,12 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod connections;
 pub mod http;
 pub mod ingress;
 pub mod redelivery;
 mod startup;
+pub mod supervise;
 
 pub use crate::metrics::Metrics;
 pub use http::{MAX_BODY_BYTES, router, run};
@@ -38,6 +42,7 @@ use crate::scheduler::strategies::{Strategies, StrategyError};
 use crate::scheduler::{ScheduleError, Scheduler};
 use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
+use crate::service::supervise::{Down, Supervisor};
 
 const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -60,17 +65,38 @@ pub enum ServiceError {
 /// The tasks that run beside the HTTP API, and how to stop them.
 struct Background {
     stop: watch::Sender<bool>,
+    /// Ingress, redelivery and pumps: restarted when they fail.
+    supervisor: Supervisor,
+    /// Unsupervised helpers (the pump starter), awaited at shutdown.
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     ingress: Option<Arc<Consumer<Ingress>>>,
     redelivery: Option<Arc<Consumer<Redelivery>>>,
-    /// Pumped queues with a pump, and the pump tasks (for readiness).
-    pumps: std::sync::Mutex<(HashSet<String>, Vec<JoinHandle<()>>)>,
+    /// Pumped queues that have a pump.
+    pumps: std::sync::Mutex<HashSet<String>>,
 }
 
-impl Default for Background {
-    fn default() -> Self {
-        Background { stop: watch::channel(false).0, tasks: Default::default(), ingress: None, redelivery: None, pumps: Default::default() }
+impl Background {
+    fn new(metrics: &Arc<Metrics>) -> Self {
+        let stop = watch::channel(false).0;
+        Background {
+            supervisor: Supervisor::new(metrics.clone(), stop.subscribe()),
+            stop,
+            tasks: Default::default(),
+            ingress: None,
+            redelivery: None,
+            pumps: Default::default(),
+        }
     }
+}
+
+/// What `/readyz` reports.
+#[derive(Debug, serde::Serialize)]
+pub struct Readiness {
+    pub ready: bool,
+    /// Whether the broker answers.
+    pub broker: bool,
+    /// Every background task that should run and does not, and why.
+    pub down: Vec<Down>,
 }
 
 pub struct Service {
@@ -83,6 +109,19 @@ pub struct Service {
     shutdown_timeout: Duration,
     reloading: tokio::sync::Mutex<()>,
     background: Background,
+    /// Connection limits of the HTTP API.
+    limits: connections::Limits,
+}
+
+/// The HTTP connection limits a config asks for.
+fn http_limits(service: &crate::config::ServiceConfig) -> connections::Limits {
+    use connections::Limits;
+    let ms = |d: hourglass_planner_sdk::DurationMs| Duration::from_millis(d.ms());
+    Limits {
+        max_connections: service.max_connections.map_or(Limits::DEFAULT_MAX_CONNECTIONS, |n| n as usize),
+        header_read_timeout: service.header_read_timeout.map_or(Limits::DEFAULT_HEADER_READ_TIMEOUT, ms),
+        idle_timeout: service.idle_timeout.map_or(Limits::DEFAULT_IDLE_TIMEOUT, ms),
+    }
 }
 
 /// What a reload changed.
@@ -98,15 +137,19 @@ impl Service {
     /// An HTTP API over a ready scheduler, with nothing in the background and no reload.
     pub fn new(scheduler: Scheduler<Broker>, token: Option<String>) -> Arc<Service> {
         let scheduler = Arc::new(scheduler);
+        let metrics = scheduler.metrics().clone();
+        let config = scheduler.config();
+        metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         Arc::new(Service {
-            metrics: scheduler.metrics().clone(),
+            background: Background::new(&metrics),
+            metrics,
             scheduler,
             token,
             source: None,
             topology: TopologyAtStart::Apply,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             reloading: Default::default(),
-            background: Background::default(),
+            limits: http_limits(&config.service),
         })
     }
 
@@ -123,12 +166,16 @@ impl Service {
         self.background.redelivery.as_ref().map(|r| r.handler().status()).unwrap_or_default()
     }
 
-    /// Broker connected, ingress and redelivery consuming, every pump running.
+    /// Broker connected and every background task that should run running:
+    /// ingress and redelivery consuming, every pump pumping.
+    pub async fn readiness(&self) -> Readiness {
+        let down = self.background.supervisor.down();
+        let broker = self.scheduler.executor().is_ready().await;
+        Readiness { ready: broker && down.is_empty(), broker, down }
+    }
+
     pub async fn is_ready(&self) -> bool {
-        let ingress_ready = self.background.ingress.as_ref().is_none_or(|i| i.is_consuming())
-            && self.background.redelivery.as_ref().is_none_or(|r| r.is_consuming());
-        let pumps_ready = self.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).1.iter().all(|t| !t.is_finished());
-        ingress_ready && pumps_ready && self.scheduler.executor().is_ready().await
+        self.readiness().await.ready
     }
 
     /// Re-reads the config file and swaps the strategies. On any error the
@@ -189,6 +236,7 @@ impl Service {
         if self.topology == TopologyAtStart::Verify {
             startup::verify_topology(&config).await?;
         }
+        startup::check_broker_family(&config, &strategies)?;
         let reloaded = Reloaded {
             strategies: config.strategies.keys().cloned().collect(),
             default_strategy: config.default_strategy.clone(),
@@ -196,17 +244,22 @@ impl Service {
         };
         let apply_default = self.topology == TopologyAtStart::Apply;
         self.scheduler.reload(config.clone(), strategies, apply_default).await?;
+        self.metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         self.prepare_configured_destinations(&config).await;
         Ok(reloaded)
+    }
+
+    pub fn limits(&self) -> connections::Limits {
+        self.limits
     }
 
     /// Stops the background tasks and waits for them to finish their work in hand.
     async fn stop_background(&self) {
         let _ = self.background.stop.send(true);
         let tasks = std::mem::take(&mut *self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        let pumps = std::mem::take(&mut self.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).1);
-        for task in tasks.into_iter().chain(pumps) {
+        for task in tasks {
             let _ = task.await;
         }
+        self.background.supervisor.join().await;
     }
 }

@@ -1,6 +1,7 @@
 //! Starting the service for a config: planners, broker, topology (applied or
 //! verified), redelivery set-up, configured destinations, and the background
-//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue).
+//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue),
+//! each under the [`Supervisor`](super::supervise::Supervisor).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
+use crate::planner::BrokerFamily;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::{Broker, amqp_url};
@@ -28,6 +30,7 @@ impl Service {
         let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded))
             .await
             .map_err(|e| ServiceError::Other(e.to_string()))??;
+        check_broker_family(&config, &strategies)?;
         let broker = Broker::connect(&config.broker).await?;
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
         let mut scheduler = Scheduler::new(&config, strategies, broker);
@@ -58,24 +61,28 @@ impl Service {
                 redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
             }
         }
+        let metrics = scheduler.metrics().clone();
+        metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         let service = Arc::new(Service {
-            metrics: scheduler.metrics().clone(),
+            background: Background { ingress, redelivery, ..Background::new(&metrics) },
+            metrics,
             scheduler,
             token: config.service.token(),
             source: Some(config.path.clone()),
             topology,
             shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
             reloading: Default::default(),
-            background: Background { ingress, redelivery, ..Background::default() },
+            limits: super::http_limits(&config.service),
         });
         let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
-        let supervisor = tokio::spawn(supervise_pumps(service.clone(), pumped_rx, pump_wait));
-        service.spawn(supervisor);
-        if let Some(ingress) = &service.background.ingress {
-            service.spawn(tokio::spawn(ingress.clone().run(service.background.stop.subscribe())));
+        let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pump_wait));
+        service.spawn(pump_starter);
+        let background = &service.background;
+        if let Some(ingress) = &background.ingress {
+            supervise_consumer(background, "ingress", ingress.clone());
         }
-        if let Some(redelivery) = &service.background.redelivery {
-            service.spawn(tokio::spawn(redelivery.clone().run(service.background.stop.subscribe())));
+        if let Some(redelivery) = &background.redelivery {
+            supervise_consumer(background, "redelivery", redelivery.clone());
         }
         service.prepare_configured_destinations(&config).await;
         Ok(service)
@@ -95,52 +102,75 @@ impl Service {
     }
 }
 
-/// Starts a pump for each pumped queue reported, once per queue.
-async fn supervise_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, wait_seconds: i32) {
+/// Runs a consumer under the supervisor; it is up while attached to its queue.
+fn supervise_consumer<H: crate::broker::rabbitmq::consume::Handler>(background: &Background, name: &str, consumer: Arc<Consumer<H>>) {
+    let stop = background.stop.subscribe();
+    let probe = consumer.clone();
+    background.supervisor.spawn(name, Some(Box::new(move || probe.is_consuming())), move || {
+        let (consumer, stop) = (consumer.clone(), stop.clone());
+        async move {
+            consumer.run(stop).await;
+            Ok(())
+        }
+    });
+}
+
+/// Starts a supervised pump (`pump:<queue>`) for each pumped queue reported, once per queue.
+async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, wait_seconds: i32) {
     let mut stop = service.background.stop.subscribe();
     loop {
         let pumped = tokio::select! {
             next = reported.recv() => match next { Some(p) => p, None => return },
             _ = stop.changed() => return,
         };
-        if service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).0.contains(&pumped.queue) {
+        if !service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(pumped.queue.clone()) {
             continue;
         }
         let Broker::Sqs(sqs) = service.scheduler.executor() else {
             tracing::error!(queue = %pumped.queue, strategy = %pumped.strategy, "a pumped queue needs the SQS broker; not pumping it");
             continue;
         };
-        let config = pumped.config.clone();
-        let strategy = pumped.strategy.clone();
-        let planner = match tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy)).await {
-            Ok(Ok(planner)) => planner,
-            Ok(Err(err)) => {
-                tracing::error!(queue = %pumped.queue, error = %err, "cannot load the pump's planner");
-                continue;
-            }
-            Err(err) => {
-                tracing::error!(queue = %pumped.queue, error = %err, "pump planner load panicked");
-                continue;
-            }
-        };
-        match Pump::new(sqs.clone(), Box::new(planner), &pumped.queue, wait_seconds).await {
-            Ok(pump) => {
+        let (sqs, metrics, pump_stop) = (sqs.clone(), service.metrics.clone(), service.background.stop.subscribe());
+        let pumped = Arc::new(pumped);
+        service.background.supervisor.spawn(format!("pump:{}", pumped.queue), None, move || {
+            let (sqs, metrics, stop, pumped) = (sqs.clone(), metrics.clone(), pump_stop.clone(), pumped.clone());
+            async move {
+                let (config, strategy) = (pumped.config.clone(), pumped.strategy.clone());
+                let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
+                    .await
+                    .map_err(|e| format!("loading the pump's planner: {e}"))?
+                    .map_err(|e| format!("loading the pump's planner: {e}"))?;
+                let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, wait_seconds).await.map_err(|e| format!("starting the pump: {e}"))?;
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, "pumping");
-                service.metrics.watch_pump(&pumped.queue, pump.counters.clone());
-                let queue = pumped.queue.clone();
-                let pump_stop = service.background.stop.subscribe();
-                let task = tokio::spawn(async move {
-                    if let Err(err) = pump.run(pump_stop).await {
-                        tracing::error!(%queue, error = %err, "pump stopped");
-                    }
-                });
-                let mut pumps = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner());
-                pumps.0.insert(pumped.queue);
-                pumps.1.push(task);
+                metrics.watch_pump(&pumped.queue, pump.counters.clone());
+                pump.run(stop).await.map_err(|e| format!("pump stopped: {e}"))
             }
-            Err(err) => tracing::error!(queue = %pumped.queue, error = %err, "cannot start a pump"),
+        });
+    }
+}
+
+/// Every strategy's planner writes commands for one broker family: an SQS
+/// strategy on RabbitMQ (or the reverse) is refused, naming the strategy.
+/// The memory broker simulates both.
+pub(super) fn check_broker_family(config: &Config, strategies: &Strategies) -> Result<(), ServiceError> {
+    let (wanted, broker) = match &config.broker {
+        BrokerConfig::Memory => return Ok(()),
+        BrokerConfig::Rabbitmq { .. } => (BrokerFamily::Amqp, "rabbitmq"),
+        BrokerConfig::Sqs { .. } => (BrokerFamily::Sqs, "sqs"),
+    };
+    for name in strategies.names() {
+        let info = strategies.get(name).map_err(ServiceError::Other)?.info();
+        if info.family != wanted {
+            return Err(ServiceError::Other(format!(
+                "{}: strategy {name:?}: planner {} writes {:?} commands, but broker.kind = \"{broker}\"; use a {:?} planner or another broker",
+                config.path.display(),
+                info.name,
+                info.family,
+                wanted
+            )));
         }
     }
+    Ok(())
 }
 
 /// A policy that cannot answer the first redelivery is a config mistake:
