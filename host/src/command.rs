@@ -119,6 +119,29 @@ impl Command {
     }
 }
 
+/// The parking queues among `commands`: queues bound to an exchange that
+/// another exchange names as its `alternate-exchange` (where a message whose
+/// destination vanished ends up).
+pub fn parking_queues(commands: &[Command]) -> Vec<String> {
+    let alternates: Vec<&str> = commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::DeclareExchange { arguments, .. } => arguments.get("alternate-exchange").and_then(FieldValue::as_text),
+            _ => None,
+        })
+        .collect();
+    let mut queues: Vec<String> = commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::BindQueue { queue, exchange, .. } if alternates.contains(&exchange.as_str()) => Some(queue.clone()),
+            _ => None,
+        })
+        .collect();
+    queues.sort();
+    queues.dedup();
+    queues
+}
+
 /// The queues among `commands` that dead-letter at most once: declared with a
 /// dead-letter exchange but not as quorum queues with `x-dead-letter-strategy =
 /// at-least-once` and `x-overflow = reject-publish` (without which the broker
@@ -198,5 +221,20 @@ mod tests {
             queue("no-dead-letters", &[("x-queue-type", "classic")]),
         ];
         assert_eq!(at_most_once_dead_lettering(&commands), vec!["classic", "untyped", "drop-head"]);
+    }
+
+    #[test]
+    fn parking_queues_are_those_bound_to_an_alternate_exchange() {
+        let text = |k: &str, v: &str| -> FieldTable { [(k.to_string(), FieldValue::Text(v.into()))].into() };
+        let exchange = |name: &str, arguments: FieldTable| Command::DeclareExchange { name: name.into(), kind: ExchangeKind::Direct, durable: true, arguments };
+        let bind = |queue: &str, exchange: &str| Command::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: String::new(), arguments: FieldTable::new() };
+        let commands = [
+            exchange("p.parking", FieldTable::new()),
+            exchange("p.delivery", text("alternate-exchange", "p.parking")),
+            bind("p.parked", "p.parking"),
+            bind("p.level-01", "p.delivery"),
+        ];
+        assert_eq!(parking_queues(&commands), vec!["p.parked"]);
+        assert!(parking_queues(&commands[2..]).is_empty(), "without an alternate exchange nothing is parking");
     }
 }

@@ -104,6 +104,7 @@ pub struct Metrics {
     redeliveries: Family<QueueOutcome, Counter>,
     task_restarts: Family<TaskLabel, Counter>,
     open_channels: Family<ConnectionLabel, Gauge>,
+    parked: Family<Strategy, Gauge>,
     bounds: std::sync::RwLock<LabelBounds>,
 }
 
@@ -132,6 +133,7 @@ impl Default for Metrics {
             redeliveries: Family::default(),
             task_restarts: Family::default(),
             open_channels: Family::default(),
+            parked: Family::default(),
             bounds: Default::default(),
         };
         registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
@@ -152,6 +154,11 @@ impl Default for Metrics {
         );
         registry.register("task_restarts", "Background tasks (ingress, redelivery, pump:<queue>) restarted after a panic, an error or an early end", metrics.task_restarts.clone());
         registry.register("open_channels", "AMQP channels open, by connection", metrics.open_channels.clone());
+        registry.register(
+            "parked_messages",
+            "Messages waiting in a strategy's parking queue: their destination was gone when their delay ended",
+            metrics.parked.clone(),
+        );
         *metrics.registry.lock().expect("fresh mutex") = registry;
         metrics
     }
@@ -185,6 +192,11 @@ impl Metrics {
     /// A supervised background task was restarted.
     pub fn task_restarted(&self, task: &str) {
         self.task_restarts.get_or_create(&TaskLabel { task: task.into() }).inc();
+    }
+
+    /// Messages in `strategy`'s parking queues, as last read from the broker.
+    pub fn set_parked(&self, strategy: &str, messages: u64) {
+        self.parked.get_or_create(&Strategy { strategy: strategy.into() }).set(messages as i64);
     }
 
     /// Reports open AMQP channels per connection, read at each scrape.

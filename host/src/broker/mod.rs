@@ -70,6 +70,11 @@ pub trait Executor {
     fn reconnects(&self) -> u64 {
         0
     }
+
+    /// Messages waiting in `queue`, when the broker can tell (for gauges).
+    fn queue_depth(&self, _queue: &str) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
 }
 
 
@@ -131,6 +136,13 @@ impl Executor for Broker {
         match self {
             Broker::Memory(_) | Broker::Sqs(_) => 0,
             Broker::RabbitMq(r) => r.reconnects(),
+        }
+    }
+
+    async fn queue_depth(&self, queue: &str) -> Option<u64> {
+        match self {
+            Broker::Memory(_) | Broker::Sqs(_) => None,
+            Broker::RabbitMq(r) => r.queue_depth(queue).await,
         }
     }
 

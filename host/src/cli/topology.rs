@@ -32,6 +32,14 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             let place = broker.describe();
             let scheduler = Scheduler::new(&config, strategies, broker);
             scheduler.apply_topology(&strategy).await?;
+            if matches!(scheduler.executor(), Broker::RabbitMq(_))
+                && let Some(queues) = scheduler.at_most_once_queues().remove(&strategy)
+            {
+                eprintln!(
+                    "warning: strategy {strategy} uses classic queues that dead-letter at most once; a broker crash can lose messages waiting in them: {}",
+                    queues.join(", ")
+                );
+            }
             // One destination that fails does not stop the others; the summary names it.
             let mut progress = Progress::new(destinations.len() as u64);
             let mut failed = Vec::new();

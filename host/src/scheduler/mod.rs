@@ -12,6 +12,7 @@
 //! form a *generation*; [`Scheduler::reload`] swaps in a new one while
 //! messages planned with the old one finish as they were planned.
 
+use std::collections::BTreeMap;
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
@@ -233,6 +234,48 @@ impl<E: Executor> Scheduler<E> {
         let generation = self.generation();
         generation.check_strategy(strategy)?;
         generation.call(strategy, f)
+    }
+
+    /// What a strategy declares: its topology, plus one sample plan for
+    /// strategies that declare queues per message (hold-queues).
+    fn declarations_of(&self, strategy: &str) -> Vec<Command> {
+        let mut commands = self.topology_of(strategy).unwrap_or_default();
+        let sample = self.call_checked(strategy, |planner| {
+            let delay_ms = planner.delay_range().max_delay_ms.clamp(1, 1_000);
+            planner.plan(&PlanRequest { destination: "sample".into(), delay_ms, message_id: "sample".into(), routing_key: None })
+        });
+        commands.extend(sample.map(|plan| plan.commands).unwrap_or_default());
+        commands
+    }
+
+    /// Per strategy, the queues it declares that dead-letter at most once
+    /// (classic): a broker crash can lose messages waiting there.
+    pub fn at_most_once_queues(&self) -> BTreeMap<String, Vec<String>> {
+        self.strategy_names()
+            .into_iter()
+            .filter_map(|strategy| {
+                let queues = crate::command::at_most_once_dead_lettering(&self.declarations_of(&strategy));
+                (!queues.is_empty()).then_some((strategy, queues))
+            })
+            .collect()
+    }
+
+    /// Whether `strategy`'s topology is on the broker now (declared since the last reconnect).
+    pub async fn topology_applied(&self, strategy: &str) -> bool {
+        let generation = self.generation();
+        let prepared = generation.prepared.lock().await;
+        prepared.reconnects == self.executor.reconnects() && prepared.topology.contains(strategy)
+    }
+
+    /// Per strategy, its parking queues (where messages whose destination vanished wait).
+    pub fn parking_queues(&self) -> BTreeMap<String, Vec<String>> {
+        self.strategy_names()
+            .into_iter()
+            .filter_map(|strategy| {
+                let queues = crate::command::parking_queues(&self.declarations_of(&strategy));
+                (!queues.is_empty()).then_some((strategy, queues))
+            })
+            .collect()
     }
 
     pub fn default_strategy(&self) -> String {

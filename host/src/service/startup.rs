@@ -12,7 +12,7 @@ use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
 use crate::planner::BrokerFamily;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::sqs::pump::Pump;
-use crate::broker::{Broker, amqp_url};
+use crate::broker::{Broker, Executor, amqp_url};
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
@@ -20,6 +20,8 @@ use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
+/// How often the parked-messages gauge is read from the broker.
+const PARKING_POLL: Duration = Duration::from_secs(5);
 
 impl Service {
     /// Everything `serve` runs for a config: loads the planners, connects to
@@ -74,6 +76,7 @@ impl Service {
             reloading: Default::default(),
             limits: super::http_limits(&config.service),
         });
+        watch_the_broker(&service);
         let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
         let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pump_wait));
         service.spawn(pump_starter);
@@ -100,6 +103,51 @@ impl Service {
             }
         }
     }
+}
+
+/// On RabbitMQ: warns about queues that can lose messages in a broker crash,
+/// reports open channels, and keeps the parked-messages gauge current.
+fn watch_the_broker(service: &Arc<Service>) {
+    let scheduler = &service.scheduler;
+    if !matches!(scheduler.executor(), Broker::RabbitMq(_)) {
+        return;
+    }
+    for (strategy, queues) in scheduler.at_most_once_queues() {
+        tracing::warn!(
+            %strategy,
+            ?queues,
+            "these classic queues dead-letter at most once: a broker crash can lose messages waiting in them (queue_type = \"quorum\", the default, where the strategy offers it)"
+        );
+    }
+    let weak = Arc::downgrade(scheduler);
+    service.metrics.watch_open_channels(Box::new(move || match weak.upgrade().as_deref().map(Scheduler::executor) {
+        Some(Broker::RabbitMq(rabbitmq)) => vec![("publishing", rabbitmq.open_channels() as i64)],
+        _ => Vec::new(),
+    }));
+    let parking = scheduler.parking_queues();
+    if parking.is_empty() {
+        return;
+    }
+    let (scheduler, metrics, mut stop) = (scheduler.clone(), service.metrics.clone(), service.background.stop.subscribe());
+    service.spawn(tokio::spawn(async move {
+        loop {
+            for (strategy, queues) in &parking {
+                // A queue that was never declared would cost a channel error per look.
+                if !scheduler.topology_applied(strategy).await {
+                    continue;
+                }
+                let mut parked = 0;
+                for queue in queues {
+                    parked += scheduler.executor().queue_depth(queue).await.unwrap_or(0);
+                }
+                metrics.set_parked(strategy, parked);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(PARKING_POLL) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }));
 }
 
 /// Runs a consumer under the supervisor; it is up while attached to its queue.

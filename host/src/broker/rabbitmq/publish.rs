@@ -338,6 +338,15 @@ impl Executor for RabbitMqExecutor {
         }
     }
 
+    async fn queue_depth(&self, queue: &str) -> Option<u64> {
+        let what = || format!("reading the depth of queue {queue:?}");
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        match self.control(what, async |channel| channel.queue_declare(queue.into(), passive, AmqpTable::default()).await).await {
+            Ok(Ok(declared)) => Some(u64::from(declared.message_count())),
+            _ => None,
+        }
+    }
+
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         for command in commands {
             self.publish(command, envelope).await?;
