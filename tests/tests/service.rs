@@ -58,7 +58,7 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     assert!(mermaid.starts_with("graph TD") && mermaid.contains(&format!("{prefix}.delay-level-27")), "{mermaid}");
     let (status, json_topology) = http.call("GET", "/v1/topology", Some("secret"), None).await;
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&json_topology).unwrap()["commands"].as_array().unwrap().len(), 1 + 28 * 4 + 3, "levels, delivery exchange, parking exchange, queue and binding");
+    assert_eq!(serde_json::from_str::<Value>(&json_topology).unwrap()["commands"].as_array().unwrap().len(), 3 + 1 + 28 * 4, "parking (3), delivery, 28 levels");
     assert_eq!(http.call("GET", "/v1/topology?format=svg", Some("secret"), None).await.0, 400);
     assert_eq!(http.call("GET", "/healthz", None, None).await.0, 200);
     assert_eq!(http.call("GET", "/readyz", None, None).await.0, 200);
