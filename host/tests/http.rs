@@ -393,3 +393,34 @@ fn listening_beyond_loopback_without_a_token_warns() {
     assert!(guarded.contains("hourglass serving on"), "{guarded}");
     assert!(!guarded.contains("beyond loopback"), "{guarded}");
 }
+
+/// The container serves on all interfaces, so its entrypoint refuses to start
+/// hourglass without a token. Run with a stand-in `hourglass` on PATH.
+#[test]
+fn the_container_recipe_refuses_to_serve_without_a_token() {
+    let recipe = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/Containerfile")).unwrap();
+    let entrypoint = recipe.lines().find_map(|l| l.strip_prefix("ENTRYPOINT ")).expect("an ENTRYPOINT");
+    let argv: Vec<String> = serde_json::from_str(entrypoint).expect("exec form");
+    let bin = tempfile::tempdir().unwrap();
+    let ran = bin.path().join("ran");
+    let fake = bin.path().join("hourglass");
+    std::fs::write(&fake, format!("#!/bin/sh\necho \"$@\" > {}\n", ran.display())).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.path().display());
+    let run = |token: Option<&str>| {
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]).env_clear().env("PATH", &path);
+        if let Some(token) = token {
+            command.env("HOURGLASS_TOKEN", token);
+        }
+        command.output().unwrap()
+    };
+    let refused = run(None);
+    assert!(!refused.status.success(), "started without a token");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("HOURGLASS_TOKEN"), "{:?}", refused);
+    assert!(!ran.exists(), "hourglass ran without a token");
+    let started = run(Some("t0ken"));
+    assert!(started.status.success(), "{started:?}");
+    let args = std::fs::read_to_string(&ran).expect("hourglass ran with a token");
+    assert!(args.contains("serve --listen 0.0.0.0:8080"), "{args}");
+}

@@ -1,5 +1,8 @@
 //! `hourglass serve`'s HTTP API on a real RabbitMQ: 202 only after the broker
-//! confirmed, clear 4xx errors with nothing published, metrics that add up.
+//! confirmed, refusals with nothing published, metrics that add up, and a
+//! reload that would put an SQS strategy on RabbitMQ refused. The refusals
+//! decided before any broker (every field, 413, the token, connection limits)
+//! are tested on the memory broker in host/tests/http.rs.
 
 use std::time::Duration;
 
@@ -26,13 +29,12 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     let (status, second) = http.schedule(Some("secret"), json!({ "destination": dest, "delay": 1500, "body": binary, "encoding": "base64" })).await;
     assert_eq!(status, 202, "{second}");
 
+    let absent = unique("absent");
     let bad_requests = [
-        (json!({ "delay": "1s", "body": "x" }), 400, "destination"),
-        (json!({ "destination": dest, "delay": -5, "body": "x" }), 400, "delay"),
         (json!({ "destination": dest, "delay": "soon", "body": "x" }), 400, "delay"),
-        (json!({ "destination": dest, "delay": "1s", "body": "x", "strategy": "nope" }), 400, "strategy"),
-        (json!({ "destination": dest, "delay": "1s", "body": "%%%", "encoding": "base64" }), 400, "body"),
         (json!({ "destination": dest, "delay": "1s", "body": "x".repeat(300_000) }), 413, "body"),
+        // Only the broker knows: no such queue.
+        (json!({ "destination": absent, "delay": "1s", "body": "x" }), 422, "destination"),
     ];
     for (body, want_status, field) in bad_requests {
         let (status, error) = http.schedule(Some("secret"), body).await;
@@ -63,17 +65,50 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     assert_eq!(http.call("GET", "/healthz", None, None).await.0, 200);
     assert_eq!(http.call("GET", "/readyz", None, None).await.0, 200);
 
-    let (status, metrics) = http.call("GET", "/metrics", None, None).await;
+    assert_eq!(http.call("GET", "/metrics", None, None).await.0, 401, "metrics are behind the token");
+    let (status, metrics) = http.call("GET", "/metrics", Some("secret"), None).await;
     assert_eq!(status, 200);
     assert_prometheus_text(&metrics);
     let value = |prefix: &str| metric_sum(&metrics, prefix);
-    assert_eq!(value(&format!("hourglass_messages_scheduled_total{{strategy=\"main\",destination=\"{dest}\"}}")), 2.0, "{metrics}");
-    assert_eq!(value("hourglass_requests_rejected_total"), 6.0, "every bad request, refused before planning: {metrics}");
-    assert_eq!(value("hourglass_messages_failed_total"), 0.0, "{metrics}");
-    assert_eq!(value("hourglass_planner_call_seconds_count{strategy=\"main\"}"), 2.0, "one planner call per message: {metrics}");
+    // The destination is not in the config: counted, under a bounded label.
+    assert_eq!(value("hourglass_messages_scheduled_total{strategy=\"main\",destination=\"other\"}"), 2.0, "{metrics}");
+    assert!(!metrics.contains(&dest) && !metrics.contains(&absent), "no client-chosen names as labels: {metrics}");
+    assert_eq!(value("hourglass_requests_rejected_total"), 2.0, "the bad delay and the 413, refused before planning: {metrics}");
+    assert_eq!(value("hourglass_messages_failed_total"), 1.0, "the absent destination: {metrics}");
+    assert_eq!(value("hourglass_planner_call_seconds_count{strategy=\"main\"}"), 3.0, "one planner call per planned message: {metrics}");
     assert_eq!(value("hourglass_broker_confirm_seconds_count"), 2.0, "one confirm wait per message: {metrics}");
 
     served.stop().await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_puts_an_sqs_strategy_on_rabbitmq_is_refused_naming_it() {
+    let connection = connect().await;
+    let prefix = unique("family");
+    let strategy = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("family")));
+    std::fs::write(&path, config_text(&strategy, "[service.ingress]\nenabled = false")).unwrap();
+    let config = hourglass::config::Config::load(&path).unwrap();
+    let mut destination = Destination::declare(&connection, "family").await;
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+
+    let more = "[service.ingress]\nenabled = false\n\n[strategies.cycles]\nplanner = \"sqs-cycles\"\ncycle = \"900s\"";
+    std::fs::write(&path, format!("default_strategy = \"main\"\n{}", config_text(&strategy, more))).unwrap();
+    let (status, answer) = served.http.call("POST", "/v1/reload", None, None).await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(answer.contains("strategy \\\"cycles\\\"") && answer.contains("sqs-cycles"), "{answer}");
+    assert_eq!(served.http.metric("hourglass_reloads_total{outcome=\"refused\"}").await, 1.0);
+
+    // The running config keeps serving.
+    let (status, accepted) = served.http.schedule(None, json!({ "destination": destination.name, "delay": "500ms", "body": "still" })).await;
+    assert_eq!(status, 202, "{accepted}");
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"still");
+
+    served.stop().await;
+    std::fs::remove_file(&path).ok();
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
 }

@@ -236,7 +236,8 @@ impl Service {
         if self.topology == TopologyAtStart::Verify {
             startup::verify_topology(&config).await?;
         }
-        startup::check_broker_family(&config, &strategies)?;
+        // The broker is the running one: a changed broker needs a restart.
+        startup::check_broker_family(&old.broker, &config, &strategies)?;
         let reloaded = Reloaded {
             strategies: config.strategies.keys().cloned().collect(),
             default_strategy: config.default_strategy.clone(),

@@ -32,7 +32,7 @@ impl Service {
         let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded))
             .await
             .map_err(|e| ServiceError::Other(e.to_string()))??;
-        check_broker_family(&config, &strategies)?;
+        check_broker_family(&config.broker, &config, &strategies)?;
         let broker = Broker::connect(&config.broker).await?;
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
         let mut scheduler = Scheduler::new(&config, strategies, broker);
@@ -200,8 +200,8 @@ async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceive
 /// Every strategy's planner writes commands for one broker family: an SQS
 /// strategy on RabbitMQ (or the reverse) is refused, naming the strategy.
 /// The memory broker simulates both.
-pub(super) fn check_broker_family(config: &Config, strategies: &Strategies) -> Result<(), ServiceError> {
-    let (wanted, broker) = match &config.broker {
+pub(super) fn check_broker_family(broker: &BrokerConfig, config: &Config, strategies: &Strategies) -> Result<(), ServiceError> {
+    let (wanted, broker) = match broker {
         BrokerConfig::Memory => return Ok(()),
         BrokerConfig::Rabbitmq { .. } => (BrokerFamily::Amqp, "rabbitmq"),
         BrokerConfig::Sqs { .. } => (BrokerFamily::Sqs, "sqs"),
@@ -298,4 +298,28 @@ pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError>
         .collect::<Vec<_>>()
         .join(" | ");
     Err(ServiceError::Drift { path: config.path.display().to_string(), drifts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refused before any broker is contacted: nothing listens on these addresses.
+    #[tokio::test]
+    async fn a_strategy_for_the_other_broker_family_is_refused_at_start_naming_it() {
+        let cases = [
+            ("kind = \"rabbitmq\"\nurl = \"amqp://guest:guest@127.0.0.1:1/%2f\"", "planner = \"sqs-cycles\"", "sqs-cycles"),
+            ("kind = \"sqs\"\nregion = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:1\"", "planner = \"binary-levels\"", "binary-levels"),
+        ];
+        for (broker, planner, name) in cases {
+            let text = format!("default_strategy = \"fine\"\n[broker]\n{broker}\n[strategies.mismatched]\n{planner}\n[strategies.fine]\n{}\n",
+                if name == "sqs-cycles" { "planner = \"binary-levels\"" } else { "planner = \"sqs-cycles\"" });
+            let config = Config::parse(std::path::Path::new("family.toml"), text).unwrap();
+            let err = match Service::start(config).await {
+                Ok(_) => panic!("{name} on the wrong broker started"),
+                Err(err) => err.to_string(),
+            };
+            assert!(err.contains("strategy \"mismatched\"") && err.contains(name), "{err}");
+        }
+    }
 }

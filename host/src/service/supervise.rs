@@ -206,7 +206,7 @@ mod tests {
         let supervisor = Supervisor::new(Arc::new(Metrics::default()), stop);
         let attached = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let probe = attached.clone();
-        supervisor.spawn("redelivery", Some(Box::new(move || probe.load(Ordering::SeqCst))), || std::future::pending());
+        supervisor.spawn("redelivery", Some(Box::new(move || probe.load(Ordering::SeqCst))), std::future::pending);
         until("the task started", || supervisor.down().iter().all(|d| d.reason != "starting")).await;
         assert_eq!(supervisor.down().len(), 1);
         assert_eq!(supervisor.down()[0].task, "redelivery");
