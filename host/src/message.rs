@@ -3,6 +3,9 @@
 //! broker. `broker::rabbitmq` converts them to and from AMQP; `broker::sqs`
 //! to and from message attributes.
 //!
+//! [`Delivery`], [`Outcome`] and [`Settled`] are the consumer's side: what a
+//! handler (the AMQP ingress, redelivery) receives and what it asks for.
+//!
 //! Two AMQP properties are deliberately absent: `expiration` (a per-message
 //! TTL would cut a delay short in the first delay queue, so it is never
 //! forwarded) and `delivery-mode` (hourglass always publishes persistent).
@@ -95,4 +98,63 @@ pub struct Properties {
     pub kind: Option<String>,
     pub user_id: Option<String>,
     pub app_id: Option<String>,
+}
+
+/// A message a consumer took off a queue, as its handler sees it: no broker
+/// types, so handlers live outside `broker::rabbitmq`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Delivery {
+    /// The queue it was consumed from.
+    pub queue: String,
+    pub body: Vec<u8>,
+    pub properties: Properties,
+    /// The exchange it was published to (empty: the default exchange).
+    pub exchange: String,
+    pub routing_key: String,
+    /// The broker delivered it before without an acknowledgement (a requeue, a lost consumer).
+    pub redelivered: bool,
+}
+
+/// What a handler wants done with a delivery; the consumer carries it out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Done with it (its forward was confirmed): acknowledge it.
+    Ack,
+    /// Not now (the broker or the planner could not answer): back on its queue after a short pause.
+    Requeue,
+    /// Set it aside: publish it as it came plus `headers` to `queue`, wait for
+    /// the broker's confirm, then acknowledge it; if that publish fails it is
+    /// requeued instead, never dropped. `reason` is for the log.
+    MoveTo { queue: String, headers: Headers, reason: String },
+}
+
+impl Outcome {
+    /// A move to `queue` with one header giving the reason.
+    pub fn move_to(queue: &str, reason_header: &str, reason: &str) -> Outcome {
+        Outcome::MoveTo { queue: queue.to_string(), headers: [(reason_header.to_string(), HeaderValue::text(reason))].into(), reason: reason.to_string() }
+    }
+}
+
+/// How a consumer carried out an [`Outcome`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Settled {
+    /// Acknowledged (after a move, once the move was confirmed).
+    Acked,
+    /// Done, but the acknowledgement could not be sent: the broker delivers it again.
+    AckLost,
+    /// Back on its queue.
+    Requeued,
+    /// The move failed (the reason); the message was requeued.
+    MoveFailed(String),
+}
+
+impl Settled {
+    /// A metric label for an outcome labelled `done`: `done`, `done_unacked` or `requeued`.
+    pub fn label(&self, done: &'static str) -> String {
+        match self {
+            Settled::Acked => done.to_string(),
+            Settled::AckLost => format!("{done}_unacked"),
+            Settled::Requeued | Settled::MoveFailed(_) => "requeued".to_string(),
+        }
+    }
 }

@@ -87,7 +87,8 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
 
     let reader = connection.create_channel().await.unwrap();
     let set_aside = get_at_least(&reader, &invalid_queue, invalid.len(), Duration::from_secs(10)).await;
-    assert_eq!(set_aside.len(), invalid.len());
+    let shown: Vec<(String, Option<String>)> = set_aside.iter().map(|d| (String::from_utf8_lossy(&d.data).into_owned(), header_text(d, INVALID_REASON_HEADER))).collect();
+    assert_eq!(set_aside.len(), invalid.len(), "set aside: {shown:?}");
     for (body, _, reason) in &invalid {
         let got = set_aside.iter().find(|d| d.data == body.as_bytes()).unwrap_or_else(|| panic!("{body} not set aside"));
         let Some(AMQPValue::LongString(why)) = header(got, INVALID_REASON_HEADER) else { panic!("{body}: no reason header") };

@@ -3,29 +3,27 @@
 //!
 //! Each message is planned and forwarded through the scheduler, and acked only
 //! after the broker confirmed the forward. A message that cannot be scheduled
-//! (missing or bad headers, unknown destination or strategy, a delay the
-//! planner refuses) is published to the invalid-messages queue with the reason
-//! in a header, and acked only once that publish is confirmed. While the broker
-//! is unavailable a message is requeued, never acked; a lost connection leaves
-//! every unacked message to the broker, which delivers it again. Prefetch bounds
-//! the messages in flight.
+//! (missing or bad headers, a field over a limit, unknown destination or
+//! strategy, a delay the planner refuses) goes to the invalid-messages queue
+//! with the reason, naming the header or field, in `hourglass-invalid-reason`;
+//! it is acked only once that publish is confirmed. While the broker is
+//! unavailable, or the planner ran out of time (a starved CPU is no fault of
+//! the message), a message is requeued, never acked; a lost connection leaves
+//! every unacked message to the broker, which delivers it again. Prefetch
+//! bounds the messages in flight. The [`Consumer`] carries out each
+//! [`Outcome`] and sets aside a message this handler keeps panicking on.
+//!
+//! [`Consumer`]: crate::broker::rabbitmq::consume::Consumer
 
 use std::sync::Arc;
 
-use lapin::Channel;
-use lapin::message::Delivery;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable as AmqpTable;
-
-use crate::broker::Broker;
-use crate::broker::rabbitmq::convert::from_amqp_properties;
-use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
-use crate::message::{HeaderValue, Properties};
+use crate::broker::rabbitmq::consume::Handler;
+use crate::broker::{Broker, ExecutorError};
+use crate::command::Command;
 use crate::config::IngressConfig;
-use crate::broker::rabbitmq::consume::{Handler, ack, move_to, requeue};
-use crate::broker::ExecutorError;
+use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
+use crate::message::{Delivery, Outcome, Properties, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
-
 
 /// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Ingress {
@@ -33,19 +31,46 @@ pub struct Ingress {
     scheduler: Arc<Scheduler<Broker>>,
 }
 
-/// Why a message is invalid, or that it must wait for the broker.
-enum Refusal {
-    Invalid(String),
-    Unavailable(String),
-}
-
 impl Ingress {
     pub fn new(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
         Arc::new(Ingress { config, scheduler })
     }
+
+    fn set_aside(&self, reason: &str) -> Outcome {
+        Outcome::move_to(&self.config.invalid_queue, INVALID_REASON_HEADER, reason)
+    }
+
+    /// What becomes of a message the scheduler could not take.
+    fn refused(&self, err: ScheduleError) -> Outcome {
+        match err {
+            // Not the message's fault: it waits on its queue until the broker or the planner can answer.
+            ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
+                tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
+                Outcome::Requeue
+            }
+            ScheduleError::Planner(err) if err.is_timeout() => {
+                tracing::warn!(error = %err, "the planner ran out of time; requeueing the ingress message");
+                Outcome::Requeue
+            }
+            ScheduleError::Invalid(invalid) => self.set_aside(&format!("{}: {}", wire_name(invalid.field), invalid.reason)),
+            other => self.set_aside(&other.to_string()),
+        }
+    }
+}
+
+/// The name a field of a schedule request has on an ingress message.
+fn wire_name(field: &str) -> &str {
+    match field {
+        "destination" => DESTINATION_HEADER,
+        "delay" => REQUESTED_DELAY_HEADER,
+        "strategy" => STRATEGY_HEADER,
+        other => other,
+    }
 }
 
 impl Handler for Ingress {
+    type Note = ();
+
     fn queue(&self) -> &str {
         &self.config.queue
     }
@@ -55,61 +80,47 @@ impl Handler for Ingress {
     }
 
     /// The ingress and invalid-messages queues, durable.
-    async fn declare(&self, channel: &Channel) -> Result<(), ExecutorError> {
-        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-        for queue in [&self.config.queue, &self.config.invalid_queue] {
-            channel
-                .queue_declare(queue.as_str().into(), durable, AmqpTable::default())
-                .await
-                .map_err(|e| ExecutorError::Refused(format!("ingress queue {queue:?} (wanted: durable, no arguments): {e}")))?;
-        }
-        Ok(())
+    fn declarations(&self) -> Vec<Command> {
+        [&self.config.queue, &self.config.invalid_queue]
+            .into_iter()
+            .map(|queue| Command::DeclareQueue { name: queue.clone(), durable: true, arguments: Default::default() })
+            .collect()
     }
 
-    async fn handle(&self, delivery: Delivery, publisher: &Channel) {
+    async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {
+        self.scheduler.metrics().ingress_started();
+        let request = match parse(delivery) {
+            Ok(request) => request,
+            Err(reason) => return (self.set_aside(&reason), ()),
+        };
+        let destination = request.destination.clone();
+        let strategy = request.strategy.clone().unwrap_or_else(|| self.scheduler.strategy_for(&destination));
         let metrics = self.scheduler.metrics();
-        metrics.ingress_started();
-        let result = match parse(&delivery) {
-            Err(reason) => Err(Refusal::Invalid(reason)),
-            Ok(request) => {
-                let destination = request.destination.clone();
-                let strategy = request.strategy.clone().unwrap_or_else(|| self.scheduler.strategy_for(&destination));
-                match self.scheduler.schedule(request).await {
-                    Ok(scheduled) => {
-                        metrics.scheduled(&scheduled.strategy, &destination);
-                        Ok(())
-                    }
-                    Err(err) => {
-                        metrics.failed(&strategy, &destination);
-                        Err(match err {
-                            ScheduleError::Broker(ExecutorError::Unavailable(why)) => Refusal::Unavailable(why),
-                            other => Refusal::Invalid(other.to_string()),
-                        })
-                    }
-                }
+        match self.scheduler.schedule(request).await {
+            Ok(scheduled) => {
+                metrics.scheduled(&scheduled.strategy, &destination);
+                (Outcome::Ack, ())
             }
-        };
-        let outcome = match result {
+            Err(err) => {
+                metrics.failed(&strategy, &destination);
+                (self.refused(err), ())
+            }
+        }
+    }
+
+    fn poisoned(&self, _delivery: &Delivery, reason: &str) -> Outcome {
+        self.set_aside(reason)
+    }
+
+    fn settled(&self, _note: Option<()>, outcome: &Outcome, settled: &Settled) {
+        let metrics = self.scheduler.metrics();
+        let label = match outcome {
             // Not acked: the broker delivers it again; forwarded twice, never lost.
-            Ok(()) => if ack(&delivery).await { "forwarded" } else { "forwarded_unacked" },
-            // The message as it came, plus the reason, on the invalid-messages queue.
-            Err(Refusal::Invalid(reason)) => match move_to(publisher, &self.config.invalid_queue, &delivery, vec![(INVALID_REASON_HEADER, HeaderValue::text(&reason))]).await {
-                Ok(acked) => {
-                    tracing::info!(queue = %self.config.invalid_queue, %reason, "invalid ingress message set aside");
-                    if acked { "invalid" } else { "invalid_unacked" }
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "could not set aside an invalid ingress message; requeued it");
-                    "requeued"
-                }
-            },
-            Err(Refusal::Unavailable(why)) => {
-                tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
-                requeue(&delivery).await;
-                "requeued"
-            }
+            Outcome::Ack => settled.label("forwarded"),
+            Outcome::MoveTo { .. } => settled.label("invalid"),
+            Outcome::Requeue => settled.label("requeued"),
         };
-        metrics.ingress(outcome);
+        metrics.ingress(&label);
         metrics.ingress_finished();
     }
 }
@@ -118,7 +129,7 @@ impl Handler for Ingress {
 /// The control headers are removed; every other header and property is kept
 /// as it came, with its AMQP type.
 fn parse(delivery: &Delivery) -> Result<ScheduleRequest, String> {
-    parse_parts(from_amqp_properties(&delivery.properties), &delivery.data)
+    parse_parts(delivery.properties.clone(), &delivery.body)
 }
 
 fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleRequest, String> {
@@ -151,6 +162,7 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::HeaderValue;
 
     fn properties(headers: &[(&str, HeaderValue)]) -> Properties {
         let headers = headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();

@@ -18,23 +18,17 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use lapin::message::Delivery;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable as AmqpTable;
-use lapin::{Channel, ExchangeKind};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::broker::Broker;
-use crate::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
-use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
-use crate::broker::rabbitmq::consume::{Handler, ack, long_string, move_to, requeue};
-use crate::broker::rabbitmq::convert::from_amqp_properties;
-use crate::headers::is_reserved;
-use crate::message::{HeaderValue, Properties};
-use crate::broker::ExecutorError;
-use crate::planner::RedeliveryDecision;
+use crate::broker::rabbitmq::consume::Handler;
+use crate::broker::{Broker, ExecutorError};
 use crate::clock::unix_now_ms;
+use crate::command::{Command, ExchangeKind, FieldValue};
+use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
+use crate::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
+use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
+use crate::planner::RedeliveryDecision;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 
@@ -89,6 +83,20 @@ struct Failure {
 enum Decision {
     Retry { delay_ms: u64, next_attempt: u32 },
     GiveUp(String),
+    /// The policy could not answer in time (a starved CPU, say): ask again later.
+    Wait(String),
+}
+
+/// What [`Redelivery::handle`] decided, for the counts once it is carried out.
+pub enum Handled {
+    /// Scheduled back to `queue`, due then.
+    Redelivered { queue: String, due_at_ms: u64 },
+    /// On `queue`'s error queue.
+    GaveUp { queue: String },
+    /// No configured queue claims it.
+    Unknown,
+    /// Back on the input for now.
+    Waiting { queue: String },
 }
 
 impl Redelivery {
@@ -172,18 +180,20 @@ impl Redelivery {
         match self.scheduler.decide_redelivery(&policy, &entry.queue, failure.attempt, seed, Some(&failure.reason)) {
             Ok(RedeliveryDecision::RetryAfterMs(delay_ms)) => Decision::Retry { delay_ms, next_attempt: failure.attempt + 1 },
             Ok(RedeliveryDecision::GiveUp(why)) => Decision::GiveUp(format!("policy {policy}: {why}")),
+            Err(ScheduleError::Planner(err)) if err.is_timeout() => Decision::Wait(format!("policy {policy}: {err}")),
             Err(err) => Decision::GiveUp(format!("policy {policy} failed: {err}")),
         }
     }
 
-    /// Schedules the message back to its queue. `Err(None)` when the broker is unavailable.
+    /// Schedules the message back to its queue. `Err(None)` when it must wait
+    /// (the broker is unavailable, the planner ran out of time).
     async fn redeliver(&self, delivery: &Delivery, entry: &RedeliveryConfig, failure: &Failure, delay_ms: u64, next_attempt: u32) -> Result<u64, Option<String>> {
         let request = ScheduleRequest {
             destination: entry.queue.clone(),
             delay_ms,
-            body: delivery.data.clone(),
+            body: delivery.body.clone(),
             headers: Default::default(),
-            properties: for_redelivery(&from_amqp_properties(&delivery.properties), next_attempt),
+            properties: for_redelivery(&delivery.properties, next_attempt),
             strategy: Some(self.strategy_of(entry)),
             routing_key: failure.routing_key.clone(),
             as_is: true,
@@ -194,44 +204,33 @@ impl Redelivery {
                 tracing::warn!(queue = %entry.queue, %why, "broker unavailable; requeueing the rejected message");
                 Err(None)
             }
+            Err(ScheduleError::Planner(err)) if err.is_timeout() => {
+                tracing::warn!(queue = %entry.queue, error = %err, "the planner ran out of time; requeueing the rejected message");
+                Err(None)
+            }
             Err(err) => Err(Some(format!("could not schedule the redelivery: {err}"))),
         }
     }
 
     /// The message as it came on the queue's error queue, with the attempts and reasons.
-    async fn give_up(&self, delivery: &Delivery, publisher: &Channel, entry: &RedeliveryConfig, failure: &Failure, why: &str) -> &'static str {
-        let error_queue = entry.error_queue();
-        let added = vec![
+    fn give_up(&self, entry: &RedeliveryConfig, failure: &Failure, why: &str) -> (Outcome, Handled) {
+        let headers = [
             (ATTEMPTS_HEADER, HeaderValue::I64(failure.attempt as i64)),
             (FAILURE_REASON_HEADER, HeaderValue::text(&failure.reason)),
             (GAVE_UP_HEADER, HeaderValue::text(why)),
             (FAILED_QUEUE_HEADER, HeaderValue::text(&failure.queue)),
-        ];
-        match move_to(publisher, &error_queue, delivery, added).await {
-            Ok(acked) => {
-                tracing::info!(queue = %failure.queue, %error_queue, attempts = failure.attempt, %why, "gave up redelivering");
-                self.count(&failure.queue, None);
-                if acked { "given_up" } else { "given_up_unacked" }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, %error_queue, "could not move a message to its error queue; requeued it");
-                "requeued"
-            }
-        }
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        tracing::info!(queue = %failure.queue, attempts = failure.attempt, %why, "giving up redelivering");
+        let outcome = Outcome::MoveTo { queue: entry.error_queue(), headers, reason: why.to_string() };
+        (outcome, Handled::GaveUp { queue: failure.queue.clone() })
     }
 
     /// A message no configured queue claims: kept aside with the reason.
-    async fn set_aside(&self, delivery: &Delivery, publisher: &Channel, why: &str) -> &'static str {
-        match move_to(publisher, &self.unknown_queue(), delivery, vec![(GAVE_UP_HEADER, HeaderValue::text(why))]).await {
-            Ok(acked) => {
-                tracing::warn!(queue = %self.unknown_queue(), %why, "message in the redelivery input set aside");
-                if acked { "unknown" } else { "unknown_unacked" }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "could not set aside a message from the redelivery input; requeued it");
-                "requeued"
-            }
-        }
+    fn set_aside(&self, why: &str) -> Outcome {
+        Outcome::move_to(&self.unknown_queue(), GAVE_UP_HEADER, why)
     }
 
     /// Sets the broker policy that gives an existing queue its dead-letter exchange.
@@ -313,6 +312,8 @@ fn seed_of(properties: &Properties, body: &[u8]) -> u64 {
 }
 
 impl Handler for Redelivery {
+    type Note = Handled;
+
     fn queue(&self) -> &str {
         &self.input
     }
@@ -324,100 +325,116 @@ impl Handler for Redelivery {
     /// The input (fanout exchange and queue), the unknown and error queues,
     /// and — with `dead_letter = "declare"` — the consumer queues with their
     /// dead-letter exchange.
-    async fn declare(&self, channel: &Channel) -> Result<(), ExecutorError> {
-        let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-        let refused = |what: String| move |e: lapin::Error| ExecutorError::Refused(format!("{what}: {e}"));
-        let input = self.input.as_str();
-        channel
-            .exchange_declare(input.into(), ExchangeKind::Fanout, ExchangeDeclareOptions { durable: true, ..Default::default() }, AmqpTable::default())
-            .await
-            .map_err(refused(format!("redelivery input exchange {input:?} (wanted: fanout, durable)")))?;
-        let mut own = vec![self.input.clone(), self.unknown_queue()];
-        own.extend(self.queues.values().map(RedeliveryConfig::error_queue));
-        for queue in &own {
-            channel
-                .queue_declare(queue.as_str().into(), durable, AmqpTable::default())
-                .await
-                .map_err(refused(format!("queue {queue:?} (wanted: durable, no arguments)")))?;
-        }
-        channel
-            .queue_bind(input.into(), input.into(), "".into(), QueueBindOptions::default(), AmqpTable::default())
-            .await
-            .map_err(refused(format!("binding queue {input:?} to exchange {input:?}")))?;
+    fn declarations(&self) -> Vec<Command> {
+        let durable_queue = |name: String| Command::DeclareQueue { name, durable: true, arguments: Default::default() };
+        let mut commands = vec![Command::DeclareExchange { name: self.input.clone(), kind: ExchangeKind::Fanout, durable: true, arguments: Default::default() }];
+        commands.push(durable_queue(self.input.clone()));
+        commands.push(durable_queue(self.unknown_queue()));
+        commands.extend(self.queues.values().map(|entry| durable_queue(entry.error_queue())));
+        commands.push(Command::BindQueue { queue: self.input.clone(), exchange: self.input.clone(), routing_key: String::new(), arguments: Default::default() });
         if self.declaring {
             for entry in self.queues.values().filter(|e| e.dead_letter == DeadLetterSetup::Declare) {
-                let mut arguments = AmqpTable::default();
-                arguments.insert("x-dead-letter-exchange".into(), long_string(input));
-                let queue = entry.queue.as_str();
-                channel.queue_declare(queue.into(), durable, arguments).await.map_err(refused(format!(
-                    "consumer queue {queue:?} (wanted: durable, x-dead-letter-exchange={input}; a queue declared with other arguments needs dead_letter = \"broker-policy\")"
-                )))?;
+                let arguments = [("x-dead-letter-exchange".to_string(), FieldValue::Text(self.input.clone()))].into();
+                commands.push(Command::DeclareQueue { name: entry.queue.clone(), durable: true, arguments });
             }
         }
-        Ok(())
+        commands
     }
 
-    async fn handle(&self, delivery: Delivery, publisher: &Channel) {
-        let failure = match read_failure(&from_amqp_properties(&delivery.properties), |q| self.queues.contains_key(q)) {
+    fn declaration_hint(&self) -> Option<String> {
+        Some("a consumer queue declared with other arguments needs dead_letter = \"broker-policy\"".into())
+    }
+
+    async fn handle(&self, delivery: &Delivery) -> (Outcome, Handled) {
+        let failure = match read_failure(&delivery.properties, |q| self.queues.contains_key(q)) {
             Ok(failure) => failure,
             Err(why) => {
-                let outcome = self.set_aside(&delivery, publisher, &why).await;
-                self.scheduler.metrics().redelivery("", outcome);
-                return;
+                tracing::warn!(queue = %self.unknown_queue(), %why, "setting aside a message in the redelivery input");
+                return (self.set_aside(&why), Handled::Unknown);
             }
         };
         let entry = &self.queues[&failure.queue];
-        let seed = seed_of(&from_amqp_properties(&delivery.properties), &delivery.data);
-        let outcome = match self.decide(entry, &failure, seed) {
-            Decision::GiveUp(why) => self.give_up(&delivery, publisher, entry, &failure, &why).await,
-            Decision::Retry { delay_ms, next_attempt } => match self.redeliver(&delivery, entry, &failure, delay_ms, next_attempt).await {
+        let seed = seed_of(&delivery.properties, &delivery.body);
+        let waiting = || (Outcome::Requeue, Handled::Waiting { queue: failure.queue.clone() });
+        match self.decide(entry, &failure, seed) {
+            Decision::GiveUp(why) => self.give_up(entry, &failure, &why),
+            Decision::Wait(why) => {
+                tracing::warn!(queue = %failure.queue, %why, "the policy ran out of time; requeueing the rejected message");
+                waiting()
+            }
+            Decision::Retry { delay_ms, next_attempt } => match self.redeliver(delivery, entry, &failure, delay_ms, next_attempt).await {
                 Ok(due_at_ms) => {
                     tracing::debug!(queue = %failure.queue, attempt = next_attempt, delay_ms, "redelivery scheduled");
-                    self.count(&failure.queue, Some(due_at_ms));
-                    if ack(&delivery).await { "redelivered" } else { "redelivered_unacked" }
+                    (Outcome::Ack, Handled::Redelivered { queue: failure.queue.clone(), due_at_ms })
                 }
-                Err(None) => {
-                    requeue(&delivery).await;
-                    "requeued"
-                }
-                Err(Some(why)) => self.give_up(&delivery, publisher, entry, &failure, &why).await,
+                Err(None) => waiting(),
+                Err(Some(why)) => self.give_up(entry, &failure, &why),
             },
+        }
+    }
+
+    /// Set aside with the unknown messages: the failing queue may not even be readable from it.
+    fn poisoned(&self, _delivery: &Delivery, reason: &str) -> Outcome {
+        self.set_aside(reason)
+    }
+
+    fn settled(&self, note: Option<Handled>, outcome: &Outcome, settled: &Settled) {
+        let done = !matches!(settled, Settled::Requeued | Settled::MoveFailed(_));
+        let (queue, label) = match note {
+            Some(Handled::Redelivered { queue, due_at_ms }) => {
+                if done {
+                    self.count(&queue, Some(due_at_ms));
+                }
+                (queue, settled.label("redelivered"))
+            }
+            Some(Handled::GaveUp { queue }) => {
+                if done {
+                    self.count(&queue, None);
+                }
+                (queue, settled.label("given_up"))
+            }
+            Some(Handled::Unknown) => (String::new(), settled.label("unknown")),
+            Some(Handled::Waiting { queue }) => (queue, settled.label("requeued")),
+            // The handler panicked: set aside with the unknown messages once it did so too often.
+            None => (String::new(), if matches!(outcome, Outcome::MoveTo { .. }) { settled.label("unknown") } else { settled.label("requeued") }),
         };
-        self.scheduler.metrics().redelivery(&failure.queue, outcome);
+        self.scheduler.metrics().redelivery(&queue, &label);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lapin::BasicProperties;
-    use lapin::types::AMQPValue;
 
-    fn death(queue: &str, reason: &str, count: i64, key: &str) -> AMQPValue {
-        let mut t = AmqpTable::default();
-        t.insert("queue".into(), long_string(queue));
-        t.insert("reason".into(), long_string(reason));
-        t.insert("count".into(), AMQPValue::LongLongInt(count));
-        t.insert("exchange".into(), long_string(""));
-        t.insert("routing-keys".into(), AMQPValue::FieldArray(vec![long_string(key)].into()));
-        AMQPValue::FieldTable(t)
+    fn text(s: &str) -> HeaderValue {
+        HeaderValue::text(s)
     }
 
-    fn dead_lettered(deaths: Vec<AMQPValue>, extra: &[(&str, AMQPValue)]) -> Properties {
-        let mut headers = AmqpTable::default();
-        headers.insert("x-death".into(), AMQPValue::FieldArray(deaths.into()));
-        headers.insert("x-first-death-queue".into(), long_string("orders"));
-        headers.insert("tenant".into(), long_string("acme"));
-        for (k, v) in extra {
-            headers.insert((*k).into(), v.clone());
-        }
-        from_amqp_properties(
-            &BasicProperties::default()
-                .with_headers(headers)
-                .with_content_type("application/json".into())
-                .with_correlation_id("c-1".into())
-                .with_expiration("5000".into()),
+    fn death(queue: &str, reason: &str, count: i64, key: &str) -> HeaderValue {
+        HeaderValue::Table(
+            [
+                ("queue", text(queue)),
+                ("reason", text(reason)),
+                ("count", HeaderValue::I64(count)),
+                ("exchange", text("")),
+                ("routing-keys", HeaderValue::Array(vec![text(key)])),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         )
+    }
+
+    fn dead_lettered(deaths: Vec<HeaderValue>, extra: &[(&str, HeaderValue)]) -> Properties {
+        let mut headers: crate::message::Headers =
+            [("x-death", HeaderValue::Array(deaths)), ("x-first-death-queue", text("orders")), ("tenant", text("acme"))]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+        for (k, v) in extra {
+            headers.insert(k.to_string(), v.clone());
+        }
+        Properties { headers, content_type: Some("application/json".into()), correlation_id: Some("c-1".into()), ..Default::default() }
     }
 
     #[test]
@@ -430,7 +447,7 @@ mod tests {
 
     #[test]
     fn the_attempt_header_wins_over_the_death_count() {
-        let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(3))]);
+        let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[(ATTEMPT_HEADER, HeaderValue::I64(3))]);
         assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 3);
         let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[]);
         assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 7);
@@ -448,7 +465,7 @@ mod tests {
     fn redelivered_properties_lose_death_records_and_keep_the_rest() {
         let properties = dead_lettered(
             vec![death("orders", "rejected", 1, "k")],
-            &[(ATTEMPT_HEADER, AMQPValue::LongLongInt(1)), ("hourglass-due-at", AMQPValue::LongLongInt(5)), ("x-last-death-queue", long_string("orders"))],
+            &[(ATTEMPT_HEADER, HeaderValue::I64(1)), ("hourglass-due-at", HeaderValue::I64(5)), ("x-last-death-queue", text("orders"))],
         );
         let next = for_redelivery(&properties, 2);
         let keys: Vec<&str> = next.headers.keys().map(String::as_str).collect();

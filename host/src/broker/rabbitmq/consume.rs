@@ -1,55 +1,86 @@
-//! A queue consumer that survives the broker: the shared loop under the AMQP
-//! ingress and the redelivery input.
+//! A queue consumer that survives the broker and its own handler: the shared
+//! loop under the AMQP ingress and the redelivery input.
 //!
-//! It connects, declares what its handler needs, sets prefetch, and hands
-//! each delivery to the handler with at most `prefetch` in flight; the handler
-//! acks. After a lost connection it reconnects with backoff; unacked messages
-//! are the broker's to deliver again. On stop it cancels the consumer, lets
-//! the handler finish the deliveries in hand, then closes.
+//! It connects, declares what its handler needs (as [`Command`]s), sets
+//! prefetch, and hands each delivery, converted to a neutral
+//! [`Delivery`], to the handler with at most `prefetch` in flight. The
+//! handler answers with an [`Outcome`] and the consumer carries it out: ack,
+//! requeue, or move the message aside (a confirmed publish on the consumer's
+//! own publisher, then the ack; a requeue if the publish fails). The
+//! publisher is a [`RabbitMqExecutor`] on a connection of its own, so a
+//! channel the broker closes is reopened on the next move.
+//!
+//! A handler that panics does not stop the consumer: the message is requeued,
+//! and once the handler panicked [`MAX_PANICS`] times on the same message it
+//! is moved aside with the reason (to where [`Handler::poisoned`] says), so it
+//! never blocks the messages behind it.
+//!
+//! After a lost connection it reconnects with backoff; unacked messages are
+//! the broker's to deliver again. On stop it cancels the consumer, lets the
+//! handler finish the deliveries in hand, then closes.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use lapin::message::Delivery;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
+use futures_util::{FutureExt, StreamExt};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 use tokio::sync::watch;
 
-use crate::broker::ExecutorError;
-use crate::message::HeaderValue;
+use crate::broker::{Envelope, Executor, ExecutorError};
+use crate::command::{Command, FieldTable};
+use crate::message::{Delivery, Headers, Outcome, Settled};
 
-use super::convert::{short_string, to_amqp_value};
-use crate::broker::rabbitmq::redact;
+use super::convert::from_amqp_delivery;
+use super::publish::{RabbitMqExecutor, redact};
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(5);
-/// How long a message waits before it is requeued while the broker is unavailable.
+/// How long a message waits before it is requeued (so a broker outage or a
+/// panicking handler is not a hot loop).
 const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
+/// A message the handler panicked on this many times is moved aside.
+pub const MAX_PANICS: u32 = 3;
+/// Messages whose panics are remembered at once; the oldest is forgotten first.
+const PANICS_REMEMBERED: usize = 1_024;
 
-/// What a consumer does with its queue.
+/// What a consumer does with its queue. Neutral: no lapin type appears here.
 pub trait Handler: Send + Sync + 'static {
+    /// What `handle` tells `settled` about a delivery (for counts and metrics).
+    type Note: Send;
+
     /// The queue consumed.
     fn queue(&self) -> &str;
     fn prefetch(&self) -> u16;
-    /// Declares the queues (and exchanges) the handler needs; called on every connect.
-    fn declare(&self, channel: &Channel) -> impl Future<Output = Result<(), ExecutorError>> + Send;
-    /// Handles one delivery and acks, nacks or requeues it. `publisher` is a
-    /// confirm-mode channel on the same connection.
-    fn handle(&self, delivery: Delivery, publisher: &Channel) -> impl Future<Output = ()> + Send;
+    /// The queues (and exchanges, bindings) the handler needs; declared on every connect.
+    fn declarations(&self) -> Vec<Command>;
+    /// A hint added to a refused declaration (which setting would avoid it).
+    fn declaration_hint(&self) -> Option<String> {
+        None
+    }
+    /// Decides what happens to one delivery.
+    fn handle(&self, delivery: &Delivery) -> impl Future<Output = (Outcome, Self::Note)> + Send;
+    /// Where a message goes that made `handle` panic [`MAX_PANICS`] times.
+    fn poisoned(&self, delivery: &Delivery, reason: &str) -> Outcome;
+    /// How the outcome was carried out: once per delivery, `note` is `None` when `handle` panicked.
+    fn settled(&self, note: Option<Self::Note>, outcome: &Outcome, settled: &Settled);
 }
 
 pub struct Consumer<H> {
     url: String,
     handler: Arc<H>,
     consuming: AtomicBool,
+    panics: Mutex<PanicCounts>,
 }
 
 impl<H: Handler> Consumer<H> {
     pub fn new(url: &str, handler: Arc<H>) -> Arc<Consumer<H>> {
-        Arc::new(Consumer { url: url.to_string(), handler, consuming: AtomicBool::new(false) })
+        Arc::new(Consumer { url: url.to_string(), handler, consuming: AtomicBool::new(false), panics: Default::default() })
     }
 
     pub fn handler(&self) -> &Arc<H> {
@@ -63,15 +94,21 @@ impl<H: Handler> Consumer<H> {
 
     /// Declares the handler's queues now, so producers can publish before the first consume.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
-        let unavailable = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(&self.url)));
-        let connection = Connection::connect(&self.url, ConnectionProperties::default()).await.map_err(unavailable)?;
-        let channel = connection.create_channel().await.map_err(unavailable)?;
-        let declared = self.handler.declare(&channel).await;
-        connection.close(200, "declared".into()).await.ok();
-        declared
+        let publisher = RabbitMqExecutor::connect(&self.url).await?;
+        self.declare_on(&publisher).await
     }
 
-    /// Consumes until `stop` turns true, reconnecting with backoff.
+    async fn declare_on(&self, publisher: &RabbitMqExecutor) -> Result<(), ExecutorError> {
+        match publisher.apply(&self.handler.declarations()).await {
+            Err(ExecutorError::Refused(why)) => Err(ExecutorError::Refused(match self.handler.declaration_hint() {
+                Some(hint) => format!("{why} ({hint})"),
+                None => why,
+            })),
+            other => other,
+        }
+    }
+
+    /// Consumes until `stop` turns true, reconnecting with backoff; returns only then.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut retry = FIRST_RETRY;
         while !*stop.borrow() {
@@ -98,12 +135,11 @@ impl<H: Handler> Consumer<H> {
     async fn consume(&self, stop: &mut watch::Receiver<bool>) -> Result<(), (bool, String)> {
         let queue = self.handler.queue().to_string();
         let lost = |e: lapin::Error| (false, format!("RabbitMQ at {}: {e}", redact(&self.url)));
+        let publisher = RabbitMqExecutor::connect(&self.url).await.map_err(|e| (false, e.to_string()))?;
+        self.declare_on(&publisher).await.map_err(|e| (false, e.to_string()))?;
         let connection = Connection::connect(&self.url, ConnectionProperties::default()).await.map_err(lost)?;
         let channel = connection.create_channel().await.map_err(lost)?;
         channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await.map_err(lost)?;
-        self.handler.declare(&channel).await.map_err(|e| (false, e.to_string()))?;
-        let publisher = connection.create_channel().await.map_err(lost)?;
-        publisher.confirm_select(ConfirmSelectOptions::default()).await.map_err(lost)?;
         let tag = format!("hourglass-{queue}");
         let consumer = channel
             .basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default())
@@ -111,10 +147,10 @@ impl<H: Handler> Consumer<H> {
             .map_err(lost)?;
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(%queue, prefetch = self.handler.prefetch(), "consuming");
-        let (handler, publisher) = (&self.handler, &publisher);
+        let publisher = &publisher;
         let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| async move {
             match delivery {
-                Ok(delivery) => handler.handle(delivery, publisher).await,
+                Ok(delivery) => self.process(delivery, publisher).await,
                 Err(err) => tracing::warn!(error = %err, "delivery failed"),
             }
         });
@@ -131,39 +167,152 @@ impl<H: Handler> Consumer<H> {
         tracing::info!(%queue, "consumer stopped");
         Ok(())
     }
+
+    /// One delivery: the handler's decision (a panic caught and counted), carried out.
+    async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor) {
+        let delivery = from_amqp_delivery(self.handler.queue(), &raw);
+        let (outcome, note) = match AssertUnwindSafe(self.handler.handle(&delivery)).catch_unwind().await {
+            Ok((outcome, note)) => {
+                self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(&delivery);
+                (outcome, Some(note))
+            }
+            Err(panic) => {
+                let what = panic_message(panic.as_ref());
+                let panics = self.panics.lock().unwrap_or_else(|p| p.into_inner()).record(&delivery);
+                tracing::error!(queue = %delivery.queue, panics, panic = %what, "the handler panicked on a message");
+                if panics >= MAX_PANICS {
+                    let reason = format!("hourglass failed on this message {panics} times (it panicked: {what}); set aside so the messages behind it go on");
+                    (self.handler.poisoned(&delivery, &reason), None)
+                } else {
+                    (Outcome::Requeue, None)
+                }
+            }
+        };
+        let settled = self.carry_out(&raw, &delivery, &outcome, publisher).await;
+        if let (Outcome::MoveTo { .. }, Settled::Acked | Settled::AckLost) = (&outcome, &settled) {
+            self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(&delivery);
+        }
+        self.handler.settled(note, &outcome, &settled);
+    }
+
+    async fn carry_out(&self, raw: &lapin::message::Delivery, delivery: &Delivery, outcome: &Outcome, publisher: &RabbitMqExecutor) -> Settled {
+        match outcome {
+            Outcome::Ack => ack(raw).await,
+            Outcome::Requeue => {
+                requeue(raw).await;
+                Settled::Requeued
+            }
+            Outcome::MoveTo { queue, headers, reason } => match move_to(publisher, queue, delivery, headers).await {
+                Ok(()) => {
+                    tracing::info!(from = %delivery.queue, to = %queue, %reason, "message set aside");
+                    ack(raw).await
+                }
+                Err(err) => {
+                    tracing::warn!(from = %delivery.queue, to = %queue, error = %err, "could not set a message aside; requeued it");
+                    requeue(raw).await;
+                    Settled::MoveFailed(err.to_string())
+                }
+            },
+        }
+    }
 }
 
-/// Puts a delivery back on its queue after a short pause (so a broker outage is not a hot loop).
-pub async fn requeue(delivery: &Delivery) {
+/// Publishes `delivery` as it came (body, properties, headers) plus `added`
+/// headers to `queue` through the default exchange, persistent and
+/// mandatory, and waits for the broker's confirm.
+///
+/// RabbitMQ refuses a `user-id` other than the publishing connection's user
+/// (and closes the channel); a message a producer sent under its own user is
+/// moved without it rather than never.
+async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery, added: &Headers) -> Result<(), ExecutorError> {
+    let mut properties = delivery.properties.clone();
+    properties.headers.extend(added.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let id = properties.message_id.clone().unwrap_or_else(|| format!("a message from {}", delivery.queue));
+    let publish =
+        [Command::Publish { exchange: String::new(), routing_key: queue.to_string(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }];
+    let mut envelope = Envelope { id, body: delivery.body.clone(), headers: FieldTable::new(), properties, stamp_message_id: false };
+    match publisher.send(&publish, &envelope).await {
+        Err(ExecutorError::Refused(why)) if envelope.properties.user_id.is_some() => {
+            tracing::warn!(to = %queue, error = %why, "the broker refused the move; moving it without its user-id");
+            envelope.properties.user_id = None;
+            publisher.send(&publish, &envelope).await
+        }
+        other => other,
+    }
+}
+
+/// Puts a delivery back on its queue after a short pause.
+async fn requeue(delivery: &lapin::message::Delivery) {
     tokio::time::sleep(REQUEUE_PAUSE).await;
     delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.ok();
 }
 
-/// Publishes through the default exchange to `queue` and waits for the confirm.
-async fn publish_confirmed(publisher: &Channel, queue: &str, body: &[u8], properties: BasicProperties) -> Result<(), String> {
-    let options = BasicPublishOptions { mandatory: true, ..Default::default() };
-    let confirm = publisher.basic_publish("".into(), queue.into(), options, body, properties).await.map_err(|e| e.to_string())?;
-    match confirm.await.map_err(|e| e.to_string())? {
-        Confirmation::Ack(None) => Ok(()),
-        other => Err(format!("queue {queue:?} did not take it: {other:?}")),
+/// Acks; an ack that could not be sent means the broker will deliver the message again.
+async fn ack(delivery: &lapin::message::Delivery) -> Settled {
+    match delivery.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => Settled::Acked,
+        _ => Settled::AckLost,
     }
 }
 
-/// Moves a delivery aside: publishes it to `queue` as it came (body, properties,
-/// headers) plus `added` headers, persistent, and acks it once the broker
-/// confirmed. `Ok(acked)`; if the publish fails the delivery is requeued and
-/// the error returned, so the message is never lost.
-pub async fn move_to(publisher: &Channel, queue: &str, delivery: &Delivery, added: Vec<(&str, HeaderValue)>) -> Result<bool, String> {
-    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-    for (key, value) in added {
-        headers.insert(short_string("header name", key)?, to_amqp_value(&value)?);
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// How often the handler panicked on each recent message, bounded.
+///
+/// A message is known by its message id, else by its content (exchange,
+/// routing key, properties, body): a requeued message comes back under a new
+/// delivery tag. A first delivery (not `redelivered`) starts its count afresh.
+#[derive(Default)]
+struct PanicCounts {
+    counts: HashMap<u64, u32>,
+    order: VecDeque<u64>,
+}
+
+impl PanicCounts {
+    fn key(delivery: &Delivery) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        match &delivery.properties.message_id {
+            Some(id) => id.hash(&mut hasher),
+            None => {
+                delivery.exchange.hash(&mut hasher);
+                delivery.routing_key.hash(&mut hasher);
+                format!("{:?}", delivery.properties).hash(&mut hasher);
+                delivery.body.hash(&mut hasher);
+            }
+        }
+        hasher.finish()
     }
-    let properties = delivery.properties.clone().with_headers(headers).with_delivery_mode(2);
-    match publish_confirmed(publisher, queue, &delivery.data, properties).await {
-        Ok(()) => Ok(ack(delivery).await),
-        Err(err) => {
-            requeue(delivery).await;
-            Err(err)
+
+    /// Counts one more panic on `delivery`; returns its count.
+    fn record(&mut self, delivery: &Delivery) -> u32 {
+        let key = Self::key(delivery);
+        let known = self.counts.contains_key(&key);
+        if !known {
+            if self.order.len() >= PANICS_REMEMBERED
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.counts.remove(&oldest);
+            }
+            self.order.push_back(key);
+        }
+        let count = self.counts.entry(key).or_insert(0);
+        *count = if delivery.redelivered { *count + 1 } else { 1 };
+        *count
+    }
+
+    fn forget(&mut self, delivery: &Delivery) {
+        if self.counts.is_empty() {
+            return;
+        }
+        let key = Self::key(delivery);
+        if self.counts.remove(&key).is_some() {
+            self.order.retain(|k| *k != key);
         }
     }
 }
@@ -173,30 +322,46 @@ pub fn long_string(text: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(text))
 }
 
-/// Acks; `false` when the ack could not be sent (the broker will deliver the message again).
-pub async fn ack(delivery: &Delivery) -> bool {
-    matches!(delivery.acker.ack(lapin::options::BasicAckOptions::default()).await, Ok(true))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// A header's text, if it is a string.
-pub fn text(value: &AMQPValue) -> Option<String> {
-    match value {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        _ => None,
+    fn delivery(body: &str, redelivered: bool) -> Delivery {
+        Delivery { queue: "q".into(), body: body.as_bytes().to_vec(), redelivered, ..Default::default() }
     }
-}
 
-/// A header's value, if it is a whole number of any AMQP width.
-pub fn whole_number(value: &AMQPValue) -> Option<i128> {
-    Some(match value {
-        AMQPValue::ShortShortInt(v) => *v as i128,
-        AMQPValue::ShortShortUInt(v) => *v as i128,
-        AMQPValue::ShortInt(v) => *v as i128,
-        AMQPValue::ShortUInt(v) => *v as i128,
-        AMQPValue::LongInt(v) => *v as i128,
-        AMQPValue::LongUInt(v) => *v as i128,
-        AMQPValue::LongLongInt(v) => *v as i128,
-        _ => return None,
-    })
+    #[test]
+    fn panics_count_per_message_across_redeliveries_and_restart_on_a_first_delivery() {
+        let mut counts = PanicCounts::default();
+        assert_eq!(counts.record(&delivery("a", false)), 1);
+        assert_eq!(counts.record(&delivery("a", true)), 2);
+        assert_eq!(counts.record(&delivery("b", true)), 1, "another message counts apart");
+        assert_eq!(counts.record(&delivery("a", true)), 3);
+        assert_eq!(counts.record(&delivery("a", false)), 1, "a fresh copy starts again");
+        counts.forget(&delivery("a", true));
+        assert_eq!(counts.record(&delivery("a", true)), 1);
+    }
+
+    #[test]
+    fn the_panic_memory_is_bounded() {
+        let mut counts = PanicCounts::default();
+        for i in 0..PANICS_REMEMBERED + 10 {
+            counts.record(&delivery(&i.to_string(), true));
+        }
+        assert_eq!(counts.counts.len(), PANICS_REMEMBERED);
+        assert_eq!(counts.order.len(), PANICS_REMEMBERED);
+        assert_eq!(counts.record(&delivery("0", true)), 1, "the oldest was forgotten");
+    }
+
+    #[test]
+    fn a_message_id_names_the_message_whatever_its_body() {
+        let with_id = |body: &str| {
+            let mut d = delivery(body, true);
+            d.properties.message_id = Some("m-1".into());
+            d
+        };
+        let mut counts = PanicCounts::default();
+        counts.record(&with_id("x"));
+        assert_eq!(counts.record(&with_id("y")), 2);
+    }
 }

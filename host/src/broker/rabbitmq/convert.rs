@@ -1,6 +1,6 @@
 //! Neutral messages to and from AMQP: [`Properties`] ↔ lapin's
 //! `BasicProperties`, [`HeaderValue`] ↔ `AMQPValue`, [`FieldTable`] → AMQP
-//! tables.
+//! tables, a lapin delivery → [`Delivery`].
 //!
 //! Going to AMQP is fallible rather than panicking: lapin's `ShortString`
 //! panics on more than 255 bytes, and a name that long must fail its own
@@ -10,7 +10,7 @@ use lapin::BasicProperties;
 use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable as AmqpTable, LongString, ShortString};
 
 use crate::command::{FieldTable, FieldValue};
-use crate::message::{HeaderValue, Headers, Properties};
+use crate::message::{Delivery, HeaderValue, Headers, Properties};
 
 /// An AMQP short string, or an error naming `what` when it is over 255 bytes.
 pub fn short_string(what: &str, text: &str) -> Result<ShortString, String> {
@@ -145,6 +145,18 @@ pub fn from_amqp_properties(properties: &BasicProperties) -> Properties {
         kind: text(properties.kind()),
         user_id: text(properties.user_id()),
         app_id: text(properties.app_id()),
+    }
+}
+
+/// A delivery from `queue` as handlers see it.
+pub fn from_amqp_delivery(queue: &str, delivery: &lapin::message::Delivery) -> Delivery {
+    Delivery {
+        queue: queue.to_string(),
+        body: delivery.data.clone(),
+        properties: from_amqp_properties(&delivery.properties),
+        exchange: delivery.exchange.as_str().to_string(),
+        routing_key: delivery.routing_key.as_str().to_string(),
+        redelivered: delivery.redelivered,
     }
 }
 
