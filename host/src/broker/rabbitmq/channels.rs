@@ -108,18 +108,13 @@ impl PublishPool {
         if link.blocked() {
             return Err(blocked());
         }
-        let idle = {
+        let (idle, stale) = {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            let mut found = None;
-            while let Some(channel) = idle.pop() {
-                if channel.usable_on(&link) {
-                    found = Some(channel);
-                    break;
-                }
-                channel.discard();
-            }
-            found
+            // Channels of a replaced or lost connection go all at once, so the old connection can close.
+            let stale: Vec<Counted> = idle.extract_if(.., |channel| !channel.usable_on(&link)).collect();
+            (idle.pop(), stale)
         };
+        stale.into_iter().for_each(Counted::discard);
         let channel = match idle {
             Some(channel) => channel,
             None => Counted::open(link, true, &self.open).await?,
