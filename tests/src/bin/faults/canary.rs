@@ -158,8 +158,11 @@ async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledg
                 }
             };
             match confirmed {
-                Ok(Ok(lapin::publisher_confirm::Confirmation::Ack(None))) => ledger.acknowledged(&id, None),
-                Ok(Ok(_)) => {}
+                Ok(Ok(confirmation)) => {
+                    if confirmation.is_ack() && confirmation.take_message().is_none() {
+                        ledger.acknowledged(&id, None);
+                    }
+                }
                 _ => {
                     tokio::time::sleep(RETRY).await;
                     continue 'connect;

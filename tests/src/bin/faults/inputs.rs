@@ -156,7 +156,10 @@ pub async fn publish(channel: &Channel, queue: &str, body: &str, headers: Vec<(&
     }
     let options = BasicPublishOptions { mandatory: true, ..Default::default() };
     match channel.basic_publish("".into(), queue.into(), options, body.as_bytes(), properties.with_delivery_mode(2).with_headers(table)).await {
-        Ok(confirm) => matches!(tokio::time::timeout(Duration::from_secs(10), confirm).await, Ok(Ok(lapin::publisher_confirm::Confirmation::Ack(None)))),
+        Ok(confirm) => match tokio::time::timeout(Duration::from_secs(10), confirm).await {
+            Ok(Ok(confirmation)) => confirmation.is_ack() && confirmation.take_message().is_none(),
+            _ => false,
+        },
         Err(_) => false,
     }
 }
@@ -389,7 +392,7 @@ async fn redelivery_attempt(bench: &Bench) -> Report {
     });
     let publisher = connection.create_channel().await.unwrap();
     publisher.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-    let attempts = [
+    let attempts = vec![
         ("none", None),
         ("i8", Some(AMQPValue::ShortShortInt(1))),
         ("i16", Some(AMQPValue::ShortInt(1))),
@@ -397,19 +400,20 @@ async fn redelivery_attempt(bench: &Bench) -> Report {
         ("u32", Some(AMQPValue::LongUInt(1))),
         ("i64", Some(AMQPValue::LongLongInt(1))),
     ];
+    let count = attempts.len();
     for (kind, value) in attempts {
         let id = unique(&format!("attempt-{kind}"));
         let headers = value.map(|v| vec![("hourglass-attempt", v)]).unwrap_or_default();
         report.check(publish(&publisher, &work, &id, headers, BasicProperties::default()).await, || format!("publish to {work} ({kind}) not confirmed"));
     }
     let end = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < end && !(ledger.tally().acknowledged == attempts.len() && ledger.complete()) {
+    while Instant::now() < end && !(ledger.tally().acknowledged == count && ledger.complete()) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     worker.abort();
     let redelivered = ledger.tally();
-    report.check(redelivered.acknowledged == attempts.len() && redelivered.lost == 0, || {
-        format!("{} of {} rejected messages came back within 20 s", redelivered.arrived, attempts.len())
+    report.check(redelivered.acknowledged == count && redelivered.lost == 0, || {
+        format!("{} of {} rejected messages came back within 20 s", redelivered.arrived, count)
     });
     report.check(redelivered.early == 0, || format!("{} redelivered before the interval", redelivered.early));
     let mut tally = canaries.finish(GRACE).await.tally();

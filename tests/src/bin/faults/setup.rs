@@ -12,7 +12,6 @@ use crate::canary::{self, Route};
 pub struct Setup {
     pub amqp_url: String,
     pub config: PathBuf,
-    pub prefix: String,
     pub ingress: String,
     pub invalid: String,
     pub destination: String,
@@ -34,7 +33,7 @@ impl Setup {
         let config = dir.join("hourglass.toml");
         std::fs::write(&config, text)?;
         canary::declare_destination(amqp_url, &destination).await?;
-        Ok(Setup { amqp_url: amqp_url.into(), config, prefix, ingress, invalid, destination })
+        Ok(Setup { amqp_url: amqp_url.into(), config, ingress, invalid, destination })
     }
 
     /// Canaries through HTTP at `base` and through the ingress.
