@@ -119,11 +119,13 @@ pub async fn idle_connections() -> Vec<Report> {
     };
     let address: SocketAddr = format!("127.0.0.1:{}", bench.host.port()).parse().unwrap();
     let idle = tokio::task::spawn_blocking(move || {
-        (0..2000).filter_map(|_| TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()).collect::<Vec<_>>()
+        // A host that stops accepting leaves connects hanging: stop at the first that does not connect.
+        (0..2000).map_while(|_| TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()).collect::<Vec<_>>()
     })
     .await
     .unwrap_or_default();
     eprintln!("   {} idle connections open", idle.len());
+    report.check(idle.len() == 2000, || format!("only {} of 2,000 connections were accepted", idle.len()));
     let canaries = Canaries::start(&unique("c"), bench.setup.route(&bench.base));
     tokio::time::sleep(Duration::from_secs(8)).await;
     let ready = bench.post(json!({ "destination": bench.setup.destination, "delay": 1000, "body": "probe" })).await.0;

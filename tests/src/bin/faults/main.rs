@@ -101,6 +101,7 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let mut reports = Vec::new();
     let started = Instant::now();
+    print_header();
     for (name, run) in cases() {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
@@ -113,10 +114,10 @@ fn main() {
             }
             let failures = report.failures();
             eprintln!("   {} {}: {}", if failures.is_empty() { "PASS" } else { "FAIL" }, report.name, failures.join("; "));
+            print_row(&report);
             reports.push(report);
         }
     }
-    print_table(&reports);
     println!("\n{} cases in {:.0} s; canaries early if they arrive more than {} ms before due.", reports.len(), started.elapsed().as_secs_f64(), ledger::EARLY_WINDOW_MS);
     runtime.shutdown_background();
     if reports.iter().any(|r| !r.failures().is_empty()) {
@@ -124,35 +125,37 @@ fn main() {
     }
 }
 
-fn print_table(reports: &[Report]) {
+fn print_header() {
     println!("| case | sent | acknowledged | arrived | duplicated | early | lost | max late (s) | result | notes |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
-    for r in reports {
-        let t = &r.tally;
-        let failures = r.failures();
-        let result = if failures.is_empty() { "pass" } else { "**FAIL**" };
-        let notes = if failures.is_empty() {
-            let mut allowed = Vec::new();
-            if r.duplicates_allowed {
-                allowed.push("duplicates allowed");
-            }
-            if r.refusals_allowed {
-                allowed.push("refusals allowed while down");
-            }
-            allowed.join(", ")
-        } else {
-            failures.join("; ").replace('|', "\\|")
-        };
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {result} | {notes} |",
-            r.name,
-            t.sent,
-            t.acknowledged,
-            t.arrived,
-            t.duplicated,
-            t.early,
-            t.lost,
-            t.max_late_ms as f64 / 1000.0
-        );
-    }
+}
+
+/// One row, printed as soon as its case ends so a run cut short still shows what it did.
+fn print_row(r: &Report) {
+    let t = &r.tally;
+    let failures = r.failures();
+    let result = if failures.is_empty() { "pass" } else { "**FAIL**" };
+    let notes = if failures.is_empty() {
+        let mut allowed = Vec::new();
+        if r.duplicates_allowed {
+            allowed.push("duplicates allowed");
+        }
+        if r.refusals_allowed {
+            allowed.push("refusals allowed while down");
+        }
+        allowed.join(", ")
+    } else {
+        failures.join("; ").replace('|', "\\|")
+    };
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {result} | {notes} |",
+        r.name,
+        t.sent,
+        t.acknowledged,
+        t.arrived,
+        t.duplicated,
+        t.early,
+        t.lost,
+        t.max_late_ms as f64 / 1000.0
+    );
 }
