@@ -37,6 +37,8 @@ impl Planner for Misbehaving {
                     std::hint::black_box(&hoard);
                 }
             }
+            // A plan that publishes nothing: the host must not acknowledge it.
+            "nothing" => Ok(Plan { commands: vec![], delivers_after_ms: 0 }),
             "wasi" => {
                 // Planners have no capabilities: this import traps.
                 let _ = std::env::var("HOME");

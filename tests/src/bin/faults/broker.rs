@@ -1,0 +1,69 @@
+//! The broker goes away under load: `kill -9` of its Erlang VM, or a clean
+//! stop, then a start on the same data. Always a private node: the shared
+//! broker is never touched. The strategy is left at its defaults.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hourglass_e2e::private_node::PrivateNode;
+
+use crate::Report;
+use crate::canary::Canaries;
+use crate::host::Host;
+use crate::setup::Setup;
+
+/// Load before the fault, and after the broker is back.
+const LOAD: Duration = Duration::from_secs(5);
+/// How long after the last due time a canary may still arrive (reconnects back off up to 5 s).
+const GRACE: Duration = Duration::from_secs(40);
+
+pub async fn kill9() -> Vec<Report> {
+    vec![run("broker kill -9 under load (default config)", Fault::Kill).await]
+}
+
+pub async fn stop_start() -> Vec<Report> {
+    vec![run("broker stop / start under load", Fault::Stop).await]
+}
+
+enum Fault {
+    Kill,
+    Stop,
+}
+
+async fn run(name: &str, fault: Fault) -> Report {
+    let mut report = Report::new(name);
+    report.refusals_allowed = true;
+    // At-least-once dead-lettering may repeat a message the broker had not yet settled.
+    report.duplicates_allowed = true;
+    if let Err(err) = run_fault(&mut report, fault).await {
+        report.problems.push(format!("case did not run: {err:#}"));
+    }
+    report
+}
+
+async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
+    let node = Arc::new(tokio::task::spawn_blocking(PrivateNode::start).await??);
+    let setup = Setup::new("broker", &node.url(), "").await?;
+    let host = Host::start(&setup.config)?;
+    let base = Arc::new(Mutex::new(host.base.clone()));
+    let canaries = Canaries::start("broker", setup.route(&base));
+    tokio::time::sleep(LOAD).await;
+    let down = node.clone();
+    tokio::task::spawn_blocking(move || match fault {
+        Fault::Kill => down.kill9(),
+        Fault::Stop => down.stop(),
+    })
+    .await??;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let up = node.clone();
+    tokio::task::spawn_blocking(move || up.boot()).await??;
+    tokio::time::sleep(LOAD).await;
+    let ledger = canaries.finish(GRACE).await;
+    report.tally = ledger.tally();
+    if report.tally.lost > 0 {
+        eprintln!("   host log tail:\n{}", host.log_tail(10));
+    }
+    drop(host);
+    tokio::task::spawn_blocking(move || drop(node)).await?;
+    Ok(())
+}

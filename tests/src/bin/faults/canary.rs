@@ -1,0 +1,195 @@
+//! Canaries: valid messages from other clients, sent all through a case, and
+//! the consumer that sees them arrive. Two HTTP clients and one ingress
+//! publisher send one message each every [`INTERVAL`], with delays of 1, 2 or
+//! 3 s and the canary's id as the body; a consumer on the destination records
+//! each arrival in the [`Ledger`]. Every client reconnects by itself, so a
+//! broker or host that goes away and comes back is just a gap.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use hourglass::clock::unix_now_ms;
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::ledger::Ledger;
+
+/// Time between two messages of one client.
+pub const INTERVAL: Duration = Duration::from_millis(150);
+const RETRY: Duration = Duration::from_millis(300);
+
+/// Where canaries go in, and where they come out.
+#[derive(Clone)]
+pub struct Route {
+    /// The AMQP URL of the broker (vhost included) the destination and ingress queue live on.
+    pub amqp_url: String,
+    /// The service's HTTP base; swapped when the host is restarted.
+    pub http: Option<Arc<Mutex<String>>>,
+    /// The ingress queue, when ingress canaries run.
+    pub ingress: Option<String>,
+    pub destination: String,
+}
+
+pub struct Canaries {
+    pub ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+    senders: Vec<JoinHandle<()>>,
+    consumer: JoinHandle<()>,
+}
+
+/// Declares the destination (durable) so the host finds it at start.
+pub async fn declare_destination(amqp_url: &str, queue: &str) -> anyhow::Result<()> {
+    let connection = Connection::connect(amqp_url, ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(queue.into(), durable, FieldTable::default()).await?;
+    connection.close(200, "done".into()).await.ok();
+    Ok(())
+}
+
+impl Canaries {
+    /// Starts the consumer and the senders; `tag` prefixes every id.
+    pub fn start(tag: &str, route: Route) -> Canaries {
+        let ledger = Arc::new(Ledger::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let consumer = tokio::spawn(consume(route.amqp_url.clone(), route.destination.clone(), ledger.clone()));
+        let mut senders = Vec::new();
+        if let Some(http) = &route.http {
+            for client in 0..2 {
+                let id = format!("{tag}-h{client}");
+                senders.push(tokio::spawn(send_http(id, http.clone(), route.destination.clone(), ledger.clone(), stop.clone())));
+            }
+        }
+        if let Some(queue) = &route.ingress {
+            let id = format!("{tag}-i");
+            senders.push(tokio::spawn(send_ingress(id, route.clone(), queue.clone(), ledger.clone(), stop.clone())));
+        }
+        Canaries { ledger, stop, senders, consumer }
+    }
+
+    /// Stops sending, then waits until every acknowledged canary arrived or
+    /// `grace` passed after the last one was due.
+    pub async fn finish(self, grace: Duration) -> Arc<Ledger> {
+        self.stop.store(true, Ordering::SeqCst);
+        for sender in self.senders {
+            let _ = sender.await;
+        }
+        let deadline_ms = self.ledger.last_due_ms() + grace.as_millis() as u64;
+        while !self.ledger.complete() && unix_now_ms() < deadline_ms {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A moment more, so a duplicate right behind its first copy is counted.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.consumer.abort();
+        self.ledger
+    }
+}
+
+fn delay_of(n: u64) -> u64 {
+    1000 * (1 + n % 3)
+}
+
+async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(15)))
+        .build()
+        .into();
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let id = format!("{tag}-{n}");
+        let delay = delay_of(n);
+        n += 1;
+        let url = format!("{}/v1/messages", base.lock().unwrap());
+        ledger.sent(&id, unix_now_ms() + delay);
+        let body = json!({ "destination": destination, "delay": delay, "body": id });
+        let agent = agent.clone();
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut response = agent.post(&url).send_json(body).ok()?;
+            let status = response.status().as_u16();
+            let json: Value = response.body_mut().read_json().unwrap_or(Value::Null);
+            Some((status, json))
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some((status, json)) = answer
+            && (200..300).contains(&status)
+        {
+            ledger.acknowledged(&id, json.get("due_at").and_then(Value::as_u64));
+        }
+        tokio::time::sleep(INTERVAL).await;
+    }
+}
+
+async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
+    let mut n = 0;
+    'connect: while !stop.load(Ordering::SeqCst) {
+        let Ok(connection) = Connection::connect(&route.amqp_url, ConnectionProperties::default()).await else {
+            tokio::time::sleep(RETRY).await;
+            continue;
+        };
+        let Ok(channel) = connection.create_channel().await else { continue };
+        if channel.confirm_select(ConfirmSelectOptions::default()).await.is_err() {
+            continue;
+        }
+        while !stop.load(Ordering::SeqCst) {
+            let id = format!("{tag}-{n}");
+            let delay = delay_of(n);
+            n += 1;
+            let mut headers = FieldTable::default();
+            headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(route.destination.as_str())));
+            headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay}ms"))));
+            let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+            ledger.sent(&id, unix_now_ms() + delay);
+            // Mandatory: a publish the broker cannot route is not acknowledged.
+            let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+            let confirmed = match channel.basic_publish("".into(), queue.as_str().into(), options, id.as_bytes(), properties).await {
+                Ok(confirm) => tokio::time::timeout(Duration::from_secs(15), confirm).await,
+                Err(_) => {
+                    tokio::time::sleep(RETRY).await;
+                    continue 'connect;
+                }
+            };
+            match confirmed {
+                Ok(Ok(confirmation)) => {
+                    if confirmation.is_ack() && confirmation.take_message().is_none() {
+                        ledger.acknowledged(&id, None);
+                    }
+                }
+                _ => {
+                    tokio::time::sleep(RETRY).await;
+                    continue 'connect;
+                }
+            }
+            tokio::time::sleep(INTERVAL).await;
+        }
+        connection.close(200, "done".into()).await.ok();
+    }
+}
+
+/// Consumes the destination with auto-ack, reconnecting forever, and records every arrival.
+async fn consume(amqp_url: String, queue: String, ledger: Arc<Ledger>) {
+    loop {
+        let started = Instant::now();
+        if let Ok(connection) = Connection::connect(&amqp_url, ConnectionProperties::default()).await
+            && let Ok(channel) = connection.create_channel().await
+        {
+            let options = BasicConsumeOptions { no_ack: true, ..Default::default() };
+            if let Ok(mut consumer) = channel.basic_consume(queue.as_str().into(), "faults-canary".into(), options, FieldTable::default()).await {
+                while let Some(Ok(delivery)) = consumer.next().await {
+                    ledger.arrived(&String::from_utf8_lossy(&delivery.data));
+                }
+            }
+        }
+        if started.elapsed() < RETRY {
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}

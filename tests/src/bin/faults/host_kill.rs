@@ -1,0 +1,48 @@
+//! `kill -9` of the host under HTTP and ingress load, then a new host on the
+//! same config. Requests in flight at the kill get no answer (not
+//! acknowledged); ingress messages not yet acked go back to the broker and are
+//! forwarded by the next host, so a message forwarded but not acked before the
+//! kill arrives twice (at-least-once). Nothing acknowledged may be lost.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hourglass_e2e::vhost::PrivateVhost;
+
+use crate::Report;
+use crate::canary::Canaries;
+use crate::host::Host;
+use crate::setup::Setup;
+
+const LOAD: Duration = Duration::from_secs(5);
+const GRACE: Duration = Duration::from_secs(20);
+
+pub async fn kill9() -> Vec<Report> {
+    let mut report = Report::new("host kill -9 under HTTP and ingress load");
+    report.refusals_allowed = true;
+    report.duplicates_allowed = true;
+    if let Err(err) = run(&mut report).await {
+        report.problems.push(format!("case did not run: {err:#}"));
+    }
+    vec![report]
+}
+
+async fn run(report: &mut Report) -> anyhow::Result<()> {
+    let vhost = tokio::task::spawn_blocking(|| PrivateVhost::create("faults-host")).await?;
+    let setup = Setup::new("hostkill", &vhost.url, "").await?;
+    let mut first = Host::start(&setup.config)?;
+    let base = Arc::new(Mutex::new(first.base.clone()));
+    let canaries = Canaries::start("hostkill", setup.route(&base));
+    tokio::time::sleep(LOAD).await;
+    first.kill9();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let config = setup.config.clone();
+    let second = tokio::task::spawn_blocking(move || Host::start(&config)).await??;
+    *base.lock().unwrap() = second.base.clone();
+    tokio::time::sleep(LOAD).await;
+    let ledger = canaries.finish(GRACE).await;
+    report.tally = ledger.tally();
+    drop(second);
+    tokio::task::spawn_blocking(move || drop(vhost)).await?;
+    Ok(())
+}

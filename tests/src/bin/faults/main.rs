@@ -1,0 +1,161 @@
+//! The fault suite: every case runs canary traffic (valid messages from other
+//! clients, through HTTP and the AMQP ingress) through one fault or bad input,
+//! then checks that every acknowledged canary arrived, once unless the case
+//! allows duplicates, and never before its due time; and that the bad input
+//! got its documented answer. Prints a Markdown table (RELIABILITY.md quotes
+//! it) and exits 1 when any case fails.
+//!
+//! `faults [FILTER…]` runs the cases whose name contains one of the filters.
+//! Cases that kill or stop a broker use a private node (`private_node.rs`);
+//! the others a private vhost on the shared broker (`HOURGLASS_TEST_AMQP_URL`).
+
+mod broker;
+mod canary;
+mod host;
+mod host_kill;
+mod inputs;
+mod ledger;
+mod load;
+mod poison;
+mod setup;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Instant;
+
+use ledger::Tally;
+
+/// One case's result: the canaries' tally and what else went wrong.
+pub struct Report {
+    pub name: String,
+    pub tally: Tally,
+    /// At-least-once cases (a host killed mid-forward) may deliver a canary twice.
+    pub duplicates_allowed: bool,
+    /// Fault cases: a canary sent while the broker or host is down may be refused.
+    pub refusals_allowed: bool,
+    /// Bad inputs that got the wrong answer, and other failed checks.
+    pub problems: Vec<String>,
+    pub seconds: f64,
+}
+
+impl Report {
+    pub fn new(name: &str) -> Report {
+        Report { name: name.into(), tally: Tally::default(), duplicates_allowed: false, refusals_allowed: false, problems: vec![], seconds: 0.0 }
+    }
+
+    /// Records a failed check unless `ok`.
+    pub fn check(&mut self, ok: bool, problem: impl FnOnce() -> String) {
+        if !ok {
+            self.problems.push(problem());
+        }
+    }
+
+    pub fn failures(&self) -> Vec<String> {
+        let t = &self.tally;
+        let mut out = Vec::new();
+        if t.lost > 0 {
+            out.push(format!("{} acknowledged canaries lost", t.lost));
+        }
+        if t.early > 0 {
+            out.push(format!("{} canaries early", t.early));
+        }
+        if t.duplicated > 0 && !self.duplicates_allowed {
+            out.push(format!("{} canaries duplicated", t.duplicated));
+        }
+        if t.refused > 0 && !self.refusals_allowed {
+            out.push(format!("{} canaries refused (not 2xx / not confirmed)", t.refused));
+        }
+        if t.acknowledged == 0 {
+            out.push("no canary was acknowledged".into());
+        }
+        out.extend(self.problems.iter().cloned());
+        out
+    }
+}
+
+type CaseFuture = Pin<Box<dyn Future<Output = Vec<Report>>>>;
+
+/// Every case, in the order they run: (name, run).
+fn cases() -> Vec<(&'static str, fn() -> CaseFuture)> {
+    vec![
+        ("broker-kill9", || Box::pin(broker::kill9())),
+        ("broker-stop-start", || Box::pin(broker::stop_start())),
+        ("host-kill9", || Box::pin(host_kill::kill9())),
+        ("inputs", || Box::pin(inputs::matrix())),
+        ("failing-10000", || Box::pin(load::failing_in_a_row())),
+        ("poison", || Box::pin(poison::at_the_head())),
+        ("idle-2000", || Box::pin(load::idle_connections())),
+    ]
+}
+
+/// A scratch directory for one case's config.
+pub fn scratch(stem: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(hourglass_e2e::unique(stem));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut reports = Vec::new();
+    let started = Instant::now();
+    print_header();
+    for (name, run) in cases() {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        eprintln!("== {name}");
+        let case_started = Instant::now();
+        for mut report in runtime.block_on(run()) {
+            if report.seconds == 0.0 {
+                report.seconds = case_started.elapsed().as_secs_f64();
+            }
+            let failures = report.failures();
+            eprintln!("   {} {}: {}", if failures.is_empty() { "PASS" } else { "FAIL" }, report.name, failures.join("; "));
+            print_row(&report);
+            reports.push(report);
+        }
+    }
+    println!("\n{} cases in {:.0} s; canaries early if they arrive more than {} ms before due.", reports.len(), started.elapsed().as_secs_f64(), ledger::EARLY_WINDOW_MS);
+    runtime.shutdown_background();
+    if reports.iter().any(|r| !r.failures().is_empty()) {
+        std::process::exit(1);
+    }
+}
+
+fn print_header() {
+    println!("| case | sent | acknowledged | arrived | duplicated | early | lost | max late (s) | result | notes |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
+}
+
+/// One row, printed as soon as its case ends so a run cut short still shows what it did.
+fn print_row(r: &Report) {
+    let t = &r.tally;
+    let failures = r.failures();
+    let result = if failures.is_empty() { "pass" } else { "**FAIL**" };
+    let notes = if failures.is_empty() {
+        let mut allowed = Vec::new();
+        if r.duplicates_allowed {
+            allowed.push("duplicates allowed");
+        }
+        if r.refusals_allowed {
+            allowed.push("refusals allowed while down");
+        }
+        allowed.join(", ")
+    } else {
+        failures.join("; ").replace('|', "\\|")
+    };
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {result} | {notes} |",
+        r.name,
+        t.sent,
+        t.acknowledged,
+        t.arrived,
+        t.duplicated,
+        t.early,
+        t.lost,
+        t.max_late_ms as f64 / 1000.0
+    );
+}

@@ -1,0 +1,43 @@
+//! A case's service: a config on a given broker URL with a `binary-levels`
+//! strategy `main` left at its defaults (the "default config"), an ingress
+//! queue and a canary destination, all with random names.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use hourglass_e2e::unique;
+
+use crate::canary::{self, Route};
+
+pub struct Setup {
+    pub amqp_url: String,
+    pub config: PathBuf,
+    pub ingress: String,
+    pub invalid: String,
+    pub destination: String,
+}
+
+impl Setup {
+    /// Writes the config (with `more` TOML appended) and declares the destination.
+    pub async fn new(stem: &str, amqp_url: &str, more: &str) -> anyhow::Result<Setup> {
+        let dir = crate::scratch(stem);
+        let prefix = unique(stem);
+        let ingress = unique(&format!("{stem}-in"));
+        let invalid = format!("{ingress}.invalid");
+        let destination = unique(&format!("{stem}-dest"));
+        let text = format!(
+            "default_strategy = \"main\"\n\n[broker]\nkind = \"rabbitmq\"\nurl = \"{amqp_url}\"\n\n\
+             [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{invalid}\"\nprefetch = 16\n\n\
+             [strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n\n{more}\n"
+        );
+        let config = dir.join("hourglass.toml");
+        std::fs::write(&config, text)?;
+        canary::declare_destination(amqp_url, &destination).await?;
+        Ok(Setup { amqp_url: amqp_url.into(), config, ingress, invalid, destination })
+    }
+
+    /// Canaries through HTTP at `base` and through the ingress.
+    pub fn route(&self, base: &Arc<Mutex<String>>) -> Route {
+        Route { amqp_url: self.amqp_url.clone(), http: Some(base.clone()), ingress: Some(self.ingress.clone()), destination: self.destination.clone() }
+    }
+}

@@ -1,0 +1,149 @@
+//! A RabbitMQ node of the test's own, for faults that take the broker down:
+//! its own node name, AMQP and distribution ports, data and log directories
+//! and an empty plugin list, run as user `rabbitmq` (so it shares the shared
+//! node's Erlang cookie and `rabbitmqctl` reaches it). The shared node on 5672
+//! is never touched. Dropping it stops the node and removes its directory.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// How long a node may take to open its AMQP port (it takes 4–10 s here).
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{command} failed: {output}")]
+    Command { command: String, output: String },
+    #[error("node {node} did not open 127.0.0.1:{port} within {timeout:?}; log tail:\n{log}")]
+    NotUp { node: String, port: u16, timeout: Duration, log: String },
+}
+
+pub struct PrivateNode {
+    /// `hg-fault-<random>@localhost`.
+    pub name: String,
+    pub amqp_port: u16,
+    dist_port: u16,
+    dir: PathBuf,
+}
+
+impl PrivateNode {
+    /// Creates the node's directories and starts it; returns once its AMQP port accepts connections.
+    pub fn start() -> Result<PrivateNode, NodeError> {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let dir = std::env::temp_dir().join(format!("hg-fault-{suffix}"));
+        for sub in ["mnesia", "log"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let (amqp_port, dist_port) = (free_port()?, free_port()?);
+        // The node's own config: the shared /etc/rabbitmq/rabbitmq.conf names port 5672.
+        std::fs::write(dir.join("rabbitmq.conf"), format!("listeners.tcp.local = 127.0.0.1:{amqp_port}\nloopback_users = none\n"))?;
+        std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
+        run("chown", &["-R", "rabbitmq:rabbitmq", &dir.display().to_string()])?;
+        let node = PrivateNode { name: format!("hg-fault-{suffix}@localhost"), amqp_port, dist_port, dir };
+        node.boot()?;
+        Ok(node)
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
+    }
+
+    /// Starts the node again on the same data (after [`kill9`](Self::kill9) or [`stop`](Self::stop)).
+    pub fn boot(&self) -> Result<(), NodeError> {
+        let dir = self.dir.display().to_string();
+        let env = [
+            format!("RABBITMQ_NODENAME={}", self.name),
+            format!("RABBITMQ_NODE_PORT={}", self.amqp_port),
+            format!("RABBITMQ_DIST_PORT={}", self.dist_port),
+            format!("RABBITMQ_MNESIA_BASE={dir}/mnesia"),
+            format!("RABBITMQ_LOG_BASE={dir}/log"),
+            format!("RABBITMQ_ENABLED_PLUGINS_FILE={dir}/enabled_plugins"),
+            format!("RABBITMQ_CONFIG_FILE={dir}/rabbitmq.conf"),
+            "HOME=/var/lib/rabbitmq".to_string(),
+        ];
+        let mut args = vec!["-u", "rabbitmq", "--", "env"];
+        args.extend(env.iter().map(String::as_str));
+        args.extend(["rabbitmq-server", "-detached"]);
+        run_in("runuser", &args, &self.dir)?;
+        let end = Instant::now() + START_TIMEOUT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.amqp_port)).is_err() {
+            if Instant::now() > end {
+                return Err(NodeError::NotUp { node: self.name.clone(), port: self.amqp_port, timeout: START_TIMEOUT, log: self.log_tail() });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// The operating-system pid of the node's Erlang VM.
+    pub fn pid(&self) -> Result<u32, NodeError> {
+        let text = self.ctl(&["eval", "os:getpid()."])?;
+        text.trim().trim_matches('"').parse().map_err(|_| NodeError::Command { command: "os:getpid()".into(), output: text })
+    }
+
+    /// `kill -9` of the Erlang VM: no flush, no goodbye to clients.
+    pub fn kill9(&self) -> Result<(), NodeError> {
+        let pid = self.pid()?;
+        run("kill", &["-9", &pid.to_string()])?;
+        // Wait until the port is closed so a following boot starts a new VM.
+        let end = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.amqp_port)).is_ok() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// A clean stop of the whole node (`rabbitmqctl stop`).
+    pub fn stop(&self) -> Result<(), NodeError> {
+        self.ctl(&["stop"]).map(drop)
+    }
+
+    /// Runs `rabbitmqctl -n <node> ARGS` as user rabbitmq; its stdout.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, NodeError> {
+        let mut all = vec!["-u", "rabbitmq", "--", "rabbitmqctl", "-q", "-n", self.name.as_str()];
+        all.extend(args);
+        let output = run("runuser", &all)?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.dir.join("log").join(format!("{}.log", self.name));
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for PrivateNode {
+    fn drop(&mut self) {
+        if self.stop().is_err()
+            && let Ok(pid) = self.pid()
+        {
+            let _ = run("kill", &["-9", &pid.to_string()]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn run(program: &str, args: &[&str]) -> Result<Output, NodeError> {
+    run_in(program, args, Path::new("/"))
+}
+
+fn run_in(program: &str, args: &[&str], dir: &Path) -> Result<Output, NodeError> {
+    let output = Command::new(program).args(args).current_dir(dir).output()?;
+    if output.status.success() {
+        Ok(output)
+    } else {
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        Err(NodeError::Command { command: format!("{program} {}", args.join(" ")), output: text })
+    }
+}
