@@ -11,6 +11,7 @@ use hourglass::broker::{Broker, Envelope, Executor, ExecutorError};
 use hourglass::command::{Command, ExchangeKind, FieldTable};
 use hourglass::message::{HeaderValue, Properties};
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
+use hourglass_e2e::private_node::PrivateNode;
 use hourglass_e2e::*;
 use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable as AmqpTable;
@@ -290,74 +291,13 @@ async fn after_a_reconnect_the_topology_is_declared_again() {
     destination.delete().await;
 }
 
-/// A RabbitMQ node of this test's own (its own name, ports and directories),
-/// for faults that must not touch the shared broker; stopped when dropped.
-struct PrivateNode {
-    name: String,
-    dir: std::path::PathBuf,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl PrivateNode {
-    async fn start() -> PrivateNode {
-        let stem = unique("node");
-        let name = format!("{stem}@localhost");
-        let dir = std::env::temp_dir().join(&stem);
-        for sub in ["mnesia", "log"] {
-            std::fs::create_dir_all(dir.join(sub)).unwrap();
-        }
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        let chown = std::process::Command::new("chown").args(["-R", "rabbitmq:rabbitmq"]).arg(&dir).status().unwrap();
-        assert!(chown.success(), "chown {}", dir.display());
-        let (port, dist_port) = (free_port(), free_port());
-        let node = PrivateNode { name, dir, port };
-        let status = std::process::Command::new("rabbitmq-server")
-            .arg("-detached")
-            .env("RABBITMQ_NODENAME", &node.name)
-            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
-            .env("RABBITMQ_MNESIA_BASE", node.dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", node.dir.join("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", node.dir.join("enabled_plugins"))
-            .env("RABBITMQ_CONFIG_FILE", node.dir.join("none"))
-            .status()
-            .expect("rabbitmq-server (the Debian package) starts a private node");
-        assert!(status.success(), "rabbitmq-server -detached for {}", node.name);
-        until(&format!("private node {} accepting AMQP", node.name), Duration::from_secs(90), async || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && node.ctl(&["-q", "await_startup"])
-        })
-        .await;
-        node
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
-    }
-
-    fn ctl(&self, args: &[&str]) -> bool {
-        std::process::Command::new("rabbitmqctl").arg("-n").arg(&self.name).args(args).output().is_ok_and(|o| o.status.success())
-    }
-}
-
-impl Drop for PrivateNode {
-    fn drop(&mut self) {
-        self.ctl(&["stop"]);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A memory alarm makes the broker stop reading from publishing connections
 /// (`connection.blocked`). Before the fix a publish then hung with no error
 /// and the executor called itself ready; now it is not ready, a publish is
 /// refused at once as unavailable, and all flows again once the alarm lifts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
-    let node = PrivateNode::start().await;
+    let node = tokio::task::spawn_blocking(PrivateNode::start).await.unwrap().expect("a private RabbitMQ node starts");
     let executor = std::sync::Arc::new(RabbitMqExecutor::connect(&node.url()).await.unwrap());
     let queue = unique("blocked");
     let declare = Command::DeclareQueue { name: queue.clone(), durable: false, arguments: FieldTable::new() };
@@ -365,7 +305,7 @@ async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
     executor.send(&[publish_to("", &queue)], &envelope("before", vec![])).await.expect("before the alarm");
     assert!(executor.is_ready().await);
 
-    assert!(node.ctl(&["set_vm_memory_high_watermark", "0.000001"]), "raise a memory alarm");
+    node.ctl(&["set_vm_memory_high_watermark", "0.000001"]).expect("raise a memory alarm");
     // RabbitMQ blocks a connection when it next publishes: this publish waits until the alarm lifts.
     let during = tokio::spawn({
         let (executor, queue) = (executor.clone(), queue.clone());
@@ -378,7 +318,7 @@ async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
     assert!(matches!(err, ExecutorError::Unavailable(_)) && err.to_string().contains("blocked"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after a hang: {:?}", started.elapsed());
 
-    assert!(node.ctl(&["set_vm_memory_high_watermark", "0.4"]), "lift the alarm");
+    node.ctl(&["set_vm_memory_high_watermark", "0.4"]).expect("lift the alarm");
     until("ready again", Duration::from_secs(20), async || executor.is_ready().await).await;
     during.await.unwrap().expect("the publish sent as the alarm rose is confirmed once it lifts");
     executor.send(&[publish_to("", &queue)], &envelope("after", vec![])).await.expect("after the alarm");

@@ -1,37 +1,21 @@
 //! Broker loss under `serve`, with HTTP requests and ingress messages flowing:
 //! readiness goes false and requests get 503 while RabbitMQ is stopped; the
 //! host reconnects by itself when it is back; every message that got a 202 and
-//! every ingress message arrives. This test stops and starts the
-//! broker's application, so it lives in its own test binary (cargo runs test
-//! binaries one after another).
+//! every ingress message arrives. The broker it stops and starts is a private
+//! node of its own (tests/src/private_node.rs), never the shared one.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
+use hourglass_e2e::private_node::PrivateNode;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde_json::json;
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl").args(args).status().expect("rabbitmqctl");
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
-}
-
-/// Starts the broker's application again however the test ends.
-struct RestartOnDrop;
-
-impl Drop for RestartOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").status();
-        let _ = Command::new("rabbitmqctl").args(["await_startup", "--timeout", "60"]).status();
-    }
-}
 
 async fn http(method: &'static str, url: String, body: Option<serde_json::Value>) -> u16 {
     tokio::task::spawn_blocking(move || {
@@ -49,13 +33,16 @@ async fn http(method: &'static str, url: String, body: Option<serde_json::Value>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_accepted() {
-    let connection = connect().await;
+    let node = tokio::task::spawn_blocking(PrivateNode::start).await.unwrap().expect("a private RabbitMQ node starts");
+    let connection = connect_to(&node.url()).await;
     let prefix = unique("recovery");
     let ingress = unique("recovery-in");
-    let config = config_with(
+    let text = config_text_on(
+        &node.url(),
         &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
         &format!("[service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\nprefetch = 8"),
     );
+    let config = hourglass::config::Config::parse(std::path::Path::new("recovery.toml"), text).expect("test config");
     // Durable, so it and its messages survive the restart.
     let destination = unique("recovery-dest");
     let channel = connection.create_channel().await.unwrap();
@@ -96,15 +83,12 @@ async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_a
     };
     until("load before the restart", Duration::from_secs(10), async || accepted.lock().unwrap().len() >= 20).await;
 
-    let restart = RestartOnDrop;
-    rabbitmqctl(&["stop_app"]);
+    node.stop().expect("stop the private node");
     until("readiness going false", Duration::from_secs(10), async || http("GET", format!("{base}/readyz"), None).await == 503).await;
     let accepted_while_down = accepted.lock().unwrap().len();
-    rabbitmqctl(&["start_app"]);
-    rabbitmqctl(&["await_startup", "--timeout", "60"]);
-    drop(restart);
+    node.boot().expect("start the private node again on its data");
     until("readiness coming back", Duration::from_secs(30), async || http("GET", format!("{base}/readyz"), None).await == 200).await;
-    let after = connect().await;
+    let after = connect_to(&node.url()).await;
     ingress_bodies.extend(publish_ingress(&after, &ingress, &destination, "ingress-after", 40).await);
     until("load after the restart", Duration::from_secs(20), async || accepted.lock().unwrap().len() >= accepted_while_down + 20).await;
     stop_load.send(true).unwrap();
@@ -126,10 +110,8 @@ async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_a
     assert!(unexpected.is_empty(), "{unexpected:?}");
 
     served.stop().await;
-    delete_declared(&after, &topology_of(&config)).await;
-    for queue in [destination.clone(), ingress.clone(), format!("{ingress}.invalid")] {
-        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
+    // Dropping the node stops it and removes its data: nothing to delete one by one.
+    drop(node);
 }
 
 /// Persistent ingress messages to `destination`, delayed 2 s; returns their bodies.
