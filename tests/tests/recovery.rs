@@ -17,7 +17,8 @@ use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde_json::json;
 
-async fn http(method: &'static str, url: String, body: Option<serde_json::Value>) -> u16 {
+/// The status, and the `Retry-After` header when there is one.
+async fn http_answer(method: &'static str, url: String, body: Option<serde_json::Value>) -> (u16, Option<String>) {
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
         let response = match body {
@@ -25,10 +26,16 @@ async fn http(method: &'static str, url: String, body: Option<serde_json::Value>
             None if method == "GET" => agent.get(&url).call(),
             None => unreachable!(),
         };
-        response.map(|r| r.status().as_u16()).unwrap_or(0)
+        response
+            .map(|r| (r.status().as_u16(), r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string)))
+            .unwrap_or((0, None))
     })
     .await
     .unwrap()
+}
+
+async fn http(method: &'static str, url: String, body: Option<serde_json::Value>) -> u16 {
+    http_answer(method, url, body).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,7 +76,10 @@ async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_a
                     return refused;
                 }
                 let body = format!("http-{i}");
-                let status = http("POST", format!("{base}/v1/messages"), Some(json!({ "destination": destination, "delay": "2s", "body": body }))).await;
+                let (status, retry_after) = http_answer("POST", format!("{base}/v1/messages"), Some(json!({ "destination": destination, "delay": "2s", "body": body }))).await;
+                if status == 503 {
+                    assert!(retry_after.is_some_and(|s| s.parse::<u64>().is_ok()), "a 503 says when to retry (Retry-After)");
+                }
                 match status {
                     202 => {
                         accepted.lock().unwrap().insert(body);

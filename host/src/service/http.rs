@@ -39,9 +39,17 @@ impl ApiError {
     }
 }
 
+/// Seconds a client should wait before retrying a 503: the broker is
+/// unreachable, blocked (memory or disk alarm) or reconnecting.
+const RETRY_AFTER_SECONDS: &str = "5";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({ "error": self.message, "field": self.field }))).into_response()
+        let body = axum::Json(json!({ "error": self.message, "field": self.field }));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            return (self.status, [(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECONDS)], body).into_response();
+        }
+        (self.status, body).into_response()
     }
 }
 
