@@ -1,15 +1,20 @@
 //! The AMQP ingress on a real RabbitMQ: valid messages are forwarded and
 //! delayed with their body, properties and headers intact; invalid ones land
-//! in the invalid-messages queue with the reason; the counts add up.
+//! in the invalid-messages queue with the reason; the counts add up. A poison
+//! message (one the consumer cannot handle, or that makes it panic) is set
+//! aside and never blocks the messages behind it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::broker::rabbitmq::consume::{Consumer, Handler, MAX_PANICS, long_string};
+use hourglass::command::Command;
+use hourglass::message::{Outcome, Settled};
 use hourglass::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
 
@@ -107,6 +112,213 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     served.stop().await;
     for queue in [&ingress_queue, &invalid_queue] {
         reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// Declares `queue` as hourglass does (durable, no arguments) and publishes into it before any consumer runs.
+async fn fill(channel: &Channel, queue: &str, messages: Vec<(&str, Vec<(&str, AMQPValue)>, BasicProperties)>) {
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(queue.into(), durable, FieldTable::default()).await.unwrap();
+    for (body, headers, properties) in messages {
+        publish(channel, queue, body, headers, properties).await;
+    }
+}
+
+fn valid(dest: &str) -> Vec<(&'static str, AMQPValue)> {
+    vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("1s"))]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_at_the_head_of_the_ingress_queue_is_set_aside_and_the_valid_ones_behind_it_arrive() {
+    let connection = connect().await;
+    let ingress_queue = unique("poison-in");
+    let invalid_queue = unique("poison-invalid");
+    // Prefetch 1: nothing behind the head moves until the head is dealt with.
+    let config = config_with(
+        &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("poison")),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 1"),
+    );
+    let mut destination = Destination::declare(&connection, "poison-dest").await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    // A destination AMQP cannot carry (over 255 bytes) used to panic the consumer, again after every restart.
+    let too_long = "d".repeat(300);
+    let mut messages = vec![("poison", valid(&too_long), BasicProperties::default())];
+    for body in ["behind-0", "behind-1", "behind-2"] {
+        messages.push((body, valid(&destination.name), BasicProperties::default()));
+    }
+    fill(&channel, &ingress_queue, messages).await;
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+
+    let received = destination.receive(3, Duration::from_secs(15)).await;
+    let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).into_owned()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["behind-0", "behind-1", "behind-2"], "the valid messages behind the poison one arrive");
+    let set_aside = get_at_least(&channel, &invalid_queue, 1, Duration::from_secs(10)).await;
+    assert_eq!(set_aside[0].data, b"poison");
+    let why = header_text(&set_aside[0], INVALID_REASON_HEADER).unwrap_or_default();
+    assert!(why.contains("hourglass-destination") && why.contains("300 bytes"), "the reason names the header: {why:?}");
+    assert_eq!(header_text(&set_aside[0], DESTINATION_HEADER).map(|d| d.len()), Some(300), "set aside as it came");
+    until("the ingress queue drained", Duration::from_secs(5), async || queue_depth(&channel, &ingress_queue).await == 0).await;
+
+    served.stop().await;
+    for queue in [&ingress_queue, &invalid_queue] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// A handler that panics on the body "poison" and acks the rest.
+struct Panicking {
+    queue: String,
+    aside: String,
+    handled: tokio::sync::mpsc::UnboundedSender<String>,
+    panics: std::sync::atomic::AtomicU32,
+}
+
+impl Handler for Panicking {
+    type Note = String;
+
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    fn prefetch(&self) -> u16 {
+        1
+    }
+
+    fn declarations(&self) -> Vec<Command> {
+        [&self.queue, &self.aside].into_iter().map(|q| Command::DeclareQueue { name: q.clone(), durable: true, arguments: Default::default() }).collect()
+    }
+
+    async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, String) {
+        let body = String::from_utf8_lossy(&delivery.body).into_owned();
+        if body == "poison" {
+            panic!("cannot digest {body}");
+        }
+        (Outcome::Ack, body)
+    }
+
+    fn poisoned(&self, _delivery: &hourglass::message::Delivery, reason: &str) -> Outcome {
+        Outcome::move_to(&self.aside, INVALID_REASON_HEADER, reason)
+    }
+
+    fn settled(&self, note: Option<String>, _outcome: &Outcome, settled: &Settled) {
+        match note {
+            Some(body) if *settled == Settled::Acked => drop(self.handled.send(body)),
+            Some(_) => {}
+            None => drop(self.panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_panicking_on_a_message_requeues_it_then_sets_it_aside_and_goes_on() {
+    let connection = connect().await;
+    let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
+    let handler = Arc::new(Panicking { queue: unique("panics-in"), aside: unique("panics-aside"), handled, panics: Default::default() });
+    let consumer = Consumer::new(&amqp_url(), handler.clone());
+    consumer.declare().await.expect("declares its queues");
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    for body in ["poison", "after-0", "after-1"] {
+        publish(&channel, &handler.queue, body, vec![], BasicProperties::default().with_message_id(body.into())).await;
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(consumer.clone().run(stopped));
+
+    let after = receive_within(&mut handled_rx, 2, Duration::from_secs(15), &handler.queue).await;
+    assert_eq!(after, ["after-0", "after-1"], "the messages behind the poison one are handled");
+    let aside = get_at_least(&channel, &handler.aside, 1, Duration::from_secs(10)).await;
+    assert_eq!(aside[0].data, b"poison");
+    let why = header_text(&aside[0], INVALID_REASON_HEADER).unwrap_or_default();
+    assert!(why.contains(&format!("{MAX_PANICS} times")) && why.contains("cannot digest poison"), "{why:?}");
+    assert_eq!(handler.panics.load(std::sync::atomic::Ordering::Relaxed), MAX_PANICS, "requeued until the last panic, then set aside");
+    assert!(consumer.is_consuming(), "the consumer survived its handler");
+    until("the queue drained", Duration::from_secs(5), async || queue_depth(&channel, &handler.queue).await == 0).await;
+
+    stop.send(true).unwrap();
+    running.await.unwrap();
+    for queue in [&handler.queue, &handler.aside] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+}
+
+/// The management API: `method` on `path` with a JSON body.
+fn management(method: &str, path: &str, body: Option<serde_json::Value>) {
+    use base64::Engine;
+    let base = management_url();
+    let (scheme, rest) = base.split_once("://").unwrap();
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let url = format!("{scheme}://{}{path}", host.trim_end_matches('/'));
+    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(true).build());
+    let result = match (method, body) {
+        ("PUT", Some(body)) => agent.put(&url).header("Authorization", &authorization).send_json(body).map(drop),
+        ("DELETE", _) => agent.delete(&url).header("Authorization", &authorization).call().map(drop),
+        _ => unreachable!("{method}"),
+    };
+    result.unwrap_or_else(|e| panic!("management API {method} {path}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_is_still_set_aside() {
+    // RabbitMQ closes a channel that publishes a user-id other than its own
+    // user's: a message a producer sent under its own user does exactly that
+    // when hourglass forwards it or moves it aside.
+    let user = unique("producer");
+    management("PUT", &format!("/api/users/{user}"), Some(serde_json::json!({ "password": "secret", "tags": "" })));
+    management("PUT", &format!("/api/permissions/%2F/{user}"), Some(serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" })));
+    let base = amqp_url();
+    let (scheme, rest) = base.split_once("://").unwrap();
+    let producer = connect_to(&format!("{scheme}://{user}:secret@{}", rest.rsplit_once('@').map_or(rest, |(_, host)| host))).await;
+
+    let connection = connect().await;
+    let ingress_queue = unique("userid-in");
+    let invalid_queue = unique("userid-invalid");
+    let config = config_with(
+        &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("userid")),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 1"),
+    );
+    let mut destination = Destination::declare(&connection, "userid-dest").await;
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    until("the ingress consuming", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+
+    let theirs = producer.create_channel().await.unwrap();
+    theirs.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let signed = BasicProperties::default().with_user_id(user.as_str().into());
+    // Invalid, signed: its move is refused once (closing the publish channel), then made without the user-id.
+    publish(&theirs, &ingress_queue, "signed-invalid", vec![(DELAY_HEADER, long_string("1s"))], signed.clone()).await;
+    // Valid, signed: the broker refuses its forward, so it is set aside the same way.
+    publish(&theirs, &ingress_queue, "signed-valid", valid(&destination.name), signed).await;
+    let ours = connection.create_channel().await.unwrap();
+    ours.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    publish(&ours, &ingress_queue, "plain-invalid", vec![(DELAY_HEADER, long_string("1s"))], BasicProperties::default()).await;
+    publish(&ours, &ingress_queue, "plain-valid", valid(&destination.name), BasicProperties::default()).await;
+
+    let arrived = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(arrived[0].delivery.data, b"plain-valid");
+    let set_aside = get_at_least(&ours, &invalid_queue, 3, Duration::from_secs(15)).await;
+    let reason = |body: &str| {
+        let got = set_aside.iter().find(|d| d.data == body.as_bytes()).unwrap_or_else(|| panic!("{body} not set aside"));
+        assert!(got.properties.user_id().is_none(), "{body}: moved without the refused user-id");
+        header_text(got, INVALID_REASON_HEADER).unwrap_or_default()
+    };
+    assert!(reason("signed-invalid").contains("missing header hourglass-destination"));
+    assert!(reason("signed-valid").contains("user_id"), "the broker's refusal is the reason: {}", reason("signed-valid"));
+    assert!(reason("plain-invalid").contains("missing header hourglass-destination"), "later moves go through");
+    assert_eq!(set_aside.len(), 3);
+    destination.assert_quiet(Duration::from_millis(500)).await;
+    until("the ingress queue drained", Duration::from_secs(5), async || queue_depth(&ours, &ingress_queue).await == 0).await;
+
+    served.stop().await;
+    drop(producer);
+    management("DELETE", &format!("/api/users/{user}"), None);
+    for queue in [&ingress_queue, &invalid_queue] {
+        ours.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
     }
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;

@@ -21,9 +21,13 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use tokio::sync::mpsc;
 
-/// The delivery number hourglass stamps (none on the first delivery).
+/// The delivery number hourglass stamps (none on the first delivery), of any integer type.
 fn attempt(delivery: &Delivery) -> i64 {
-    header_int(delivery, ATTEMPT_HEADER).unwrap_or(1)
+    match header(delivery, ATTEMPT_HEADER) {
+        Some(AMQPValue::ShortShortUInt(v)) => i64::from(*v),
+        Some(AMQPValue::ShortInt(v)) => i64::from(*v),
+        _ => header_int(delivery, ATTEMPT_HEADER).unwrap_or(1),
+    }
 }
 
 /// The application's headers: everything but hourglass's and the broker's.
@@ -363,5 +367,42 @@ async fn serve_refuses_a_redelivery_whose_policy_cannot_answer_and_declares_noth
     let channel = connection.create_channel().await.unwrap();
     let declared = channel.queue_declare(level_queue.as_str().into(), passive, FieldTable::default()).await;
     assert!(declared.is_err(), "the strategy's topology was declared although the service refused to start");
+    setup.cleanup(&connection).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_header_of_another_integer_type_is_counted_not_given_up() {
+    let connection = connect().await;
+    let setup = Setup::intervals("redeliver-int", "[\"1s\", \"1s\", \"1s\"]", "");
+    let served = start(&setup).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    setup.bind_exchange(&channel).await;
+    // Rejects deliveries numbered up to 2, acks the third.
+    let mut received = consumer(&connection, &setup.queue, 2).await;
+
+    // A client that writes the attempt as a 32-bit or 8-bit integer (pika, say, or a republishing consumer).
+    for (body, value) in [("attempt-i32", AMQPValue::LongInt(2)), ("attempt-u8", AMQPValue::ShortShortUInt(2))] {
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from(ATTEMPT_HEADER), value);
+        let properties = BasicProperties::default().with_message_id(body.into()).with_headers(headers);
+        channel
+            .basic_publish(setup.exchange.as_str().into(), "order.created".into(), BasicPublishOptions::default(), body.as_bytes(), properties)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let seen = receive_within(&mut received, 4, Duration::from_secs(10), &setup.queue).await;
+    for body in ["attempt-i32", "attempt-u8"] {
+        let attempts: Vec<i64> = seen.iter().filter(|r| r.delivery.data == body.as_bytes()).map(|r| attempt(&r.delivery)).collect();
+        assert_eq!(attempts, [2, 3], "{body}: read as attempt 2, redelivered as the third");
+    }
+    assert_quiet(&mut received, "both acked on their third delivery").await;
+    assert_eq!(queue_depth(&channel, &setup.error_queue()).await, 0, "nothing given up");
+    let queue = status(&served).await;
+    assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64()), (Some(2), Some(0)), "{queue}");
+
+    served.stop().await;
     setup.cleanup(&connection).await;
 }

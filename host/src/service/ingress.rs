@@ -37,24 +37,28 @@ impl Ingress {
     }
 
     fn set_aside(&self, reason: &str) -> Outcome {
-        Outcome::move_to(&self.config.invalid_queue, INVALID_REASON_HEADER, reason)
+        set_aside(&self.config.invalid_queue, reason)
     }
+}
 
-    /// What becomes of a message the scheduler could not take.
-    fn refused(&self, err: ScheduleError) -> Outcome {
-        match err {
-            // Not the message's fault: it waits on its queue until the broker or the planner can answer.
-            ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
-                tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
-                Outcome::Requeue
-            }
-            ScheduleError::Planner(err) if err.is_timeout() => {
-                tracing::warn!(error = %err, "the planner ran out of time; requeueing the ingress message");
-                Outcome::Requeue
-            }
-            ScheduleError::Invalid(invalid) => self.set_aside(&format!("{}: {}", wire_name(invalid.field), invalid.reason)),
-            other => self.set_aside(&other.to_string()),
+fn set_aside(invalid_queue: &str, reason: &str) -> Outcome {
+    Outcome::move_to(invalid_queue, INVALID_REASON_HEADER, reason)
+}
+
+/// What becomes of a message the scheduler could not take.
+fn refused(err: ScheduleError, invalid_queue: &str) -> Outcome {
+    match err {
+        // Not the message's fault: it waits on its queue until the broker or the planner can answer.
+        ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
+            tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
+            Outcome::Requeue
         }
+        ScheduleError::Planner(err) if err.is_timeout() => {
+            tracing::warn!(error = %err, "the planner ran out of time; requeueing the ingress message");
+            Outcome::Requeue
+        }
+        ScheduleError::Invalid(invalid) => set_aside(invalid_queue, &format!("{}: {}", wire_name(invalid.field), invalid.reason)),
+        other => set_aside(invalid_queue, &other.to_string()),
     }
 }
 
@@ -103,7 +107,7 @@ impl Handler for Ingress {
             }
             Err(err) => {
                 metrics.failed(&strategy, &destination);
-                (self.refused(err), ())
+                (refused(err, &self.config.invalid_queue), ())
             }
         }
     }
@@ -184,6 +188,27 @@ mod tests {
         assert_eq!(kept.get("score"), Some(&HeaderValue::F64(0.5)));
         assert_eq!(request.properties.content_type.as_deref(), Some("application/json"));
         assert_eq!(request.body, b"body");
+    }
+
+    #[test]
+    fn a_planner_out_of_time_or_an_unavailable_broker_requeues_and_anything_else_sets_aside() {
+        use crate::planner::PlannerError;
+        let timeout = PlannerError::Timeout { planner: "p".into(), function: "plan", budget: std::time::Duration::from_millis(100) };
+        assert_eq!(refused(ScheduleError::Planner(timeout), "bad"), Outcome::Requeue, "a starved CPU is not the message's fault");
+        assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad"), Outcome::Requeue);
+        let trap = PlannerError::Trapped { planner: "p".into(), function: "plan", reason: "unreachable".into() };
+        let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad") else { panic!("a trap is not retried") };
+        assert_eq!(queue, "bad");
+        assert!(headers[INVALID_REASON_HEADER].as_text().unwrap().contains("unreachable"));
+        let refusal = PlannerError::Refused { planner: "p".into(), message: "too long".into() };
+        assert!(matches!(refused(ScheduleError::Planner(refusal), "bad"), Outcome::MoveTo { .. }));
+    }
+
+    #[test]
+    fn a_refused_field_is_named_as_the_producer_set_it() {
+        let invalid = crate::scheduler::validate::Invalid { field: "destination", reason: "is 300 bytes; at most 255".into() };
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(invalid), "bad") else { panic!("set aside") };
+        assert_eq!(headers[INVALID_REASON_HEADER].as_text().unwrap(), "hourglass-destination: is 300 bytes; at most 255");
     }
 
     #[test]

@@ -177,12 +177,7 @@ impl Redelivery {
             return Decision::GiveUp(format!("max_attempts {max} reached"));
         }
         let policy = self.policy_of(entry);
-        match self.scheduler.decide_redelivery(&policy, &entry.queue, failure.attempt, seed, Some(&failure.reason)) {
-            Ok(RedeliveryDecision::RetryAfterMs(delay_ms)) => Decision::Retry { delay_ms, next_attempt: failure.attempt + 1 },
-            Ok(RedeliveryDecision::GiveUp(why)) => Decision::GiveUp(format!("policy {policy}: {why}")),
-            Err(ScheduleError::Planner(err)) if err.is_timeout() => Decision::Wait(format!("policy {policy}: {err}")),
-            Err(err) => Decision::GiveUp(format!("policy {policy} failed: {err}")),
-        }
+        decision(&policy, failure.attempt, self.scheduler.decide_redelivery(&policy, &entry.queue, failure.attempt, seed, Some(&failure.reason)))
     }
 
     /// Schedules the message back to its queue. `Err(None)` when it must wait
@@ -242,6 +237,17 @@ impl Redelivery {
             "priority": 10,
         });
         management.put_policy(&policy_name(queue), &policy)
+    }
+}
+
+/// The policy's answer for `attempt`: a planner that ran out of time is asked
+/// again later (the CPU may just have been starved); any other failure gives up.
+fn decision(policy: &str, attempt: u32, answer: Result<RedeliveryDecision, ScheduleError>) -> Decision {
+    match answer {
+        Ok(RedeliveryDecision::RetryAfterMs(delay_ms)) => Decision::Retry { delay_ms, next_attempt: attempt + 1 },
+        Ok(RedeliveryDecision::GiveUp(why)) => Decision::GiveUp(format!("policy {policy}: {why}")),
+        Err(ScheduleError::Planner(err)) if err.is_timeout() => Decision::Wait(format!("policy {policy}: {err}")),
+        Err(err) => Decision::GiveUp(format!("policy {policy} failed: {err}")),
     }
 }
 
@@ -451,6 +457,24 @@ mod tests {
         assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 3);
         let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[]);
         assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 7);
+    }
+
+    #[test]
+    fn an_attempt_header_of_any_integer_type_counts() {
+        for value in [HeaderValue::I8(3), HeaderValue::U8(3), HeaderValue::I16(3), HeaderValue::U16(3), HeaderValue::I32(3), HeaderValue::U32(3)] {
+            let properties = dead_lettered(vec![death("orders", "rejected", 7, "k")], &[(ATTEMPT_HEADER, value.clone())]);
+            assert_eq!(read_failure(&properties, |q| q == "orders").unwrap().attempt, 3, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_policy_out_of_time_waits_and_a_failing_one_gives_up() {
+        use crate::planner::PlannerError;
+        let timeout = PlannerError::Timeout { planner: "p".into(), function: "decide-redelivery", budget: std::time::Duration::from_millis(100) };
+        assert!(matches!(decision("p", 2, Err(ScheduleError::Planner(timeout))), Decision::Wait(_)));
+        let trap = PlannerError::Trapped { planner: "p".into(), function: "decide-redelivery", reason: "unreachable".into() };
+        assert!(matches!(decision("p", 2, Err(ScheduleError::Planner(trap))), Decision::GiveUp(why) if why.contains("unreachable")));
+        assert_eq!(decision("p", 2, Ok(RedeliveryDecision::RetryAfterMs(5))), Decision::Retry { delay_ms: 5, next_attempt: 3 });
     }
 
     #[test]

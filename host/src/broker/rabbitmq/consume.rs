@@ -232,7 +232,7 @@ async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery,
         [Command::Publish { exchange: String::new(), routing_key: queue.to_string(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }];
     let mut envelope = Envelope { id, body: delivery.body.clone(), headers: FieldTable::new(), properties, stamp_message_id: false };
     match publisher.send(&publish, &envelope).await {
-        Err(ExecutorError::Refused(why)) if envelope.properties.user_id.is_some() => {
+        Err(why) if envelope.properties.user_id.is_some() => {
             tracing::warn!(to = %queue, error = %why, "the broker refused the move; moving it without its user-id");
             envelope.properties.user_id = None;
             publisher.send(&publish, &envelope).await
