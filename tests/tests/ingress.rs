@@ -208,9 +208,13 @@ impl Handler for Panicking {
 
     fn settled(&self, note: Option<String>, _outcome: &Outcome, settled: &Settled) {
         match note {
-            Some(body) if *settled == Settled::Acked => drop(self.handled.send(body)),
+            Some(body) if *settled == Settled::Acked => {
+                let _ = self.handled.send(body);
+            }
             Some(_) => {}
-            None => drop(self.panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            None => {
+                self.panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 }

@@ -373,7 +373,7 @@ async fn serve_refuses_a_redelivery_whose_policy_cannot_answer_and_declares_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_header_of_another_integer_type_is_counted_not_given_up() {
     let connection = connect().await;
-    let setup = Setup::intervals("redeliver-int", "[\"1s\", \"1s\", \"1s\"]", "");
+    let setup = Setup::intervals("redeliver-int", "[\"1s\", \"2s\", \"3s\"]", "");
     let served = start(&setup).await;
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
