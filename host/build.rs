@@ -35,10 +35,7 @@ fn main() {
     ensure_wasm_target();
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut build = Command::new(cargo);
-    build
-        .current_dir(&root)
-        .args(["build", "--profile", "planner", "--target", "wasm32-wasip2", "--target-dir"])
-        .arg(&wasm_target_dir);
+    build.current_dir(&root).args(["build", "--profile", "planner", "--target", "wasm32-wasip2", "--target-dir"]).arg(&wasm_target_dir);
     for (package, _) in PLANNERS {
         build.args(["-p", package]);
     }

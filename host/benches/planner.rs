@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use binary_levels::{BinaryLevels, Config};
 use hourglass::planner::{LoadedPlanner, PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource};
-use hourglass_planner_sdk::{Planner, PlanRequest as NativeRequest};
+use hourglass_planner_sdk::{PlanRequest as NativeRequest, Planner};
 
 /// Median of `rounds` rounds of `iterations` calls, in nanoseconds per call.
 fn measure(rounds: usize, iterations: u32, mut f: impl FnMut()) -> f64 {
@@ -69,26 +69,17 @@ fn main() {
     let mut i = 0;
     let wasm = measure(21, 20_000, || {
         i += 1;
-        let request = PlanRequest {
-            destination: "orders".into(),
-            delay_ms: delays[i % delays.len()],
-            message_id: "m".into(),
-            routing_key: None,
-        };
+        let request = PlanRequest { destination: "orders".into(), delay_ms: delays[i % delays.len()], message_id: "m".into(), routing_key: None };
         black_box(planner.plan(black_box(&request)).unwrap());
     });
 
     // The same planner logic compiled natively.
-    let native_planner = BinaryLevels::new(Config { preset: Default::default(), levels: None, unit: None, queue_type: None, redelivery: None, prefix: None }).unwrap();
+    let native_planner =
+        BinaryLevels::new(Config { preset: Default::default(), levels: None, unit: None, queue_type: None, redelivery: None, prefix: None }).unwrap();
     let mut j = 0;
     let native = measure(21, 20_000, || {
         j += 1;
-        let request = NativeRequest {
-            destination: "orders".into(),
-            delay_ms: delays[j % delays.len()],
-            message_id: "m".into(),
-            routing_key: None,
-        };
+        let request = NativeRequest { destination: "orders".into(), delay_ms: delays[j % delays.len()], message_id: "m".into(), routing_key: None };
         black_box(native_planner.plan(black_box(&request)).unwrap());
     });
 

@@ -18,12 +18,7 @@ async fn main() {
     let destination = bench.destination.clone();
     let requests = || {
         (0..MESSAGES)
-            .map(|i| ScheduleRequest {
-                destination: destination.clone(),
-                delay_ms: 3_600_000 + i as u64,
-                body: vec![b'x'; 100],
-                ..Default::default()
-            })
+            .map(|i| ScheduleRequest { destination: destination.clone(), delay_ms: 3_600_000 + i as u64, body: vec![b'x'; 100], ..Default::default() })
             .collect::<Vec<_>>()
     };
     println!("{MESSAGES} persistent 100-byte messages, binary-levels, 1 h delays");

@@ -84,13 +84,7 @@ pub enum Command {
     BindExchange { source: String, destination: String, routing_key: String, arguments: FieldTable },
     Publish { exchange: String, routing_key: String, headers: FieldTable, expiration_ms: Option<u64>, mandatory: bool },
     SqsEnsureQueue { name: String, attributes: BTreeMap<String, String>, pumped: bool },
-    SqsSend {
-        queue: String,
-        delay_seconds: u32,
-        attributes: BTreeMap<String, String>,
-        group_id: Option<String>,
-        dedup_id: Option<String>,
-    },
+    SqsSend { queue: String, delay_seconds: u32, attributes: BTreeMap<String, String>, group_id: Option<String>, dedup_id: Option<String> },
 }
 
 /// A message that fell due on a pumped queue, as its planner sees it.
@@ -227,7 +221,12 @@ mod tests {
     fn parking_queues_are_those_bound_to_an_alternate_exchange() {
         let text = |k: &str, v: &str| -> FieldTable { [(k.to_string(), FieldValue::Text(v.into()))].into() };
         let exchange = |name: &str, arguments: FieldTable| Command::DeclareExchange { name: name.into(), kind: ExchangeKind::Direct, durable: true, arguments };
-        let bind = |queue: &str, exchange: &str| Command::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: String::new(), arguments: FieldTable::new() };
+        let bind = |queue: &str, exchange: &str| Command::BindQueue {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            routing_key: String::new(),
+            arguments: FieldTable::new(),
+        };
         let commands = [
             exchange("p.parking", FieldTable::new()),
             exchange("p.delivery", text("alternate-exchange", "p.parking")),

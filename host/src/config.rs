@@ -172,12 +172,7 @@ pub struct IngressConfig {
 
 impl Default for IngressConfig {
     fn default() -> Self {
-        IngressConfig {
-            enabled: true,
-            queue: "hourglass.ingress".into(),
-            invalid_queue: "hourglass.ingress.invalid".into(),
-            prefetch: 64,
-        }
+        IngressConfig { enabled: true, queue: "hourglass.ingress".into(), invalid_queue: "hourglass.ingress.invalid".into(), prefetch: 64 }
     }
 }
 
@@ -295,17 +290,14 @@ pub struct Config {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         Config::parse(path, text)
     }
 
     pub fn parse(path: &Path, text: String) -> Result<Config, ConfigError> {
         let locate = |span: Range<usize>| location_in(path, &text, span.start);
-        let raw: RawConfig = toml::from_str(&text).map_err(|err| ConfigError::Invalid {
-            location: locate(err.span().unwrap_or(0..0)),
-            message: err.message().trim_end().to_string(),
-        })?;
+        let raw: RawConfig = toml::from_str(&text)
+            .map_err(|err| ConfigError::Invalid { location: locate(err.span().unwrap_or(0..0)), message: err.message().trim_end().to_string() })?;
         let invalid = |span: Range<usize>, message: String| ConfigError::Invalid { location: locate(span), message };
         let base_dir = path.parent().unwrap_or(Path::new("."));
 
@@ -323,33 +315,26 @@ impl Config {
                     match value.into_inner() {
                         toml::Value::String(spec) if !spec.is_empty() => planner = Some((spec, span)),
                         other => {
-                            return Err(invalid(span, format!(
-                                "strategies.{name}.planner: expected a built-in planner name or a path to a .wasm file, found {other}"
-                            )));
+                            return Err(invalid(
+                                span,
+                                format!("strategies.{name}.planner: expected a built-in planner name or a path to a .wasm file, found {other}"),
+                            ));
                         }
                     }
                     continue;
                 }
-                let value = serde_json::to_value(value.get_ref())
-                    .map_err(|e| invalid(value.span(), format!("strategies.{name}.{key}: {e}")))?;
+                let value = serde_json::to_value(value.get_ref()).map_err(|e| invalid(value.span(), format!("strategies.{name}.{key}: {e}")))?;
                 json.insert(key.clone(), value);
                 key_spans.insert(key, key_span);
             }
             let Some((spec, planner_span)) = planner else {
-                return Err(invalid(name_span, format!(
-                    "strategies.{name}: missing `planner` (one of {} or a path to a .wasm file)",
-                    crate::planner::builtin::NAMES.join(", ")
-                )));
+                return Err(invalid(
+                    name_span,
+                    format!("strategies.{name}: missing `planner` (one of {} or a path to a .wasm file)", crate::planner::builtin::NAMES.join(", ")),
+                ));
             };
             let planner = PlannerSource::parse(&spec, base_dir);
-            strategies.insert(name.clone(), StrategyConfig {
-                name,
-                planner,
-                table: serde_json::Value::Object(json),
-                name_span,
-                planner_span,
-                key_spans,
-            });
+            strategies.insert(name.clone(), StrategyConfig { name, planner, table: serde_json::Value::Object(json), name_span, planner_span, key_spans });
         }
         if strategies.is_empty() {
             return Err(invalid(0..0, "no strategies: add a [strategies.NAME] table with a `planner`".into()));
@@ -387,14 +372,16 @@ impl Config {
             let span = entry.span();
             let entry = entry.into_inner();
             let named = |what: &str, name: &Option<String>| match name {
-                Some(strategy) if !strategies.contains_key(strategy) => Err(invalid(
-                    span.clone(),
-                    format!("redelivery {:?}: {what}: {}", entry.queue, unknown_strategy(strategy, &strategies)),
-                )),
+                Some(strategy) if !strategies.contains_key(strategy) => {
+                    Err(invalid(span.clone(), format!("redelivery {:?}: {what}: {}", entry.queue, unknown_strategy(strategy, &strategies))))
+                }
                 _ => Ok(()),
             };
             if !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) {
-                return Err(invalid(span, format!("redelivery {:?}: needs broker.kind = \"rabbitmq\" (consumers reject messages to a RabbitMQ dead-letter exchange)", entry.queue)));
+                return Err(invalid(
+                    span,
+                    format!("redelivery {:?}: needs broker.kind = \"rabbitmq\" (consumers reject messages to a RabbitMQ dead-letter exchange)", entry.queue),
+                ));
             }
             named("strategy", &entry.strategy)?;
             named("policy", &entry.policy)?;
@@ -448,10 +435,7 @@ impl Config {
 
     /// The strategy a destination uses unless one is named explicitly.
     pub fn strategy_for(&self, destination: &str) -> &str {
-        self.destinations
-            .get(destination)
-            .and_then(|d| d.strategy.as_deref())
-            .unwrap_or(&self.default_strategy)
+        self.destinations.get(destination).and_then(|d| d.strategy.as_deref()).unwrap_or(&self.default_strategy)
     }
 
     fn location(&self, offset: usize) -> Location {
@@ -496,9 +480,7 @@ fn default_cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("HOURGLASS_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
     Some(base.join("hourglass"))
 }
 
@@ -525,7 +507,9 @@ mod tests {
         let config = parse("[strategies.a]\nplanner = \"hold-queues\"\n").unwrap();
         assert_eq!(config.service.ingress, IngressConfig::default());
         assert!(config.service.ingress.enabled && config.service.ingress.prefetch == 64);
-        let config = parse("[service]\nlog_format = \"json\"\ntopology = \"verify\"\n[service.ingress]\nqueue = \"in\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap();
+        let config =
+            parse("[service]\nlog_format = \"json\"\ntopology = \"verify\"\n[service.ingress]\nqueue = \"in\"\n[strategies.a]\nplanner = \"hold-queues\"\n")
+                .unwrap();
         assert_eq!(config.service.log_format, Some(LogFormat::Json));
         assert_eq!(config.service.topology, Some(TopologyAtStart::Verify));
         assert_eq!((config.service.ingress.queue.as_str(), config.service.ingress.invalid_queue.as_str()), ("in", "hourglass.ingress.invalid"));

@@ -29,7 +29,10 @@ pub enum HeaderValue {
     I64(i64),
     F32(f32),
     F64(f64),
-    Decimal { scale: u8, value: u32 },
+    Decimal {
+        scale: u8,
+        value: u32,
+    },
     /// An AMQP short string (at most 255 bytes).
     ShortText(String),
     /// An AMQP long string: bytes, usually UTF-8 text.

@@ -147,12 +147,12 @@ impl Default for Metrics {
         registry.register("ingress_messages", "AMQP ingress messages by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
         registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
         registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
+        registry.register("redeliveries", "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued", metrics.redeliveries.clone());
         registry.register(
-            "redeliveries",
-            "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued",
-            metrics.redeliveries.clone(),
+            "task_restarts",
+            "Background tasks (ingress, redelivery, pump:<queue>) restarted after a panic, an error or an early end",
+            metrics.task_restarts.clone(),
         );
-        registry.register("task_restarts", "Background tasks (ingress, redelivery, pump:<queue>) restarted after a panic, an error or an early end", metrics.task_restarts.clone());
         registry.register("open_channels", "AMQP channels open, by connection", metrics.open_channels.clone());
         registry.register(
             "parked_messages",

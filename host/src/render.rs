@@ -229,9 +229,7 @@ fn node_list(commands: &[Command]) -> Vec<(char, String, String)> {
         .filter_map(|c| match c {
             Command::DeclareExchange { name, kind, .. } => Some(('e', name.clone(), format!("exchange {} ({})", name, kind.as_str()))),
             Command::DeclareQueue { name, .. } => Some(('q', name.clone(), format!("queue {name}"))),
-            Command::SqsEnsureQueue { name, pumped, .. } => {
-                Some(('s', name.clone(), format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" })))
-            }
+            Command::SqsEnsureQueue { name, pumped, .. } => Some(('s', name.clone(), format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" }))),
             _ => None,
         })
         .collect()
@@ -308,11 +306,7 @@ mod tests {
             Command::DeclareQueue {
                 name: "q".into(),
                 durable: true,
-                arguments: [
-                    ("x-message-ttl".to_string(), FieldValue::Int(2_000)),
-                    ("x-dead-letter-exchange".to_string(), FieldValue::Text("x".into())),
-                ]
-                .into(),
+                arguments: [("x-message-ttl".to_string(), FieldValue::Int(2_000)), ("x-dead-letter-exchange".to_string(), FieldValue::Text("x".into()))].into(),
             },
             Command::BindQueue { queue: "q".into(), exchange: "x".into(), routing_key: "1.#".into(), arguments: FieldTable::new() },
         ];

@@ -83,10 +83,13 @@ fn sqs_cycles_1925_seconds_is_two_cycles_then_125_seconds() {
         .filter(|h| h["via"] == "pump")
         .map(|h| (h["action"].as_str().unwrap().to_string(), h["sends"][0].as_str().unwrap().to_string()))
         .collect();
-    assert_eq!(pumps, vec![
-        ("recycle".to_string(), "orders-delay.fifo with DelaySeconds 0".to_string()),
-        ("hand over".to_string(), "orders with DelaySeconds 125".to_string()),
-    ]);
+    assert_eq!(
+        pumps,
+        vec![
+            ("recycle".to_string(), "orders-delay.fifo with DelaySeconds 0".to_string()),
+            ("hand over".to_string(), "orders with DelaySeconds 125".to_string()),
+        ]
+    );
     let plan = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "1925s", "--format", "json"]));
     assert_eq!(plan["commands"][0]["queue"], "orders-delay.fifo");
     // The bill: the first send, then receive + send + delete at each of the two visits.
@@ -229,10 +232,8 @@ fn serve_runs_on_the_default_config_and_stops_cleanly_on_sigterm() {
     assert!(line.contains("in-memory broker"), "{line}");
 
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut response = agent
-        .post(&format!("http://{address}/v1/messages"))
-        .send_json(serde_json::json!({ "destination": "orders", "delay": "10s", "body": "hi" }))
-        .unwrap();
+    let mut response =
+        agent.post(&format!("http://{address}/v1/messages")).send_json(serde_json::json!({ "destination": "orders", "delay": "10s", "body": "hi" })).unwrap();
     assert_eq!(response.status().as_u16(), 202);
     let accepted: Value = response.body_mut().read_json().unwrap();
     assert!(accepted["id"].is_string(), "{accepted}");

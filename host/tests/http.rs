@@ -19,9 +19,7 @@ use serde_json::{Value, json};
 const TOKEN: &str = "secret";
 
 fn config(service: &str) -> Config {
-    let text = format!(
-        "[broker]\nkind = \"memory\"\n\n[service]\n{service}\n\n[strategies.main]\nplanner = \"binary-levels\"\n\n[destinations.orders]\n"
-    );
+    let text = format!("[broker]\nkind = \"memory\"\n\n[service]\n{service}\n\n[strategies.main]\nplanner = \"binary-levels\"\n\n[destinations.orders]\n");
     Config::parse(Path::new("http-test.toml"), text).expect("test config")
 }
 
@@ -75,11 +73,7 @@ impl Drop for Served {
 }
 
 fn call(address: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> (u16, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60))).build().into();
     let url = format!("http://{address}{path}");
     let auth = token.map(|t| format!("Bearer {t}"));
     let response = match method {
@@ -328,9 +322,8 @@ fn two_thousand_idle_connections_do_not_stop_the_api() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let address = served.address;
     let idle: Vec<tokio::net::TcpStream> = runtime.block_on(async {
-        let connects = (0..2_000).map(|_| async move {
-            tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(address)).await.ok().and_then(Result::ok)
-        });
+        let connects = (0..2_000)
+            .map(|_| async move { tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(address)).await.ok().and_then(Result::ok) });
         futures_util::future::join_all(connects).await.into_iter().flatten().collect()
     });
     assert!(idle.len() > 1_100, "only {} idle connections opened: more than the server's 1,024 descriptors are needed", idle.len());

@@ -8,8 +8,8 @@ mod common;
 use std::cell::RefCell;
 
 use hourglass::planner::LoadedPlanner;
-use hourglass::sim::simulation::{SimulatedMessage, Simulation};
 use hourglass::sim::HopStep;
+use hourglass::sim::simulation::{SimulatedMessage, Simulation};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::json;
@@ -20,7 +20,12 @@ fn runner() -> TestRunner {
     TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() })
 }
 
-fn check(planner: &mut LoadedPlanner, delays: impl Strategy<Value = u64>, expected: impl Fn(u64) -> Option<u64>, extra: impl Fn(u64, &SimulatedMessage) -> Result<(), TestCaseError>) {
+fn check(
+    planner: &mut LoadedPlanner,
+    delays: impl Strategy<Value = u64>,
+    expected: impl Fn(u64) -> Option<u64>,
+    extra: impl Fn(u64, &SimulatedMessage) -> Result<(), TestCaseError>,
+) {
     let simulation = RefCell::new(Simulation::new(planner, "destination").unwrap());
     runner()
         .run(&delays, |delay| {
@@ -40,16 +45,21 @@ fn binary_levels_in_seconds_round_up_and_enter_at_the_highest_set_bit() {
     let runtime = common::runtime();
     let mut planner = common::builtin(&runtime, "binary-levels", json!({}));
     let max = ((1u64 << 28) - 1) * 1_000;
-    check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), |delay, outcome| {
-        let units = delay.div_ceil(1_000);
-        let entry = match &outcome.hops[0].step {
-            HopStep::Exchange { name, .. } => name.clone(),
-            other => return Err(TestCaseError::fail(format!("first hop {other:?}"))),
-        };
-        let wanted = if units == 0 { "hourglass.delay-delivery".to_string() } else { format!("hourglass.delay-level-{:02}", 63 - units.leading_zeros()) };
-        prop_assert_eq!(entry, wanted);
-        Ok(())
-    });
+    check(
+        &mut planner,
+        0..=max,
+        |d| Some(d.div_ceil(1_000) * 1_000),
+        |delay, outcome| {
+            let units = delay.div_ceil(1_000);
+            let entry = match &outcome.hops[0].step {
+                HopStep::Exchange { name, .. } => name.clone(),
+                other => return Err(TestCaseError::fail(format!("first hop {other:?}"))),
+            };
+            let wanted = if units == 0 { "hourglass.delay-delivery".to_string() } else { format!("hourglass.delay-level-{:02}", 63 - units.leading_zeros()) };
+            prop_assert_eq!(entry, wanted);
+            Ok(())
+        },
+    );
 }
 
 #[test]

@@ -94,10 +94,7 @@ fn a_core_module_is_not_a_component() {
 
 #[test]
 fn a_missing_file_is_named_in_the_error() {
-    let err = common::runtime()
-        .load(&PlannerSource::File("/nonexistent/planner.wasm".into()), "{}".into())
-        .unwrap_err()
-        .to_string();
+    let err = common::runtime().load(&PlannerSource::File("/nonexistent/planner.wasm".into()), "{}".into()).unwrap_err().to_string();
     assert!(err.contains("/nonexistent/planner.wasm") && err.contains("cannot read"), "{err}");
 }
 
@@ -165,7 +162,9 @@ fn a_tampered_cache_file_is_not_loaded_and_the_planner_is_compiled_afresh() {
 #[test]
 fn a_cache_directory_others_can_write_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    for (mode, problem) in [(0o777, "writable by group and others (mode 0777)"), (0o770, "writable by group (mode 0770)"), (0o1707, "writable by others (mode 1707)")] {
+    for (mode, problem) in
+        [(0o777, "writable by group and others (mode 0777)"), (0o770, "writable by group (mode 0770)"), (0o1707, "writable by others (mode 1707)")]
+    {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
         let err = PlannerRuntime::new(PlannerLimits::default(), Some(dir.path().to_path_buf())).err().expect("refused");
         let text = err.to_string();
@@ -215,10 +214,7 @@ fn a_pool_never_holds_more_instances_than_its_bound() {
 
 #[test]
 fn a_bad_planner_config_is_refused_with_the_planners_reason() {
-    let err = common::runtime()
-        .load(&PlannerSource::Builtin("binary-levels"), r#"{"levls": 3}"#.into())
-        .unwrap_err()
-        .to_string();
+    let err = common::runtime().load(&PlannerSource::Builtin("binary-levels"), r#"{"levls": 3}"#.into()).unwrap_err().to_string();
     assert!(err.contains("binary-levels rejected its configuration: levls: unknown field `levls`"), "{err}");
 }
 

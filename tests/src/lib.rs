@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hourglass::broker::Broker;
+use hourglass::clock::unix_now_ms;
 use hourglass::command::Command;
 use hourglass::config::Config;
-use hourglass::clock::unix_now_ms;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -118,10 +118,7 @@ impl Destination {
         let channel = connection.create_channel().await.unwrap();
         let name = unique(stem);
         channel.queue_declare(name.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
-        let mut consumer = channel
-            .basic_consume(name.as_str().into(), "e2e".into(), BasicConsumeOptions::default(), FieldTable::default())
-            .await
-            .unwrap();
+        let mut consumer = channel.basic_consume(name.as_str().into(), "e2e".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
         let (sender, received) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Some(Ok(delivery)) = consumer.next().await {

@@ -103,7 +103,8 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
 /// `name{label="value",…} number` of a family declared by a `# TYPE` line.
 pub fn assert_prometheus_text(text: &str) {
     let mut families: Vec<String> = Vec::new();
-    let valid_name = |n: &str| !n.is_empty() && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()));
+    let valid_name =
+        |n: &str| !n.is_empty() && n.chars().enumerate().all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()));
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.last(), Some(&"# EOF"), "the text must end with # EOF");
     for line in &lines[..lines.len() - 1] {

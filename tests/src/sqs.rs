@@ -6,19 +6,18 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use hourglass::broker::Broker;
-use hourglass::config::Config;
 use hourglass::broker::sqs::pump::Pump;
-use hourglass::metrics::PumpCounters;
-use hourglass::clock::unix_now_ms;
-use hourglass::scheduler::Scheduler;
 use hourglass::broker::sqs::send::SqsExecutor;
+use hourglass::clock::unix_now_ms;
+use hourglass::config::Config;
+use hourglass::metrics::PumpCounters;
+use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use tokio::sync::{mpsc, watch};
 
 pub fn endpoint() -> String {
-    std::env::var("AWS_ENDPOINT_URL_SQS").unwrap_or_else(|_| {
-        panic!("AWS_ENDPOINT_URL_SQS is not set: run the tests with scripts/test, which starts a local SQS server (moto)")
-    })
+    std::env::var("AWS_ENDPOINT_URL_SQS")
+        .unwrap_or_else(|_| panic!("AWS_ENDPOINT_URL_SQS is not set: run the tests with scripts/test, which starts a local SQS server (moto)"))
 }
 
 /// SQS queue names allow letters, digits, '-' and '_'.

@@ -46,7 +46,9 @@ fn request(path: &str) -> (ureq::Agent, String, String) {
 
 fn put(path: &str, body: serde_json::Value) {
     let (agent, url, authorization) = request(path);
-    agent.put(&url).header("Authorization", &authorization).send_json(body).unwrap_or_else(|err| {
-        panic!("management API PUT {path}: {err}; is the management plugin on? (rabbitmq-plugins enable rabbitmq_management)")
-    });
+    agent
+        .put(&url)
+        .header("Authorization", &authorization)
+        .send_json(body)
+        .unwrap_or_else(|err| panic!("management API PUT {path}: {err}; is the management plugin on? (rabbitmq-plugins enable rabbitmq_management)"));
 }

@@ -14,9 +14,9 @@ use hourglass::headers::{DESTINATION_HEADER, REQUESTED_DELAY_HEADER};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
+use lapin::BasicProperties;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
-use lapin::BasicProperties;
 
 /// How late a message may arrive after its due time and still count as on
 /// time. Measured here: 5-6 ms after due (RabbitMQ 3.10, loopback, with two
@@ -70,7 +70,13 @@ async fn expiration_and_stale_death_records_never_make_a_message_early() {
         let mut headers = vec![(DESTINATION_HEADER, long_string(&destination.name)), (REQUESTED_DELAY_HEADER, AMQPValue::LongInt(delay_ms))];
         headers.extend(extra.iter().cloned());
         channel
-            .basic_publish("".into(), ingress_queue.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), properties.clone().with_headers(table(headers)))
+            .basic_publish(
+                "".into(),
+                ingress_queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties.clone().with_headers(table(headers)),
+            )
             .await
             .unwrap()
             .await

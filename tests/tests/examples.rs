@@ -33,10 +33,7 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
     let scheduled: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let received = destination.receive(1, Duration::from_secs(5)).await;
     assert_eq!(received[0].delivery.data, b"hello");
-    assert_eq!(
-        received[0].delivery.properties.message_id().as_ref().map(|m| m.to_string()),
-        scheduled["id"].as_str().map(str::to_string)
-    );
+    assert_eq!(received[0].delivery.properties.message_id().as_ref().map(|m| m.to_string()), scheduled["id"].as_str().map(str::to_string));
     assert!(received[0].at_ms >= scheduled["due_at_ms"].as_u64().unwrap());
 
     let verified = run(&["verify", "--to", &destination.name]);
@@ -64,9 +61,8 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
 
     let consumer = repo_root().join("examples/redelivery_consumer.py");
     let url = vhost.url.clone();
-    let output = tokio::task::spawn_blocking(move || Command::new(python).arg(consumer).args(["--url", &url, "--timeout", "60"]).output().unwrap())
-        .await
-        .unwrap();
+    let output =
+        tokio::task::spawn_blocking(move || Command::new(python).arg(consumer).args(["--url", &url, "--timeout", "60"]).output().unwrap()).await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
     let attempts: Vec<&str> = stdout.lines().filter(|l| l.starts_with("job-1 attempt")).collect();
@@ -78,10 +74,7 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
     assert!(seconds >= 7.0, "the third attempt came after {seconds} s; the intervals are 2 s then 5 s");
 
     let base = serve.http.base.clone();
-    let status = Command::new(hourglass_binary())
-        .args(["--config", config.to_str().unwrap(), "redelivery", "status", "--url", &base])
-        .output()
-        .unwrap();
+    let status = Command::new(hourglass_binary()).args(["--config", config.to_str().unwrap(), "redelivery", "status", "--url", &base]).output().unwrap();
     let table = String::from_utf8_lossy(&status.stdout).to_string();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     let row: Vec<&str> = table.lines().find(|l| l.starts_with("work ")).unwrap_or_else(|| panic!("no row for work: {table}")).split_whitespace().collect();

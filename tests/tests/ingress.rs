@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use hourglass::broker::rabbitmq::consume::{Consumer, Handler, MAX_PANICS, long_string};
 use hourglass::command::Command;
-use hourglass::message::{Outcome, Settled};
 use hourglass::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
+use hourglass::message::{Outcome, Settled};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
@@ -43,8 +43,7 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     );
     let mut destination = Destination::declare(&connection, "ingress-dest").await;
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
-    until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
-        .await;
+    until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
 
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
@@ -92,7 +91,8 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
 
     let reader = connection.create_channel().await.unwrap();
     let set_aside = get_at_least(&reader, &invalid_queue, invalid.len(), Duration::from_secs(10)).await;
-    let shown: Vec<(String, Option<String>)> = set_aside.iter().map(|d| (String::from_utf8_lossy(&d.data).into_owned(), header_text(d, INVALID_REASON_HEADER))).collect();
+    let shown: Vec<(String, Option<String>)> =
+        set_aside.iter().map(|d| (String::from_utf8_lossy(&d.data).into_owned(), header_text(d, INVALID_REASON_HEADER))).collect();
     assert_eq!(set_aside.len(), invalid.len(), "set aside: {shown:?}");
     for (body, _, reason) in &invalid {
         let got = set_aside.iter().find(|d| d.data == body.as_bytes()).unwrap_or_else(|| panic!("{body} not set aside"));
@@ -107,7 +107,11 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     assert_eq!((forwarded, set_aside_count), (VALID as f64, invalid.len() as f64), "in = forwarded + invalid");
     assert_eq!(served.http.metric("hourglass_ingress_in_flight ").await, 0.0);
     // Planning comes before anything touches the broker, so the message to the absent destination was planned too.
-    assert_eq!(served.http.metric("hourglass_planner_call_seconds_count").await, VALID as f64 + 1.0, "one plan per forwarded message, plus the absent destination's");
+    assert_eq!(
+        served.http.metric("hourglass_planner_call_seconds_count").await,
+        VALID as f64 + 1.0,
+        "one plan per forwarded message, plus the absent destination's"
+    );
 
     served.stop().await;
     for queue in [&ingress_queue, &invalid_queue] {

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use hourglass_e2e::process::ServeProcess;
 use hourglass_e2e::*;
+use lapin::BasicProperties;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::BasicProperties;
 use serde_json::{Value, json};
 
 fn write_config(path: &PathBuf, strategy_table: &str, more: &str) {
@@ -79,17 +79,19 @@ async fn sighup_swaps_binary_levels_for_hold_queues_and_a_bad_config_is_refused(
     let refused: Value = serde_json::from_str(&refused).unwrap();
     assert!(refused["error"].as_str().unwrap().contains(&format!("{}:", path.display())), "the error names the file: {refused}");
     process.signal("HUP");
-    until("the refused SIGHUP reload logged", Duration::from_secs(10), async || {
-        process.log().iter().any(|l| l.contains("reload refused"))
-    })
-    .await;
+    until("the refused SIGHUP reload logged", Duration::from_secs(10), async || process.log().iter().any(|l| l.contains("reload refused"))).await;
     let (status, third) = process.http.schedule(None, json!({ "destination": dest, "delay": "1s", "body": "after-refusal" })).await;
     assert_eq!(status, 202, "the old config keeps serving: {third}");
 
     let received = destination.receive(3, Duration::from_secs(10)).await;
     for got in &received {
         let body = String::from_utf8_lossy(&got.delivery.data).to_string();
-        let due = [&first, &second, &third].iter().find(|r| got.delivery.properties.message_id().as_ref().map(|m| m.to_string()) == r["id"].as_str().map(str::to_string)).unwrap()["due_at"].as_u64().unwrap();
+        let due = [&first, &second, &third]
+            .iter()
+            .find(|r| got.delivery.properties.message_id().as_ref().map(|m| m.to_string()) == r["id"].as_str().map(str::to_string))
+            .unwrap()["due_at"]
+            .as_u64()
+            .unwrap();
         assert!(got.at_ms >= due, "{body} early");
         let path = death_queues(&got.delivery);
         let via = if body == "before-reload" { &levels } else { &holds };
@@ -129,7 +131,13 @@ async fn sigterm_under_load_exits_zero_and_loses_nothing_acknowledged() {
         headers.insert("hourglass-destination".into(), AMQPValue::LongString(LongString::from(dest.as_str())));
         headers.insert("hourglass-delay".into(), AMQPValue::LongString(LongString::from("1s")));
         publisher
-            .basic_publish("".into(), ingress.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), BasicProperties::default().with_headers(headers))
+            .basic_publish(
+                "".into(),
+                ingress.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default().with_headers(headers),
+            )
             .await
             .unwrap()
             .await

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
-use hourglass::broker::{Envelope, Executor, ExecutorError};
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
+use hourglass::broker::{Envelope, Executor, ExecutorError};
+use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
 use hourglass::message::Properties;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::*;
@@ -110,13 +110,8 @@ async fn an_unroutable_publish_comes_back_as_an_error() {
     let exchange = unique("dead-end");
     let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
-    let publish = Command::Publish {
-        exchange: exchange.clone(),
-        routing_key: "nobody.listens".into(),
-        headers: FieldTable::new(),
-        expiration_ms: None,
-        mandatory: true,
-    };
+    let publish =
+        Command::Publish { exchange: exchange.clone(), routing_key: "nobody.listens".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
     let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: Properties::default(), stamp_message_id: true };
     let err = executor.send(&[publish], &envelope).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");

@@ -246,7 +246,8 @@ fn management_get(path: &str) -> serde_json::Value {
 }
 
 fn close_connection(name: &str) {
-    let encoded: String = name.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let encoded: String =
+        name.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
     let (agent, url, authorization) = management(&format!("/api/connections/{encoded}"));
     agent.delete(&url).header("Authorization", &authorization).call().unwrap();
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hourglass::service::Service;
-use hourglass_e2e::serve::Served;
 use hourglass_e2e::private_node::PrivateNode;
+use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
@@ -26,9 +26,7 @@ async fn http_answer(method: &'static str, url: String, body: Option<serde_json:
             None if method == "GET" => agent.get(&url).call(),
             None => unreachable!(),
         };
-        response
-            .map(|r| (r.status().as_u16(), r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string)))
-            .unwrap_or((0, None))
+        response.map(|r| (r.status().as_u16(), r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string))).unwrap_or((0, None))
     })
     .await
     .unwrap()
@@ -53,10 +51,7 @@ async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_a
     // Durable, so it and its messages survive the restart.
     let destination = unique("recovery-dest");
     let channel = connection.create_channel().await.unwrap();
-    channel
-        .queue_declare(destination.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default())
-        .await
-        .unwrap();
+    channel.queue_declare(destination.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
     let service = Service::start(config.clone()).await.expect("service starts");
     let served = Served::start(service).await;
     let base = served.http.base.clone();
@@ -76,7 +71,8 @@ async fn the_service_survives_a_broker_restart_under_load_and_loses_nothing_it_a
                     return refused;
                 }
                 let body = format!("http-{i}");
-                let (status, retry_after) = http_answer("POST", format!("{base}/v1/messages"), Some(json!({ "destination": destination, "delay": "2s", "body": body }))).await;
+                let (status, retry_after) =
+                    http_answer("POST", format!("{base}/v1/messages"), Some(json!({ "destination": destination, "delay": "2s", "body": body }))).await;
                 if status == 503 {
                     assert!(retry_after.is_some_and(|s| s.parse::<u64>().is_ok()), "a 503 says when to retry (Retry-After)");
                 }
@@ -135,12 +131,7 @@ async fn publish_ingress(connection: &lapin::Connection, ingress: &str, destinat
         headers.insert("hourglass-destination".into(), AMQPValue::LongString(LongString::from(destination)));
         headers.insert("hourglass-delay".into(), AMQPValue::LongString(LongString::from("2s")));
         let properties = BasicProperties::default().with_headers(headers).with_delivery_mode(2);
-        channel
-            .basic_publish("".into(), ingress.into(), BasicPublishOptions::default(), body.as_bytes(), properties)
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        channel.basic_publish("".into(), ingress.into(), BasicPublishOptions::default(), body.as_bytes(), properties).await.unwrap().await.unwrap();
         bodies.insert(body);
     }
     bodies

@@ -7,15 +7,15 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use hourglass::broker::rabbitmq::consume::long_string;
 use hourglass::broker::rabbitmq::manage::Management;
-use hourglass::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
 use hourglass::clock::unix_now_ms;
+use hourglass::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
@@ -32,12 +32,8 @@ fn attempt(delivery: &Delivery) -> i64 {
 
 /// The application's headers: everything but hourglass's and the broker's.
 fn application_headers(delivery: &Delivery) -> Vec<(String, AMQPValue)> {
-    let mut kept: Vec<(String, AMQPValue)> = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .map(|h| h.inner().iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
-        .unwrap_or_default();
+    let mut kept: Vec<(String, AMQPValue)> =
+        delivery.properties.headers().as_ref().map(|h| h.inner().iter().map(|(k, v)| (k.to_string(), v.clone())).collect()).unwrap_or_default();
     kept.retain(|(k, _)| !k.starts_with("hourglass-") && !k.starts_with("x-"));
     kept
 }
@@ -114,10 +110,7 @@ impl Setup {
 /// `reject_through` (without requeue) and acks the rest, recording each.
 async fn consumer(connection: &Connection, queue: &str, reject_through: i64) -> mpsc::UnboundedReceiver<Received> {
     let channel = connection.create_channel().await.unwrap();
-    let mut deliveries = channel
-        .basic_consume(queue.into(), "e2e-consumer".into(), BasicConsumeOptions::default(), FieldTable::default())
-        .await
-        .unwrap();
+    let mut deliveries = channel.basic_consume(queue.into(), "e2e-consumer".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
     let (sender, received) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let _channel = channel;
@@ -138,8 +131,7 @@ async fn consumer(connection: &Connection, queue: &str, reject_through: i64) -> 
 
 async fn start(setup: &Setup) -> Served {
     let served = Served::start(Service::start(setup.config.clone()).await.expect("service starts")).await;
-    until("redelivery consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
-        .await;
+    until("redelivery consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
     served
 }
 

@@ -22,7 +22,8 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     let http = &served.http;
     let dest = destination.name.clone();
 
-    let (status, accepted) = http.schedule(Some("secret"), json!({ "destination": dest, "delay": "1s", "body": "hello", "headers": { "tenant": "acme" } })).await;
+    let (status, accepted) =
+        http.schedule(Some("secret"), json!({ "destination": dest, "delay": "1s", "body": "hello", "headers": { "tenant": "acme" } })).await;
     assert_eq!(status, 202, "{accepted}");
     assert!(accepted["id"].is_string() && accepted["due_at"].is_u64(), "{accepted}");
     let binary = base64::engine::general_purpose::STANDARD.encode(b"bin\x00ary");
@@ -60,7 +61,11 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     assert!(mermaid.starts_with("graph TD") && mermaid.contains(&format!("{prefix}.delay-level-27")), "{mermaid}");
     let (status, json_topology) = http.call("GET", "/v1/topology", Some("secret"), None).await;
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&json_topology).unwrap()["commands"].as_array().unwrap().len(), 3 + 1 + 28 * 4, "parking (3), delivery, 28 levels");
+    assert_eq!(
+        serde_json::from_str::<Value>(&json_topology).unwrap()["commands"].as_array().unwrap().len(),
+        3 + 1 + 28 * 4,
+        "parking (3), delivery, 28 levels"
+    );
     assert_eq!(http.call("GET", "/v1/topology?format=svg", Some("secret"), None).await.0, 400);
     assert_eq!(http.call("GET", "/healthz", None, None).await.0, 200);
     assert_eq!(http.call("GET", "/readyz", None, None).await.0, 200);

@@ -4,10 +4,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use hourglass::command::FieldValue;
 use hourglass::broker::sqs::pump::{Interrupt, Pump};
-use hourglass::scheduler::{ScheduleRequest, Scheduled};
+use hourglass::command::FieldValue;
 use hourglass::scheduler::strategies::Strategies;
+use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::sqs::*;
 
 const CYCLE_TABLE: &str = "planner = \"sqs-cycles\"\ncycle = \"2s\"";
@@ -92,13 +92,8 @@ async fn a_pump_dying_between_send_and_delete_loses_nothing() {
     let mut destination = SqsDestination::create(executor.clone(), "crash").await;
     let delay_queue = format!("{}-delay.fifo", destination.name);
     // A short visibility timeout so the undeleted message comes back quickly.
-    create_queue(&executor, &delay_queue, &[
-        ("FifoQueue", "true"),
-        ("DelaySeconds", "2"),
-        ("MessageRetentionPeriod", "345600"),
-        ("VisibilityTimeout", "2"),
-    ])
-    .await;
+    create_queue(&executor, &delay_queue, &[("FifoQueue", "true"), ("DelaySeconds", "2"), ("MessageRetentionPeriod", "345600"), ("VisibilityTimeout", "2")])
+        .await;
     let scheduled = scheduler.schedule(request(&destination.name, 5_000, 0)).await.unwrap();
 
     let planner = Strategies::load_one(&config, "main").unwrap();
@@ -183,17 +178,15 @@ async fn the_http_api_schedules_on_sqs_and_serve_runs_the_pumps_itself() {
     use hourglass_e2e::serve::Served;
     use serde_json::json;
 
-    let text = format!(
-        "[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[service]\npump_wait = \"1s\"\n\n[strategies.main]\n{CYCLE_TABLE}\n",
-        endpoint()
-    );
+    let text = format!("[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[service]\npump_wait = \"1s\"\n\n[strategies.main]\n{CYCLE_TABLE}\n", endpoint());
     let config = hourglass::config::Config::parse(std::path::Path::new("e2e-sqs-serve.toml"), text).unwrap();
     let (_, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor, "serve").await;
     let served = Served::start(Service::start(config).await.expect("service starts on SQS")).await;
     let http = &served.http;
 
-    let (status, accepted) = http.schedule(None, json!({ "destination": destination.name, "delay": "5s", "body": "hello sqs", "headers": { "tenant": "acme" } })).await;
+    let (status, accepted) =
+        http.schedule(None, json!({ "destination": destination.name, "delay": "5s", "body": "hello sqs", "headers": { "tenant": "acme" } })).await;
     assert_eq!(status, 202, "{accepted}");
     let (status, error) = http.schedule(None, json!({ "destination": destination.name, "delay": "later" })).await;
     assert_eq!((status, error["field"].as_str()), (400, Some("delay")), "{error}");
@@ -226,11 +219,7 @@ async fn content_type_and_custom_properties_survive_a_multi_cycle_delay() {
         content_type: Some("application/json".into()),
         correlation_id: Some("order-42".into()),
         priority: Some(3),
-        headers: [
-            ("x-trace".to_string(), HeaderValue::text("abc")),
-            ("x-attempts".to_string(), HeaderValue::I32(2)),
-        ]
-        .into(),
+        headers: [("x-trace".to_string(), HeaderValue::text("abc")), ("x-attempts".to_string(), HeaderValue::I32(2))].into(),
         ..Default::default()
     };
     // 5 s on a 2 s cycle: the typed message goes around twice; a plain one beside it.

@@ -77,7 +77,8 @@ async fn readyz_names_a_lost_ingress_until_it_is_back_and_ingress_then_forwards(
 
     // Take the consumer's connection away, and keep it from coming back.
     // The management API lists consumers with a delay of its own.
-    until("the management API listing the ingress consumer", Duration::from_secs(20), async || consumer_connection(&vhost.name, &ingress_queue).is_some()).await;
+    until("the management API listing the ingress consumer", Duration::from_secs(20), async || consumer_connection(&vhost.name, &ingress_queue).is_some())
+        .await;
     let consumer = consumer_connection(&vhost.name, &ingress_queue).unwrap();
     let permissions = format!("/api/permissions/{}/{}", escape(&vhost.name), escape(&user()));
     management("DELETE", &permissions, None);
@@ -97,10 +98,8 @@ async fn readyz_names_a_lost_ingress_until_it_is_back_and_ingress_then_forwards(
 
     management("PUT", &permissions, Some(json!({ "configure": ".*", "write": ".*", "read": ".*" })));
     until("ready again", Duration::from_secs(20), async || readyz(&served).await.0 == 200).await;
-    until("a new connection consuming", Duration::from_secs(20), async || {
-        consumer_connection(&vhost.name, &ingress_queue).is_some_and(|c| c != consumer)
-    })
-    .await;
+    until("a new connection consuming", Duration::from_secs(20), async || consumer_connection(&vhost.name, &ingress_queue).is_some_and(|c| c != consumer))
+        .await;
 
     let channel = connect_to(&vhost.url).await.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();

@@ -38,18 +38,12 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     channel.queue_delete(level.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
     let delivery = format!("{prefix}.delay-delivery");
     let key = format!("{}{}", "*.".repeat(28), destination.name);
-    channel
-        .queue_unbind(destination.name.as_str().into(), delivery.as_str().into(), key.as_str().into(), FieldTable::default())
-        .await
-        .unwrap();
+    channel.queue_unbind(destination.name.as_str().into(), delivery.as_str().into(), key.as_str().into(), FieldTable::default()).await.unwrap();
 
     let drifted = verify_via_management(&commands).await;
     let problems: Vec<String> = drifted.drifts.iter().map(|d| format!("{}: {}", d.object, d.problem)).collect();
     assert!(problems.contains(&format!("queue {level}: missing")), "{problems:?}");
-    assert!(
-        problems.contains(&format!("binding exchange {delivery} -> queue {} key {key:?}: missing", destination.name)),
-        "{problems:?}"
-    );
+    assert!(problems.contains(&format!("binding exchange {delivery} -> queue {} key {key:?}: missing", destination.name)), "{problems:?}");
     // Deleting the queue removed its binding too: that is reported as well.
     assert!(problems.iter().any(|p| p.starts_with(&format!("binding exchange {level} -> queue {level}"))), "{problems:?}");
 
@@ -63,17 +57,14 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     destination.delete().await;
 }
 
-
 #[tokio::test]
 async fn serve_with_topology_verify_refuses_to_start_on_drift_and_declares_nothing() {
     use hourglass::service::Service;
     let connection = connect().await;
     let prefix = unique("serve-verify");
     let strategy = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
-    let more = format!(
-        "[service]\ntopology = \"verify\"\n[service.ingress]\nenabled = false\n\n[destinations.\"{}\"]\nstrategy = \"main\"",
-        "absent-but-listed"
-    );
+    let more =
+        format!("[service]\ntopology = \"verify\"\n[service.ingress]\nenabled = false\n\n[destinations.\"{}\"]\nstrategy = \"main\"", "absent-but-listed");
     let config = config_with(&strategy, &more);
     let Err(err) = Service::start(config.clone()).await else { panic!("started on a broker without the topology") };
     let err = err.to_string();

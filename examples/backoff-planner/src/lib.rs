@@ -80,10 +80,7 @@ impl Planner for Backoff {
         for &bucket in &self.buckets {
             let name = bucket_name(bucket);
             commands.push(declare_exchange(&name, ExchangeKind::Fanout, vec![]));
-            commands.push(declare_queue(&name, vec![
-                int("x-message-ttl", bucket as i64),
-                text("x-dead-letter-exchange", ""),
-            ]));
+            commands.push(declare_queue(&name, vec![int("x-message-ttl", bucket as i64), text("x-dead-letter-exchange", "")]));
             commands.push(bind_queue(&name, &name, ""));
         }
         Ok(commands)
@@ -93,9 +90,12 @@ impl Planner for Backoff {
         if request.delay_ms == 0 {
             return Ok(Plan { commands: vec![publish("", &request.destination, vec![])], delivers_after_ms: 0 });
         }
-        let bucket = self.buckets.iter().copied().find(|&b| b >= request.delay_ms).ok_or_else(|| {
-            format!("delay {}ms is above the longest bucket {}ms", request.delay_ms, self.buckets.last().unwrap())
-        })?;
+        let bucket = self
+            .buckets
+            .iter()
+            .copied()
+            .find(|&b| b >= request.delay_ms)
+            .ok_or_else(|| format!("delay {}ms is above the longest bucket {}ms", request.delay_ms, self.buckets.last().unwrap()))?;
         let publish = publish(&bucket_name(bucket), &request.destination, vec![]);
         Ok(Plan { commands: vec![publish], delivers_after_ms: bucket })
     }
@@ -124,9 +124,7 @@ mod tests {
 
     #[test]
     fn delays_round_up_to_a_power_of_two_bucket() {
-        let plan = backoff()
-            .plan(&PlanRequest { destination: "q".into(), delay_ms: 2_500, message_id: "m".into(), routing_key: None })
-            .unwrap();
+        let plan = backoff().plan(&PlanRequest { destination: "q".into(), delay_ms: 2_500, message_id: "m".into(), routing_key: None }).unwrap();
         assert_eq!(plan.delivers_after_ms, 4_000);
         assert_eq!(plan.commands, vec![publish("backoff.4000ms", "q", vec![])]);
     }

@@ -89,13 +89,8 @@ mod tests {
     async fn the_memory_broker_delivers_on_the_wall_clock() {
         let broker = MemoryExecutor::default();
         broker.declare_destination("dest");
-        let publish = Command::Publish {
-            exchange: String::new(),
-            routing_key: "dest".into(),
-            headers: FieldTable::new(),
-            expiration_ms: None,
-            mandatory: true,
-        };
+        let publish =
+            Command::Publish { exchange: String::new(), routing_key: "dest".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
         let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default(), stamp_message_id: true };
         broker.send(&[publish], &envelope).await.unwrap();

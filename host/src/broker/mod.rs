@@ -77,7 +77,6 @@ pub trait Executor {
     }
 }
 
-
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
 pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 
@@ -92,11 +91,7 @@ pub enum Broker {
 /// `HOURGLASS_AMQP_URL`), else `url`, else guest on localhost.
 pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
     let variable = url_env.unwrap_or(AMQP_URL_ENV);
-    std::env::var(variable)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .or_else(|| url.map(str::to_string))
-        .unwrap_or_else(|| DEFAULT_URL.to_string())
+    std::env::var(variable).ok().filter(|v| !v.is_empty()).or_else(|| url.map(str::to_string)).unwrap_or_else(|| DEFAULT_URL.to_string())
 }
 
 impl Broker {

@@ -45,8 +45,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 println!("planner {}: all {} delays delivered as promised", report.planner, report.checked);
             } else {
                 println!("planner {}: {} of {} delays broke their promise", report.planner, report.failures.len(), report.checked);
-                let rows: Vec<Vec<String>> =
-                    report.failures.iter().map(|f| vec![format!("{}ms", f.delay_ms), f.expected.clone(), f.got.clone()]).collect();
+                let rows: Vec<Vec<String>> = report.failures.iter().map(|f| vec![format!("{}ms", f.delay_ms), f.expected.clone(), f.got.clone()]).collect();
                 print!("{}", render::table(&["DELAY", "EXPECTED", "GOT"], &rows));
             }
         }

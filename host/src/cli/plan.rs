@@ -25,12 +25,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { message: DelayedMessage { destination, delay }, format, price_per_million } = args;
     let (config, mut strategies) = load(cli)?;
     let (name, planner) = pick(cli, &config, &mut strategies, Some(destination))?;
-    let request = PlanRequest {
-        destination: destination.clone(),
-        delay_ms: *delay,
-        message_id: "plan-preview".into(),
-        routing_key: None,
-    };
+    let request = PlanRequest { destination: destination.clone(), delay_ms: *delay, message_id: "plan-preview".into(), routing_key: None };
     let plan = planner.plan(&request)?;
     let info = planner.info().clone();
     let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);

@@ -19,7 +19,8 @@ impl Progress {
     pub fn new(total: u64) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total);
-            let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar());
+            let style =
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             bar.enable_steady_tick(Duration::from_millis(120));
             bar

@@ -77,13 +77,22 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
         task.await??;
     }
     let handed_over: u64 = counters.iter().map(|c| c.snapshot().handed_over).sum();
-    let visits: u64 = counters.iter().map(|c| { let s = c.snapshot(); s.recycled + s.handed_over }).sum();
+    let visits: u64 = counters
+        .iter()
+        .map(|c| {
+            let s = c.snapshot();
+            s.recycled + s.handed_over
+        })
+        .sum();
     let requests = executor.requests.snapshot();
-    println!("{}", serde_json::to_string_pretty(&serde_json::json!({
-        "pumps": counters.iter().map(|c| c.snapshot()).collect::<Vec<_>>(),
-        "requests": requests,
-        "requests_per_delivered_message": requests.message_requests() as f64 / handed_over.max(1) as f64,
-        "requests_per_cycle": requests.message_requests() as f64 / visits.max(1) as f64,
-    }))?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "pumps": counters.iter().map(|c| c.snapshot()).collect::<Vec<_>>(),
+            "requests": requests,
+            "requests_per_delivered_message": requests.message_requests() as f64 / handed_over.max(1) as f64,
+            "requests_per_cycle": requests.message_requests() as f64 / visits.max(1) as f64,
+        }))?
+    );
     Ok(())
 }

@@ -59,12 +59,9 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             "due_at": due.to_string(),
             "delivers_after_ms": scheduled.delivers_after_ms,
         }))?,
-        TextOrJson::Table => println!(
-            "scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})",
-            scheduled.id,
-            scheduled.strategy,
-            render::duration(*delay)
-        ),
+        TextOrJson::Table => {
+            println!("scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(*delay))
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -55,7 +55,12 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             let took = progress.finish();
             println!("applied the topology of strategy {strategy} on {place}");
             if !destinations.is_empty() {
-                println!("prepared {} of {} destinations in {}", destinations.len() - failed.len(), destinations.len(), render::duration(took.as_millis() as u64));
+                println!(
+                    "prepared {} of {} destinations in {}",
+                    destinations.len() - failed.len(),
+                    destinations.len(),
+                    render::duration(took.as_millis() as u64)
+                );
             }
             for failure in &failed {
                 eprintln!("error: {failure}");

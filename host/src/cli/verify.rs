@@ -38,10 +38,8 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             if report.drifts.is_empty() {
                 println!("no drift");
             } else {
-                let rows: Vec<Vec<String>> = verify::grouped(&report)
-                    .into_iter()
-                    .flat_map(|(object, problems)| problems.into_iter().map(move |p| vec![object.clone(), p]))
-                    .collect();
+                let rows: Vec<Vec<String>> =
+                    verify::grouped(&report).into_iter().flat_map(|(object, problems)| problems.into_iter().map(move |p| vec![object.clone(), p])).collect();
                 print!("{}", render::table(&["OBJECT", "DRIFT"], &rows));
             }
         }

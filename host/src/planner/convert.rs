@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::bindings::hourglass::planner::types as wit;
-use crate::command::{AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments, check_sqs_queue_name};
+use crate::command::{
+    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments, check_sqs_queue_name,
+};
 
 /// Converts and validates one planner command. The error says what is wrong;
 /// the caller adds which planner said it.
@@ -33,23 +35,13 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
             check_name("queue", &b.queue, false)?;
             check_name("exchange", &b.exchange, false)?;
             check_name("routing key", &b.routing_key, true)?;
-            Command::BindQueue {
-                queue: b.queue,
-                exchange: b.exchange,
-                routing_key: b.routing_key,
-                arguments: field_table(b.arguments)?,
-            }
+            Command::BindQueue { queue: b.queue, exchange: b.exchange, routing_key: b.routing_key, arguments: field_table(b.arguments)? }
         }
         wit::Command::BindExchange(b) => {
             check_name("exchange", &b.source, false)?;
             check_name("exchange", &b.destination, false)?;
             check_name("routing key", &b.routing_key, true)?;
-            Command::BindExchange {
-                source: b.source,
-                destination: b.destination,
-                routing_key: b.routing_key,
-                arguments: field_table(b.arguments)?,
-            }
+            Command::BindExchange { source: b.source, destination: b.destination, routing_key: b.routing_key, arguments: field_table(b.arguments)? }
         }
         wit::Command::Publish(p) => {
             // The empty name is the default exchange.
@@ -145,13 +137,7 @@ mod tests {
     use super::*;
 
     fn send(queue: &str, delay_seconds: u32, group: Option<&str>) -> wit::Command {
-        wit::Command::SqsSend(wit::SqsSend {
-            queue: queue.into(),
-            delay_seconds,
-            attributes: vec![],
-            group_id: group.map(Into::into),
-            dedup_id: None,
-        })
+        wit::Command::SqsSend(wit::SqsSend { queue: queue.into(), delay_seconds, attributes: vec![], group_id: group.map(Into::into), dedup_id: None })
     }
 
     #[test]

@@ -5,10 +5,10 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
+use super::PlannerError;
 use super::bindings::hourglass::planner::{diagnostics, types as wit};
 use super::bindings::{PlannerWorld, PlannerWorldPre};
 use super::runtime::PlannerLimits;
-use super::PlannerError;
 use crate::command::{Command, DueAction, DueMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -242,13 +242,8 @@ impl LoadedPlanner {
     }
 
     fn instantiate(&self) -> Result<(Live, DelayRange), PlannerError> {
-        let state = StoreState {
-            limits: StoreLimitsBuilder::new()
-                .memory_size(self.limits.memory_bytes)
-                .trap_on_grow_failure(true)
-                .build(),
-            panic_message: None,
-        };
+        let state =
+            StoreState { limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(), panic_message: None };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(self.limits.deadline_ticks());
@@ -319,11 +314,7 @@ impl LoadedPlanner {
 
 impl PlannerInstance<'_> {
     /// Runs one export under the call budget; a trap discards the instance.
-    fn call<R>(
-        &mut self,
-        function: &'static str,
-        f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PlannerError> {
+    fn call<R>(&mut self, function: &'static str, f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>) -> Result<R, PlannerError> {
         let planner = self.planner;
         if self.live.is_none() {
             // Trapped earlier on this checkout: start afresh, as the pool would.
@@ -366,10 +357,7 @@ impl PlannerInstance<'_> {
             return Err(PlannerError::InvalidOutput {
                 planner: self.planner.label.clone(),
                 function: "plan",
-                reason: format!(
-                    "promised {}ms for a {}ms delay: planners may round up, never down",
-                    plan.delivers_after_ms, request.delay_ms
-                ),
+                reason: format!("promised {}ms for a {}ms delay: planners may round up, never down", plan.delivers_after_ms, request.delay_ms),
             });
         }
         Ok(Plan { commands: self.planner.commands("plan", plan.commands)?, delivers_after_ms: plan.delivers_after_ms })
@@ -379,11 +367,7 @@ impl PlannerInstance<'_> {
         let wit_message = wit::DueMessage {
             queue: message.queue.clone(),
             message_id: message.message_id.clone(),
-            attributes: message
-                .attributes
-                .iter()
-                .map(|(name, value)| wit::SqsAttribute { name: name.clone(), value: value.clone() })
-                .collect(),
+            attributes: message.attributes.iter().map(|(name, value)| wit::SqsAttribute { name: name.clone(), value: value.clone() }).collect(),
             sent_timestamp_ms: message.sent_timestamp_ms,
             first_receive_timestamp_ms: message.first_receive_timestamp_ms,
             receive_count: message.receive_count,
@@ -415,11 +399,7 @@ fn convert_info(info: wit::PlannerInfo) -> PlannerInfo {
             wit::BrokerFamily::Amqp => BrokerFamily::Amqp,
             wit::BrokerFamily::Sqs => BrokerFamily::Sqs,
         },
-        config_keys: info
-            .config_keys
-            .into_iter()
-            .map(|k| ConfigKey { name: k.name, description: k.description, default_value: k.default_value })
-            .collect(),
+        config_keys: info.config_keys.into_iter().map(|k| ConfigKey { name: k.name, description: k.description, default_value: k.default_value }).collect(),
     }
 }
 

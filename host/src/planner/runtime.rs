@@ -13,11 +13,11 @@ use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
+use super::PlannerError;
 use super::bindings::{PlannerWorld, PlannerWorldPre};
 use super::builtin;
 use super::cache::ComponentCache;
 use super::instance::{LoadedPlanner, StoreState};
-use super::PlannerError;
 
 /// Epoch ticks bound every planner call; this is their period.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -70,11 +70,9 @@ impl PlannerSource {
     fn bytes(&self) -> Result<std::borrow::Cow<'static, [u8]>, PlannerError> {
         match self {
             PlannerSource::Builtin(name) => Ok(builtin::component(name).expect("built-in planner exists").into()),
-            PlannerSource::File(path) => std::fs::read(path).map(Into::into).map_err(|source| PlannerError::Read {
-                planner: self.label(),
-                path: path.display().to_string(),
-                source,
-            }),
+            PlannerSource::File(path) => {
+                std::fs::read(path).map(Into::into).map_err(|source| PlannerError::Read { planner: self.label(), path: path.display().to_string(), source })
+            }
         }
     }
 }
@@ -151,11 +149,7 @@ impl PlannerRuntime {
     /// Reads and compiles (or loads from cache) a planner's component.
     pub fn compile(&self, source: &PlannerSource) -> Result<Component, PlannerError> {
         let wasm = source.bytes()?;
-        let not_a_component = |reason: String| PlannerError::NotAComponent {
-            planner: source.label(),
-            path: source.label(),
-            reason,
-        };
+        let not_a_component = |reason: String| PlannerError::NotAComponent { planner: source.label(), path: source.label(), reason };
         if !wasm.starts_with(b"\0asm") {
             return Err(not_a_component("the file does not start with the WebAssembly magic bytes".into()));
         }
@@ -178,8 +172,7 @@ impl PlannerRuntime {
         let label = source.label();
         let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
         let mut linker = Linker::<StoreState>::new(&self.engine);
-        PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state)
-            .map_err(|e| PlannerError::Engine(e.to_string()))?;
+        PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state).map_err(|e| PlannerError::Engine(e.to_string()))?;
         // std pulls in WASI imports; planners get none of those capabilities.
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;

@@ -20,10 +20,10 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::mpsc;
 
-use crate::command::{Command, FieldTable, FieldValue};
-use crate::config::Config;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
+use crate::command::{Command, FieldTable, FieldValue};
+use crate::config::Config;
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::message::Properties;
 use crate::metrics::Metrics;
@@ -134,13 +134,7 @@ impl Generation {
     fn new(config: Config, mut strategies: Strategies) -> Generation {
         let names: Vec<String> = strategies.names().map(str::to_string).collect();
         let reserved = reserved_names(&config, &mut strategies, &names);
-        Generation {
-            config: Arc::new(config),
-            strategies,
-            names,
-            reserved,
-            prepared: Default::default(),
-        }
+        Generation { config: Arc::new(config), strategies, names, reserved, prepared: Default::default() }
     }
 
     /// One call into `strategy`'s planner (on an instance of its pool).
@@ -335,13 +329,7 @@ impl<E: Executor> Scheduler<E> {
         self.prepare_destination_in(&generation, &mut prepared, strategy, destination).await
     }
 
-    async fn prepare_destination_in(
-        &self,
-        generation: &Generation,
-        prepared: &mut Prepared,
-        strategy: &str,
-        destination: &str,
-    ) -> Result<(), ScheduleError> {
+    async fn prepare_destination_in(&self, generation: &Generation, prepared: &mut Prepared, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
         validate::check_destination(destination, &generation.reserved).map_err(ScheduleError::Invalid)?;
         if !prepared.topology.contains(strategy) {
             self.apply_topology_in(generation, prepared, strategy).await?;
@@ -438,7 +426,8 @@ mod tests {
     use crate::broker::MemoryExecutor;
 
     fn two_strategies() -> Config {
-        let text = "default_strategy = \"a\"\n[planners]\ncache = false\n[strategies.a]\nplanner = \"hold-queues\"\n[strategies.b]\nplanner = \"binary-levels\"\n";
+        let text =
+            "default_strategy = \"a\"\n[planners]\ncache = false\n[strategies.a]\nplanner = \"hold-queues\"\n[strategies.b]\nplanner = \"binary-levels\"\n";
         Config::parse(Path::new("delay.toml"), text.into()).unwrap()
     }
 
@@ -475,11 +464,7 @@ mod tests {
         });
         let (mut results, instances_meanwhile) = results;
         results.sort_by_key(|r| r.as_ref().map(|(strategy, _)| *strategy).ok());
-        assert_eq!(
-            results,
-            [Ok(("a", Ok("a".to_string()))), Ok(("b", Ok("b".to_string())))],
-            "both calls completed while an instance of a was checked out"
-        );
+        assert_eq!(results, [Ok(("a", Ok("a".to_string()))), Ok(("b", Ok("b".to_string())))], "both calls completed while an instance of a was checked out");
         assert_eq!(instances_meanwhile, 2, "the second call to a got an instance of its own");
     }
 
@@ -512,7 +497,10 @@ mod tests {
         let text = |name: &str, value: &str| -> FieldTable { [(name.to_string(), FieldValue::Text(value.into()))].into() };
         let refused = [
             ("destination", ScheduleRequest { destination: "d".repeat(256), delay_ms: 1_000, ..Default::default() }),
-            ("destination", ScheduleRequest { destination: "hourglass.delay-level-01".into(), delay_ms: 1_000, strategy: Some("b".into()), ..Default::default() }),
+            (
+                "destination",
+                ScheduleRequest { destination: "hourglass.delay-level-01".into(), delay_ms: 1_000, strategy: Some("b".into()), ..Default::default() },
+            ),
             ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("CC", "elsewhere"), ..Default::default() }),
             ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("x-death", "made up"), ..Default::default() }),
             ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text(&"h".repeat(256), "v"), ..Default::default() }),

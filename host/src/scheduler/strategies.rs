@@ -118,7 +118,14 @@ mod tests {
         let text = format!("[planners]\ncache_dir = {:?}\n[strategies.a]\nplanner = \"hold-queues\"\n", cache.display().to_string());
         let config = Config::parse(&dir.path().join("delay.toml"), text).unwrap();
         let err = Strategies::load(&config).err().expect("refused").to_string();
-        assert!(err.starts_with(&format!("{}:1:1: planner cache directory {}: writable by group and others", dir.path().join("delay.toml").display(), cache.display())), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "{}:1:1: planner cache directory {}: writable by group and others",
+                dir.path().join("delay.toml").display(),
+                cache.display()
+            )),
+            "{err}"
+        );
 
         std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
         Strategies::load(&config).expect("a private cache directory is fine");

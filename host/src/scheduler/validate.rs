@@ -145,10 +145,18 @@ fn check_properties(properties: &Properties) -> Result<(), Invalid> {
 fn check_values(headers: &Headers) -> Result<(), Invalid> {
     fn value(v: &HeaderValue) -> Result<(), Invalid> {
         match v {
-            HeaderValue::ShortText(s) if s.len() > AMQP_MAX_NAME => Err(invalid("headers", format!("a short-string header value is {} bytes; at most {AMQP_MAX_NAME}", s.len()))),
+            HeaderValue::ShortText(s) if s.len() > AMQP_MAX_NAME => {
+                Err(invalid("headers", format!("a short-string header value is {} bytes; at most {AMQP_MAX_NAME}", s.len())))
+            }
             HeaderValue::Array(items) => items.iter().try_for_each(value),
             HeaderValue::Table(table) => {
-                table.keys().try_for_each(|k| if k.len() > AMQP_MAX_NAME { Err(invalid("headers", format!("a nested header name is {} bytes; at most {AMQP_MAX_NAME}", k.len()))) } else { Ok(()) })?;
+                table.keys().try_for_each(|k| {
+                    if k.len() > AMQP_MAX_NAME {
+                        Err(invalid("headers", format!("a nested header name is {} bytes; at most {AMQP_MAX_NAME}", k.len())))
+                    } else {
+                        Ok(())
+                    }
+                })?;
                 table.values().try_for_each(value)
             }
             _ => Ok(()),

@@ -58,14 +58,10 @@ fn schedule_error(err: ScheduleError) -> ApiError {
         ScheduleError::BadRequest(message) => ApiError::bad("request", message),
         ScheduleError::Invalid(invalid) => ApiError::bad(invalid.field, format!("{}: {}", invalid.field, invalid.reason)),
         ScheduleError::Unplannable(message) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message },
-        ScheduleError::Planner(PlannerError::Refused { message, planner }) => {
-            ApiError::bad("delay", format!("planner {planner} refused: {message}"))
-        }
+        ScheduleError::Planner(PlannerError::Refused { message, planner }) => ApiError::bad("delay", format!("planner {planner} refused: {message}")),
         ScheduleError::Planner(other) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: other.to_string() },
         ScheduleError::Broker(ExecutorError::Invalid(message)) => ApiError::bad("request", message),
-        ScheduleError::Broker(ExecutorError::Unavailable(message)) => {
-            ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message }
-        }
+        ScheduleError::Broker(ExecutorError::Unavailable(message)) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message },
         ScheduleError::Broker(other) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("destination"), message: other.to_string() },
     }
 }
@@ -110,9 +106,7 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     };
     let body = match object.get("encoding").and_then(Value::as_str) {
         None | Some("text") => text.as_bytes().to_vec(),
-        Some("base64") => base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(|e| ApiError::bad("body", format!("not valid base64: {e}")))?,
+        Some("base64") => base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| ApiError::bad("body", format!("not valid base64: {e}")))?,
         Some(other) => return Err(ApiError::bad("encoding", format!("{other:?} is not \"text\" or \"base64\""))),
     };
     if body.len() > MAX_BODY_BYTES {
@@ -151,8 +145,7 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
             // Over the request limit (a JSON-encoded body is larger than the body itself).
             let field = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body" } else { "request" };
             service.metrics.rejected(field);
-            return ApiError { status: rejection.status(), field: Some(field), message: format!("{field}: {}", rejection.body_text()) }
-                .into_response();
+            return ApiError { status: rejection.status(), field: Some(field), message: format!("{field}: {}", rejection.body_text()) }.into_response();
         }
     };
     let request = match parse_message(&bytes) {

@@ -213,8 +213,11 @@ mod tests {
 
     #[test]
     fn whole_milliseconds_and_a_strategy_are_accepted() {
-        let props =
-            properties(&[(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(2500)), (STRATEGY_HEADER, HeaderValue::text("precise"))]);
+        let props = properties(&[
+            (DESTINATION_HEADER, HeaderValue::text("d")),
+            (REQUESTED_DELAY_HEADER, HeaderValue::I32(2500)),
+            (STRATEGY_HEADER, HeaderValue::text("precise")),
+        ]);
         let request = parse_parts(props, b"").unwrap();
         assert_eq!((request.delay_ms, request.strategy.as_deref()), (2500, Some("precise")));
     }
@@ -224,11 +227,21 @@ mod tests {
         let cases: Vec<(Vec<(&str, HeaderValue)>, &str)> = vec![
             (vec![(REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))], "missing header hourglass-destination"),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d"))], "missing header hourglass-delay"),
-            (vec![(DESTINATION_HEADER, HeaderValue::text("")), (REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))], "hourglass-destination: must be a non-empty"),
+            (
+                vec![(DESTINATION_HEADER, HeaderValue::text("")), (REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))],
+                "hourglass-destination: must be a non-empty",
+            ),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::text("soon"))], "hourglass-delay:"),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(-5))], "is negative"),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::Bool(true))], "neither a duration"),
-            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::text("1s")), ("hourglass-due-at", HeaderValue::text("x"))], "is reserved"),
+            (
+                vec![
+                    (DESTINATION_HEADER, HeaderValue::text("d")),
+                    (REQUESTED_DELAY_HEADER, HeaderValue::text("1s")),
+                    ("hourglass-due-at", HeaderValue::text("x")),
+                ],
+                "is reserved",
+            ),
         ];
         for (headers, want) in cases {
             let err = parse_parts(properties(&headers), b"").unwrap_err();

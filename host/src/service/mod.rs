@@ -238,11 +238,7 @@ impl Service {
         }
         // The broker is the running one: a changed broker needs a restart.
         startup::check_broker_family(&old.broker, &config, &strategies)?;
-        let reloaded = Reloaded {
-            strategies: config.strategies.keys().cloned().collect(),
-            default_strategy: config.default_strategy.clone(),
-            needs_restart,
-        };
+        let reloaded = Reloaded { strategies: config.strategies.keys().cloned().collect(), default_strategy: config.default_strategy.clone(), needs_restart };
         let apply_default = self.topology == TopologyAtStart::Apply;
         self.scheduler.reload(config.clone(), strategies, apply_default).await?;
         self.metrics.bound_labels(config.strategies.keys(), config.destinations.keys());

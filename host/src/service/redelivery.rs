@@ -26,11 +26,10 @@ use crate::broker::{Broker, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
-use crate::headers::{ATTEMPTS_HEADER, ATTEMPT_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
+use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
 use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
 use crate::planner::RedeliveryDecision;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
-
 
 /// The redelivery input's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Redelivery {
@@ -81,7 +80,10 @@ struct Failure {
 /// What happens to one message from the input.
 #[derive(Debug, PartialEq)]
 enum Decision {
-    Retry { delay_ms: u64, next_attempt: u32 },
+    Retry {
+        delay_ms: u64,
+        next_attempt: u32,
+    },
     GiveUp(String),
     /// The policy could not answer in time (a starved CPU, say): ask again later.
     Wait(String),
@@ -182,7 +184,14 @@ impl Redelivery {
 
     /// Schedules the message back to its queue. `Err(None)` when it must wait
     /// (the broker is unavailable, the planner ran out of time).
-    async fn redeliver(&self, delivery: &Delivery, entry: &RedeliveryConfig, failure: &Failure, delay_ms: u64, next_attempt: u32) -> Result<u64, Option<String>> {
+    async fn redeliver(
+        &self,
+        delivery: &Delivery,
+        entry: &RedeliveryConfig,
+        failure: &Failure,
+        delay_ms: u64,
+        next_attempt: u32,
+    ) -> Result<u64, Option<String>> {
         let request = ScheduleRequest {
             destination: entry.queue.clone(),
             delay_ms,
@@ -333,11 +342,17 @@ impl Handler for Redelivery {
     /// dead-letter exchange.
     fn declarations(&self) -> Vec<Command> {
         let durable_queue = |name: String| Command::DeclareQueue { name, durable: true, arguments: Default::default() };
-        let mut commands = vec![Command::DeclareExchange { name: self.input.clone(), kind: ExchangeKind::Fanout, durable: true, arguments: Default::default() }];
+        let mut commands =
+            vec![Command::DeclareExchange { name: self.input.clone(), kind: ExchangeKind::Fanout, durable: true, arguments: Default::default() }];
         commands.push(durable_queue(self.input.clone()));
         commands.push(durable_queue(self.unknown_queue()));
         commands.extend(self.queues.values().map(|entry| durable_queue(entry.error_queue())));
-        commands.push(Command::BindQueue { queue: self.input.clone(), exchange: self.input.clone(), routing_key: String::new(), arguments: Default::default() });
+        commands.push(Command::BindQueue {
+            queue: self.input.clone(),
+            exchange: self.input.clone(),
+            routing_key: String::new(),
+            arguments: Default::default(),
+        });
         if self.declaring {
             for entry in self.queues.values().filter(|e| e.dead_letter == DeadLetterSetup::Declare) {
                 let arguments = [("x-dead-letter-exchange".to_string(), FieldValue::Text(self.input.clone()))].into();
@@ -432,11 +447,10 @@ mod tests {
     }
 
     fn dead_lettered(deaths: Vec<HeaderValue>, extra: &[(&str, HeaderValue)]) -> Properties {
-        let mut headers: crate::message::Headers =
-            [("x-death", HeaderValue::Array(deaths)), ("x-first-death-queue", text("orders")), ("tenant", text("acme"))]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
+        let mut headers: crate::message::Headers = [("x-death", HeaderValue::Array(deaths)), ("x-first-death-queue", text("orders")), ("tenant", text("acme"))]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         for (k, v) in extra {
             headers.insert(k.to_string(), v.clone());
         }

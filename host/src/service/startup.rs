@@ -9,11 +9,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
-use crate::planner::BrokerFamily;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::{Broker, Executor, amqp_url};
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::planner::BrokerFamily;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
 use crate::service::ingress::Ingress;
@@ -29,9 +29,7 @@ impl Service {
     /// destinations, starts the ingress (RabbitMQ) and the pumps (SQS).
     pub async fn start(config: Config) -> Result<Arc<Service>, ServiceError> {
         let loaded = config.clone();
-        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded))
-            .await
-            .map_err(|e| ServiceError::Other(e.to_string()))??;
+        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded)).await.map_err(|e| ServiceError::Other(e.to_string()))??;
         check_broker_family(&config.broker, &config, &strategies)?;
         let broker = Broker::connect(&config.broker).await?;
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
@@ -90,7 +88,6 @@ impl Service {
         service.prepare_configured_destinations(&config).await;
         Ok(service)
     }
-
 
     /// Sets up each configured destination now, so pumps start and mistakes
     /// show in the log at start; a destination that fails is prepared again on
@@ -252,7 +249,8 @@ async fn start_redelivery(
         if !with_policy.is_empty() {
             let management = crate::broker::rabbitmq::manage::management_url(amqp, management_url)
                 .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
-            let api = crate::broker::rabbitmq::manage::Management::new(&management, crate::broker::rabbitmq::manage::vhost_of(amqp)).map_err(|e| named(&with_policy[0], &e))?;
+            let api = crate::broker::rabbitmq::manage::Management::new(&management, crate::broker::rabbitmq::manage::vhost_of(amqp))
+                .map_err(|e| named(&with_policy[0], &e))?;
             let handler = handler.clone();
             tokio::task::spawn_blocking(move || {
                 for queue in &with_policy {
@@ -312,8 +310,10 @@ mod tests {
             ("kind = \"sqs\"\nregion = \"us-east-1\"\nendpoint_url = \"http://127.0.0.1:1\"", "planner = \"binary-levels\"", "binary-levels"),
         ];
         for (broker, planner, name) in cases {
-            let text = format!("default_strategy = \"fine\"\n[broker]\n{broker}\n[strategies.mismatched]\n{planner}\n[strategies.fine]\n{}\n",
-                if name == "sqs-cycles" { "planner = \"binary-levels\"" } else { "planner = \"sqs-cycles\"" });
+            let text = format!(
+                "default_strategy = \"fine\"\n[broker]\n{broker}\n[strategies.mismatched]\n{planner}\n[strategies.fine]\n{}\n",
+                if name == "sqs-cycles" { "planner = \"binary-levels\"" } else { "planner = \"sqs-cycles\"" }
+            );
             let config = Config::parse(std::path::Path::new("family.toml"), text).unwrap();
             let err = match Service::start(config).await {
                 Ok(_) => panic!("{name} on the wrong broker started"),

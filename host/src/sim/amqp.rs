@@ -144,11 +144,7 @@ pub fn topic_matches(pattern: &str, key: &str) -> bool {
 fn headers_match(arguments: &FieldTable, headers: &FieldTable) -> bool {
     let any = arguments.get("x-match").and_then(FieldValue::as_text) == Some("any");
     let mut wanted = arguments.iter().filter(|(k, _)| !k.starts_with("x-"));
-    if any {
-        wanted.any(|(k, v)| headers.get(k) == Some(v))
-    } else {
-        wanted.all(|(k, v)| headers.get(k) == Some(v))
-    }
+    if any { wanted.any(|(k, v)| headers.get(k) == Some(v)) } else { wanted.all(|(k, v)| headers.get(k) == Some(v)) }
 }
 
 fn differing(wanted: &FieldTable, existing: &FieldTable) -> String {
@@ -193,10 +189,7 @@ impl AmqpBroker {
 
     /// The queue a message waits in (or is held by), if it waits anywhere.
     pub fn queue_holding(&self, message_id: &str) -> Option<&str> {
-        self.queues
-            .iter()
-            .find(|(_, q)| q.messages.iter().chain(&q.held).any(|m| m.message.id == message_id))
-            .map(|(name, _)| name.as_str())
+        self.queues.iter().find(|(_, q)| q.messages.iter().chain(&q.held).any(|m| m.message.id == message_id)).map(|(name, _)| name.as_str())
     }
 
     /// After a topology change, at-least-once queues retry what they hold one retry interval later.
@@ -284,10 +277,7 @@ impl AmqpBroker {
     }
 
     fn bind(&mut self, exchange: &str, binding: Binding) -> Result<(), SimError> {
-        let source = self
-            .exchanges
-            .get_mut(exchange)
-            .ok_or_else(|| SimError::NotFound(format!("no exchange {exchange:?} to bind")))?;
+        let source = self.exchanges.get_mut(exchange).ok_or_else(|| SimError::NotFound(format!("no exchange {exchange:?} to bind")))?;
         if !source.bindings.contains(&binding) {
             source.bindings.push(binding);
         }
@@ -448,15 +438,7 @@ impl AmqpBroker {
         fired
     }
 
-    fn dead_letter(
-        &mut self,
-        queue: &str,
-        stored: Stored,
-        exchange: Option<String>,
-        routing_key: Option<String>,
-        now: u64,
-        fired: &mut Fired,
-    ) {
+    fn dead_letter(&mut self, queue: &str, stored: Stored, exchange: Option<String>, routing_key: Option<String>, now: u64, fired: &mut Fired) {
         let mut message = stored.message;
         let waited_ms = now - stored.enqueued_ms;
         let Some(exchange) = exchange else {
@@ -475,14 +457,17 @@ impl AmqpBroker {
                 death.time_ms = now;
                 message.deaths.insert(0, death);
             }
-            None => message.deaths.insert(0, Death {
-                queue: queue.into(),
-                reason: "expired".into(),
-                count: 1,
-                exchange: exchange.clone(),
-                routing_keys: vec![message.routing_key.clone()],
-                time_ms: now,
-            }),
+            None => message.deaths.insert(
+                0,
+                Death {
+                    queue: queue.into(),
+                    reason: "expired".into(),
+                    count: 1,
+                    exchange: exchange.clone(),
+                    routing_keys: vec![message.routing_key.clone()],
+                    time_ms: now,
+                },
+            ),
         }
         if let Some(key) = routing_key {
             message.routing_key = key;

@@ -174,9 +174,7 @@ impl Simulator {
     /// Applies a topology or setup command (anything but a send).
     pub fn apply(&mut self, command: &Command) -> Result<(), SimError> {
         match command {
-            Command::Publish { .. } | Command::SqsSend { .. } => {
-                Err(SimError::Invalid("a publish or send needs a message; use execute".into()))
-            }
+            Command::Publish { .. } | Command::SqsSend { .. } => Err(SimError::Invalid("a publish or send needs a message; use execute".into())),
             Command::SqsEnsureQueue { name, attributes, pumped } => self.sqs.ensure_queue(name, attributes, *pumped),
             other => self.amqp.apply(other, self.now_ms),
         }

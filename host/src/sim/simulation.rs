@@ -148,12 +148,7 @@ impl<'p> Simulation<'p> {
             hops: Vec::new(),
             problem: None,
         };
-        let request = PlanRequest {
-            destination: self.destination.clone(),
-            delay_ms,
-            message_id: id.to_string(),
-            routing_key: None,
-        };
+        let request = PlanRequest { destination: self.destination.clone(), delay_ms, message_id: id.to_string(), routing_key: None };
         let plan = match self.planner.plan(&request) {
             Ok(plan) => plan,
             Err(err) => {
@@ -162,11 +157,8 @@ impl<'p> Simulation<'p> {
             }
         };
         result.promised_ms = Some(plan.delivers_after_ms);
-        let headers: FieldTable = [
-            (DELAY_HEADER.to_string(), FieldValue::Int(delay_ms as i64)),
-            (DUE_AT_HEADER.to_string(), FieldValue::Int((start + delay_ms) as i64)),
-        ]
-        .into();
+        let headers: FieldTable =
+            [(DELAY_HEADER.to_string(), FieldValue::Int(delay_ms as i64)), (DUE_AT_HEADER.to_string(), FieldValue::Int((start + delay_ms) as i64))].into();
         let message = SimMessage::new(id, headers);
         for command in &plan.commands {
             if let Err(err) = self.simulator.execute(command, message.clone()) {

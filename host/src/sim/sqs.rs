@@ -82,23 +82,23 @@ impl SqsBroker {
             Some(v) => v.parse().map_err(|_| SimError::Invalid(format!("SQS queue {name:?}: DelaySeconds {v:?}")))?,
             None => 0,
         };
-        self.queues.insert(name.to_string(), SqsQueue {
-            attributes: attributes.clone(),
-            fifo: name.ends_with(".fifo"),
-            delay_seconds,
-            pumped,
-            destination: false,
-            messages: HashMap::new(),
-            dedup: HashMap::new(),
-        });
+        self.queues.insert(
+            name.to_string(),
+            SqsQueue {
+                attributes: attributes.clone(),
+                fifo: name.ends_with(".fifo"),
+                delay_seconds,
+                pumped,
+                destination: false,
+                messages: HashMap::new(),
+                dedup: HashMap::new(),
+            },
+        );
         Ok(())
     }
 
     pub fn send(&mut self, name: &str, message: SimMessage, send: Send, now: u64) -> Result<(), SimError> {
-        let queue = self
-            .queues
-            .get_mut(name)
-            .ok_or_else(|| SimError::NotFound(format!("SQS queue {name:?} does not exist")))?;
+        let queue = self.queues.get_mut(name).ok_or_else(|| SimError::NotFound(format!("SQS queue {name:?} does not exist")))?;
         let delay_seconds = if queue.fifo {
             if send.group_id.is_none() {
                 return Err(SimError::Invalid(format!("send to FIFO queue {name:?} without a message group id")));
@@ -141,12 +141,6 @@ impl SqsBroker {
         if destination {
             return Fired::Arrived(Arrival { queue: name, at_ms: now, message });
         }
-        Fired::Due(DueSqsMessage {
-            queue: name,
-            message,
-            sent_timestamp_ms: sent_ms,
-            first_receive_timestamp_ms: now,
-            receive_count: 1,
-        })
+        Fired::Due(DueSqsMessage { queue: name, message, sent_timestamp_ms: sent_ms, first_receive_timestamp_ms: now, receive_count: 1 })
     }
 }

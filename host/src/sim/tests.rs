@@ -150,13 +150,8 @@ fn sqs_fifo_uses_the_queue_delay_and_deduplicates_within_five_minutes() {
     let mut sim = Simulator::new();
     let attributes = [("FifoQueue", "true"), ("DelaySeconds", "900")].map(|(k, v)| (k.to_string(), v.to_string())).into();
     sim.apply(&Command::SqsEnsureQueue { name: "d.fifo".into(), attributes, pumped: true }).unwrap();
-    let send = Command::SqsSend {
-        queue: "d.fifo".into(),
-        delay_seconds: 0,
-        attributes: BTreeMap::new(),
-        group_id: Some("g".into()),
-        dedup_id: Some("m-0".into()),
-    };
+    let send =
+        Command::SqsSend { queue: "d.fifo".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: Some("g".into()), dedup_id: Some("m-0".into()) };
     let message = SimMessage::new("m", FieldTable::new());
     sim.execute(&send, message.clone()).unwrap();
     sim.execute(&send, message).unwrap();

@@ -150,10 +150,7 @@ impl Planner for BinaryLevels {
         let levels = config.levels.unwrap_or(28);
         let unit_ms = config.unit.map_or(1_000, DurationMs::ms);
         if interop && (levels != 28 || unit_ms != 1_000) {
-            return Err(format!(
-                "preset {:?} shares infrastructure with other clients: it needs levels = 28 and unit = \"1s\"",
-                config.preset
-            ));
+            return Err(format!("preset {:?} shares infrastructure with other clients: it needs levels = 28 and unit = \"1s\"", config.preset));
         }
         let queue_type = match (config.preset, config.queue_type) {
             (Preset::NsbV2, Some(QueueType::Classic)) => {
@@ -178,9 +175,7 @@ impl Planner for BinaryLevels {
         }
         let top_ttl = (1u64 << (levels - 1)).checked_mul(unit_ms);
         if top_ttl.is_none_or(|ttl| ttl > AMQP_MAX_TTL_MS) {
-            return Err(format!(
-                "levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"
-            ));
+            return Err(format!("levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"));
         }
         let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1);
         let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
@@ -301,43 +296,20 @@ mod tests {
         assert!(queue.arguments.contains(&text("x-dead-letter-strategy", "at-least-once")));
         assert!(queue.arguments.contains(&int("x-message-ttl", 2_000)));
         assert!(queue.arguments.contains(&text("x-dead-letter-exchange", "nsb.v2.delay-level-00")));
-        assert!(topology.contains(&bind_queue(
-            "nsb.v2.delay-level-01",
-            "nsb.v2.delay-level-01",
-            &format!("{}1.#", "*.".repeat(26))
-        )));
-        assert!(topology.contains(&bind_exchange(
-            "nsb.v2.delay-level-00",
-            "nsb.v2.delay-delivery",
-            &format!("{}0.#", "*.".repeat(27))
-        )));
-        assert_eq!(
-            p.destination_setup("orders").unwrap(),
-            vec![bind_queue("orders", "nsb.v2.delay-delivery", "#.orders")]
-        );
+        assert!(topology.contains(&bind_queue("nsb.v2.delay-level-01", "nsb.v2.delay-level-01", &format!("{}1.#", "*.".repeat(26)))));
+        assert!(topology.contains(&bind_exchange("nsb.v2.delay-level-00", "nsb.v2.delay-delivery", &format!("{}0.#", "*.".repeat(27)))));
+        assert_eq!(p.destination_setup("orders").unwrap(), vec![bind_queue("orders", "nsb.v2.delay-delivery", "#.orders")]);
     }
 
     #[test]
     fn interop_presets_refuse_settings_that_would_not_interoperate() {
-        let err = BinaryLevels::new(Config {
-            preset: Preset::Celery,
-            levels: Some(20),
-            unit: None,
-            queue_type: None,
-            prefix: None,
-            redelivery: None,
-        })
-        .unwrap_err();
+        let err =
+            BinaryLevels::new(Config { preset: Preset::Celery, levels: Some(20), unit: None, queue_type: None, prefix: None, redelivery: None }).unwrap_err();
         assert!(err.contains("levels = 28"), "{err}");
-        assert!(BinaryLevels::new(Config {
-            preset: Preset::NsbV2,
-            levels: None,
-            unit: None,
-            queue_type: Some(QueueType::Classic),
-            prefix: None,
-            redelivery: None,
-        })
-        .is_err());
+        assert!(
+            BinaryLevels::new(Config { preset: Preset::NsbV2, levels: None, unit: None, queue_type: Some(QueueType::Classic), prefix: None, redelivery: None })
+                .is_err()
+        );
     }
 
     fn level_queues(p: &BinaryLevels) -> Vec<DeclareQueue> {
@@ -382,16 +354,10 @@ mod tests {
     #[test]
     fn the_delivery_exchange_parks_what_it_cannot_route() {
         let topology = planner(Preset::Hourglass).topology().unwrap();
-        let delivery = topology
-            .iter()
-            .position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.delay-delivery"))
-            .unwrap();
+        let delivery = topology.iter().position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.delay-delivery")).unwrap();
         let Command::DeclareExchange(exchange) = &topology[delivery] else { unreachable!() };
         assert_eq!(exchange.arguments, vec![text("alternate-exchange", "hourglass.parking")]);
-        let parking = topology
-            .iter()
-            .position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.parking"))
-            .unwrap();
+        let parking = topology.iter().position(|c| matches!(c, Command::DeclareExchange(e) if e.name == "hourglass.parking")).unwrap();
         assert!(parking < delivery, "the parking exchange comes first");
         assert!(topology.contains(&bind_queue("hourglass.parked", "hourglass.parking", "")));
         // The interop presets' delivery exchange is the other client's: declared as it declares it.

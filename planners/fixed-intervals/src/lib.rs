@@ -68,14 +68,8 @@ impl FixedIntervals {
         match (self.rounding, next) {
             (_, Some(i)) if i == delay_ms => Ok(i),
             (Rounding::Up, Some(i)) => Ok(i),
-            (Rounding::Reject, _) => Err(format!(
-                "delay {delay_ms}ms is not one of the intervals {:?} (rounding = \"reject\")",
-                self.intervals
-            )),
-            (Rounding::Up, None) => Err(format!(
-                "delay {delay_ms}ms is above the longest interval {}ms",
-                self.intervals.last().copied().unwrap_or(0)
-            )),
+            (Rounding::Reject, _) => Err(format!("delay {delay_ms}ms is not one of the intervals {:?} (rounding = \"reject\")", self.intervals)),
+            (Rounding::Up, None) => Err(format!("delay {delay_ms}ms is above the longest interval {}ms", self.intervals.last().copied().unwrap_or(0))),
         }
     }
 }

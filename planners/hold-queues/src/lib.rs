@@ -124,10 +124,7 @@ impl Planner for HoldQueues {
             text("x-dead-letter-routing-key", destination.as_str()),
             int("x-expires", (delay + self.expires_margin_ms) as i64),
         ];
-        Ok(Plan {
-            commands: vec![declare_queue(&queue, arguments), publish("", &queue, vec![])],
-            delivers_after_ms: delay,
-        })
+        Ok(Plan { commands: vec![declare_queue(&queue, arguments), publish("", &queue, vec![])], delivers_after_ms: delay })
     }
 }
 
@@ -143,9 +140,7 @@ mod tests {
 
     #[test]
     fn declares_a_hold_queue_that_outlives_its_ttl_and_dead_letters_to_the_destination() {
-        let plan = planner()
-            .plan(&PlanRequest { destination: "orders".into(), delay_ms: 5_000, message_id: "m".into(), routing_key: None })
-            .unwrap();
+        let plan = planner().plan(&PlanRequest { destination: "orders".into(), delay_ms: 5_000, message_id: "m".into(), routing_key: None }).unwrap();
         let Command::DeclareQueue(queue) = &plan.commands[0] else { panic!("expected declare-queue") };
         assert_eq!(queue.name, "hourglass.hold.5000ms.orders");
         assert!(queue.arguments.contains(&int("x-message-ttl", 5_000)));
@@ -168,9 +163,7 @@ mod tests {
 
     #[test]
     fn refuses_names_the_broker_would_refuse() {
-        let err = planner()
-            .plan(&PlanRequest { destination: "d".repeat(250), delay_ms: 1, message_id: "m".into(), routing_key: None })
-            .unwrap_err();
+        let err = planner().plan(&PlanRequest { destination: "d".repeat(250), delay_ms: 1, message_id: "m".into(), routing_key: None }).unwrap_err();
         assert!(err.contains("longer than 255 bytes"), "{err}");
     }
 }

@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 
 use crate::__bindings::exports::hourglass::planner::planner::Guest;
 use crate::__bindings::hourglass::planner::diagnostics;
-use crate::{DelayRange, DueAction, DueMessage, Info, Plan, PlanRequest, Planner};
 use crate::{Command, RedeliveryDecision, RedeliveryRequest};
+use crate::{DelayRange, DueAction, DueMessage, Info, Plan, PlanRequest, Planner};
 
 thread_local! {
     // The configured planner. Components are single-threaded; the host makes
@@ -53,11 +53,7 @@ pub(crate) fn parse_config<C: serde::de::DeserializeOwned>(json: &str) -> Result
             Some(cut) => inner[..cut].to_string(),
             None => inner,
         };
-        if path == "." || path.is_empty() {
-            message
-        } else {
-            format!("{path}: {message}")
-        }
+        if path == "." || path.is_empty() { message } else { format!("{path}: {message}") }
     })
 }
 

@@ -37,11 +37,7 @@ impl QueueType {
     /// The arguments that make a dead-lettering queue of this type as safe as it can be.
     pub fn dead_letter_arguments(self) -> Vec<Field> {
         match self {
-            QueueType::Quorum => vec![
-                text("x-queue-type", "quorum"),
-                text("x-overflow", "reject-publish"),
-                text("x-dead-letter-strategy", "at-least-once"),
-            ],
+            QueueType::Quorum => vec![text("x-queue-type", "quorum"), text("x-overflow", "reject-publish"), text("x-dead-letter-strategy", "at-least-once")],
             QueueType::Classic => vec![text("x-queue-type", "classic")],
         }
     }

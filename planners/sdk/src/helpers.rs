@@ -4,8 +4,8 @@
 pub const AMQP_MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 use crate::{
-    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind,
-    Field, Granularity, Info, Publish, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
+    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Publish, SqsAttribute, SqsEnsureQueue,
+    SqsSend, Value,
 };
 use crate::{BrokerFamily, ConfigKey};
 
@@ -16,11 +16,7 @@ impl Info {
 
     /// Documents one key of the planner's table (shown by `hourglass describe`).
     pub fn key(mut self, name: &str, description: &str, default_value: Option<&str>) -> Self {
-        self.config_keys.push(ConfigKey {
-            name: name.into(),
-            description: description.into(),
-            default_value: default_value.map(Into::into),
-        });
+        self.config_keys.push(ConfigKey { name: name.into(), description: description.into(), default_value: default_value.map(Into::into) });
         self
     }
 }
@@ -72,33 +68,17 @@ pub fn bind_queue(queue: &str, exchange: &str, routing_key: &str) -> Command {
 }
 
 pub fn bind_queue_with(queue: &str, exchange: &str, routing_key: &str, arguments: Vec<Field>) -> Command {
-    Command::BindQueue(BindQueue {
-        queue: queue.into(),
-        exchange: exchange.into(),
-        routing_key: routing_key.into(),
-        arguments,
-    })
+    Command::BindQueue(BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: routing_key.into(), arguments })
 }
 
 pub fn bind_exchange(source: &str, destination: &str, routing_key: &str) -> Command {
-    Command::BindExchange(BindExchange {
-        source: source.into(),
-        destination: destination.into(),
-        routing_key: routing_key.into(),
-        arguments: Vec::new(),
-    })
+    Command::BindExchange(BindExchange { source: source.into(), destination: destination.into(), routing_key: routing_key.into(), arguments: Vec::new() })
 }
 
 /// Publishes the planned message with `mandatory` set, so an unroutable message
 /// comes back to the host instead of vanishing.
 pub fn publish(exchange: &str, routing_key: &str, headers: Vec<Field>) -> Command {
-    Command::Publish(Publish {
-        exchange: exchange.into(),
-        routing_key: routing_key.into(),
-        headers,
-        expiration_ms: None,
-        mandatory: true,
-    })
+    Command::Publish(Publish { exchange: exchange.into(), routing_key: routing_key.into(), headers, expiration_ms: None, mandatory: true })
 }
 
 pub fn sqs_attribute(name: &str, value: impl Into<String>) -> SqsAttribute {
@@ -110,13 +90,7 @@ pub fn sqs_ensure_queue(name: &str, attributes: Vec<SqsAttribute>, pumped: bool)
 }
 
 pub fn sqs_send(queue: &str, delay_seconds: u32, attributes: Vec<SqsAttribute>) -> Command {
-    Command::SqsSend(SqsSend {
-        queue: queue.into(),
-        delay_seconds,
-        attributes,
-        group_id: None,
-        dedup_id: None,
-    })
+    Command::SqsSend(SqsSend { queue: queue.into(), delay_seconds, attributes, group_id: None, dedup_id: None })
 }
 
 /// Looks up a string attribute by name.

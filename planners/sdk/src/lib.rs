@@ -27,8 +27,8 @@
 //! ```
 
 mod adapter;
-mod duration;
 mod durability;
+mod duration;
 mod helpers;
 mod redelivery;
 
@@ -45,15 +45,14 @@ pub mod __bindings {
 }
 
 pub use __bindings::hourglass::planner::types::{
-    BindExchange, BindQueue, BrokerFamily, Command, ConfigKey, DeclareExchange, DeclareQueue,
-    DelayPlan as Plan, DelayRange, DueAction, DueMessage, ExchangeKind, Field, Granularity, PlanRequest,
-    PlannerInfo as Info, Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute,
-    SqsEnsureQueue, SqsSend, Value,
+    BindExchange, BindQueue, BrokerFamily, Command, ConfigKey, DeclareExchange, DeclareQueue, DelayPlan as Plan, DelayRange, DueAction, DueMessage,
+    ExchangeKind, Field, Granularity, PlanRequest, PlannerInfo as Info, Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue, SqsSend,
+    Value,
 };
 #[doc(hidden)]
 pub use adapter::Adapter;
-pub use duration::{DurationMs, parse_duration_ms};
 pub use durability::{Parking, QueueType};
+pub use duration::{DurationMs, parse_duration_ms};
 pub use helpers::*;
 pub use redelivery::{RedeliveryPolicy, checked_policy, decide_with};
 

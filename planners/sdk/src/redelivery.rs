@@ -162,13 +162,7 @@ mod tests {
 
     #[test]
     fn exponential_stays_within_its_bounds_and_repeats_for_the_same_seed() {
-        let policy = RedeliveryPolicy::Exponential {
-            initial: DurationMs(1_000),
-            factor: 2.0,
-            cap: DurationMs(10_000),
-            jitter: 0.5,
-            max_redeliveries: 6,
-        };
+        let policy = RedeliveryPolicy::Exponential { initial: DurationMs(1_000), factor: 2.0, cap: DurationMs(10_000), jitter: 0.5, max_redeliveries: 6 };
         policy.check().unwrap();
         for seed in 0..200u64 {
             for attempt in 1..=6u32 {
@@ -185,13 +179,7 @@ mod tests {
 
     #[test]
     fn nonsense_is_refused() {
-        let bad = RedeliveryPolicy::Exponential {
-            initial: DurationMs(5_000),
-            factor: 2.0,
-            cap: DurationMs(1_000),
-            jitter: 0.0,
-            max_redeliveries: 3,
-        };
+        let bad = RedeliveryPolicy::Exponential { initial: DurationMs(5_000), factor: 2.0, cap: DurationMs(1_000), jitter: 0.0, max_redeliveries: 3 };
         assert!(bad.check().unwrap_err().contains("cap"));
         assert!(RedeliveryPolicy::Intervals { intervals: vec![] }.check().is_err());
         let parsed: RedeliveryPolicy =

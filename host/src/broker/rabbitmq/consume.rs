@@ -141,10 +141,8 @@ impl<H: Handler> Consumer<H> {
         let channel = connection.create_channel().await.map_err(lost)?;
         channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await.map_err(lost)?;
         let tag = format!("hourglass-{queue}");
-        let consumer = channel
-            .basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default())
-            .await
-            .map_err(lost)?;
+        let consumer =
+            channel.basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default()).await.map_err(lost)?;
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(%queue, prefetch = self.handler.prefetch(), "consuming");
         let publisher = &publisher;

@@ -10,10 +10,7 @@ use serde_json::Value;
 /// The management API to use: `$HOURGLASS_MANAGEMENT_URL`, else the configured
 /// URL (`broker.management_url`), else one derived from the AMQP URL.
 pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String> {
-    std::env::var("HOURGLASS_MANAGEMENT_URL")
-        .ok()
-        .or_else(|| configured.map(str::to_string))
-        .or_else(|| default_management_url(amqp_url))
+    std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| configured.map(str::to_string)).or_else(|| default_management_url(amqp_url))
 }
 
 /// The management API's base URL (`http://user:pass@host:15672`) derived from an AMQP URL.
@@ -49,23 +46,14 @@ impl Management {
         let (scheme, rest) = management_url.split_once("://").ok_or("management URL needs http:// or https://")?;
         let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
         let authorization = format!("Basic {}", BASE64.encode(credentials.as_bytes()));
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(std::time::Duration::from_secs(10)))
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
         Ok(Management { agent, base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization, vhost })
     }
 
     /// `Ok(None)` for 404.
     pub fn get(&self, path: &str) -> Result<Option<Value>, String> {
         let url = format!("{}/api/{path}", self.base);
-        let mut response = self
-            .agent
-            .get(&url)
-            .header("Authorization", &self.authorization)
-            .call()
-            .map_err(|e| format!("{url}: {e}"))?;
+        let mut response = self.agent.get(&url).header("Authorization", &self.authorization).call().map_err(|e| format!("{url}: {e}"))?;
         match response.status().as_u16() {
             404 => Ok(None),
             200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
@@ -116,10 +104,7 @@ mod tests {
 
     #[test]
     fn the_management_url_follows_the_amqp_url() {
-        assert_eq!(
-            default_management_url("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(),
-            Some("http://guest:guest@127.0.0.1:15672")
-        );
+        assert_eq!(default_management_url("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(), Some("http://guest:guest@127.0.0.1:15672"));
         assert_eq!(vhost_of("amqp://guest:guest@127.0.0.1:5672/%2f"), "/");
         assert_eq!(encode("/"), "%2F");
     }

@@ -191,7 +191,13 @@ impl RabbitMqExecutor {
                 let what = || format!("binding queue {queue:?} to exchange {exchange:?} with key {routing_key:?}");
                 self.control(what, async |channel| {
                     channel
-                        .queue_bind(queue.as_str().into(), exchange.as_str().into(), routing_key.as_str().into(), QueueBindOptions::default(), to_amqp_table(arguments))
+                        .queue_bind(
+                            queue.as_str().into(),
+                            exchange.as_str().into(),
+                            routing_key.as_str().into(),
+                            QueueBindOptions::default(),
+                            to_amqp_table(arguments),
+                        )
                         .await
                 })
                 .await?
@@ -251,10 +257,7 @@ impl RabbitMqExecutor {
         let options = BasicPublishOptions { mandatory: *mandatory, ..Default::default() };
         let sent_id = properties.message_id().clone();
         let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, async {
-            let confirm = lease
-                .channel()
-                .basic_publish(exchange.as_str().into(), routing_key.as_str().into(), options, &envelope.body, properties)
-                .await?;
+            let confirm = lease.channel().basic_publish(exchange.as_str().into(), routing_key.as_str().into(), options, &envelope.body, properties).await?;
             confirm.await
         })
         .await;
@@ -271,9 +274,7 @@ impl RabbitMqExecutor {
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             // The channel carried only this publish, so a return is this message's; the id check guards that.
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))
-                if sent_id.is_none() || returned.properties.message_id() == &sent_id =>
-            {
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) if sent_id.is_none() || returned.properties.message_id() == &sent_id => {
                 Err(ExecutorError::Unroutable(format!(
                     "{}: the broker returned it ({} {}): nothing is bound for that routing key",
                     what(),

@@ -14,9 +14,9 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::command::{Command, FieldTable, FieldValue};
 use crate::broker::rabbitmq::manage::{Management, vhost_of};
 use crate::broker::rabbitmq::redact;
+use crate::command::{Command, FieldTable, FieldValue};
 
 #[derive(Debug, Error)]
 pub enum VerifyError {
@@ -95,14 +95,22 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
                 }
             },
             Command::BindQueue { queue, exchange, routing_key, arguments } => {
-                check_binding(api.bindings(exchange, 'q', queue)?, routing_key, arguments, || {
-                    format!("binding exchange {exchange} -> queue {queue} key {routing_key:?}")
-                }, &mut drift);
+                check_binding(
+                    api.bindings(exchange, 'q', queue)?,
+                    routing_key,
+                    arguments,
+                    || format!("binding exchange {exchange} -> queue {queue} key {routing_key:?}"),
+                    &mut drift,
+                );
             }
             Command::BindExchange { source, destination, routing_key, arguments } => {
-                check_binding(api.bindings(source, 'e', destination)?, routing_key, arguments, || {
-                    format!("binding exchange {source} -> exchange {destination} key {routing_key:?}")
-                }, &mut drift);
+                check_binding(
+                    api.bindings(source, 'e', destination)?,
+                    routing_key,
+                    arguments,
+                    || format!("binding exchange {source} -> exchange {destination} key {routing_key:?}"),
+                    &mut drift,
+                );
             }
             _ => {}
         }
@@ -111,9 +119,7 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
 }
 
 fn check_binding(found: Vec<Value>, routing_key: &str, arguments: &FieldTable, name: impl Fn() -> String, drift: &mut impl FnMut(String, String)) {
-    let present = found
-        .iter()
-        .any(|b| b["routing_key"].as_str() == Some(routing_key) && compare_arguments(arguments, &b["arguments"]).is_empty());
+    let present = found.iter().any(|b| b["routing_key"].as_str() == Some(routing_key) && compare_arguments(arguments, &b["arguments"]).is_empty());
     if !present {
         drift(name(), "missing".into());
     }

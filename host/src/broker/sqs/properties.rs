@@ -76,10 +76,8 @@ pub fn to_attributes(properties: &Properties) -> Result<HashMap<String, MessageA
 /// The properties a message's attributes carry. A malformed `hourglass-properties`
 /// (not written by hourglass) is an error naming it.
 pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> Result<Properties, String> {
-    let mut properties = Properties {
-        content_type: attributes.get(CONTENT_TYPE_ATTRIBUTE).and_then(|v| v.string_value()).map(str::to_string),
-        ..Default::default()
-    };
+    let mut properties =
+        Properties { content_type: attributes.get(CONTENT_TYPE_ATTRIBUTE).and_then(|v| v.string_value()).map(str::to_string), ..Default::default() };
     let Some(json) = attributes.get(PROPERTIES_ATTRIBUTE).and_then(|v| v.string_value()) else {
         return Ok(properties);
     };
@@ -97,9 +95,7 @@ pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> R
             "type" => properties.kind = Some(text()?),
             "user-id" => properties.user_id = Some(text()?),
             "app-id" => properties.app_id = Some(text()?),
-            "priority" => {
-                properties.priority = Some(value.as_u64().and_then(|p| u8::try_from(p).ok()).ok_or_else(|| bad("priority is not 0-255"))?)
-            }
+            "priority" => properties.priority = Some(value.as_u64().and_then(|p| u8::try_from(p).ok()).ok_or_else(|| bad("priority is not 0-255"))?),
             "timestamp" => properties.timestamp = Some(value.as_u64().ok_or_else(|| bad("timestamp is not whole seconds"))?),
             "headers" => properties.headers = headers_from_json(&value).map_err(|e| bad(&format!("headers: {e}")))?,
             _ => return Err(bad(&format!("unknown property {name:?}"))),
@@ -109,11 +105,7 @@ pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> R
 }
 
 fn attribute(data_type: &str, value: String) -> Result<MessageAttributeValue, ExecutorError> {
-    MessageAttributeValue::builder()
-        .data_type(data_type)
-        .string_value(value)
-        .build()
-        .map_err(|e| ExecutorError::Invalid(format!("message attribute: {e}")))
+    MessageAttributeValue::builder().data_type(data_type).string_value(value).build().map_err(|e| ExecutorError::Invalid(format!("message attribute: {e}")))
 }
 
 fn headers_to_json(headers: &Headers) -> Value {

@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, SendMessageBatchRequestEntry};
 
-use crate::command::{Command, FieldValue};
 use crate::broker::ExecutorError;
-use crate::command::{DueAction, DueMessage};
 use crate::clock::unix_now_ms;
+use crate::command::{Command, FieldValue};
+use crate::command::{DueAction, DueMessage};
 use crate::metrics::PumpCounters;
 
 use super::properties::is_property_attribute;
@@ -56,10 +56,8 @@ pub struct Pump {
 
 impl Pump {
     pub async fn new(executor: Arc<SqsExecutor>, planner: Box<dyn DueHandler>, queue: &str, wait_seconds: i32) -> Result<Self, ExecutorError> {
-        let url = executor
-            .url(queue)
-            .await?
-            .ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist; apply the topology first")))?;
+        let url =
+            executor.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist; apply the topology first")))?;
         Ok(Pump { executor, planner, queue: queue.to_string(), url, wait_seconds, counters: Arc::default() })
     }
 
@@ -101,9 +99,7 @@ impl Pump {
         for (index, message) in messages.iter().enumerate() {
             self.counters.received.fetch_add(1, Ordering::Relaxed);
             let system = message.attributes();
-            let stamp = |name: MessageSystemAttributeName| -> u64 {
-                system.and_then(|a| a.get(&name)).and_then(|v| v.parse().ok()).unwrap_or(0)
-            };
+            let stamp = |name: MessageSystemAttributeName| -> u64 { system.and_then(|a| a.get(&name)).and_then(|v| v.parse().ok()).unwrap_or(0) };
             let receive_count = stamp(MessageSystemAttributeName::ApproximateReceiveCount) as u32;
             if receive_count > 1 {
                 self.counters.redelivered.fetch_add(1, Ordering::Relaxed);

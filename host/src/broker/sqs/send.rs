@@ -8,9 +8,9 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use tokio::sync::Mutex;
 
+use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
 use crate::metrics::RequestCounts;
-use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// SQS refuses a message (body plus attributes) above 256 KiB.
 pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
@@ -73,20 +73,12 @@ pub fn message_attributes(
 }
 
 fn attribute(data_type: &str, value: String) -> Result<MessageAttributeValue, ExecutorError> {
-    MessageAttributeValue::builder()
-        .data_type(data_type)
-        .string_value(value)
-        .build()
-        .map_err(|e| ExecutorError::Refused(format!("message attribute: {e}")))
+    MessageAttributeValue::builder().data_type(data_type).string_value(value).build().map_err(|e| ExecutorError::Refused(format!("message attribute: {e}")))
 }
 
 /// Body plus attributes, as SQS counts them against its size limit.
 pub fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> usize {
-    body.len()
-        + attributes
-            .iter()
-            .map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len))
-            .sum::<usize>()
+    body.len() + attributes.iter().map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len)).sum::<usize>()
 }
 
 /// The parts of an SQS send command.
@@ -155,9 +147,7 @@ impl SqsExecutor {
     }
 
     async fn existing_url(&self, queue: &str) -> Result<String, ExecutorError> {
-        self.url(queue)
-            .await?
-            .ok_or_else(|| ExecutorError::Refused(format!("SQS queue {queue:?} does not exist; create it before sending to it")))
+        self.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("SQS queue {queue:?} does not exist; create it before sending to it")))
     }
 
     /// Creates the queue if missing, then refuses to go on unless its
@@ -167,8 +157,7 @@ impl SqsExecutor {
             Some(url) => url,
             None => {
                 count(&self.requests.create_queue);
-                let attributes: HashMap<QueueAttributeName, String> =
-                    wanted.iter().map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone())).collect();
+                let attributes: HashMap<QueueAttributeName, String> = wanted.iter().map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone())).collect();
                 let created = self
                     .client
                     .create_queue()
@@ -268,7 +257,13 @@ impl SqsExecutor {
     }
 
     /// Sends one message as a command describes; the body must be text (SQS bodies are).
-    pub async fn send_one(&self, command: &Command, body: &str, base: &BTreeMap<String, FieldValue>, properties: &PropertyAttributes) -> Result<(), ExecutorError> {
+    pub async fn send_one(
+        &self,
+        command: &Command,
+        body: &str,
+        base: &BTreeMap<String, FieldValue>,
+        properties: &PropertyAttributes,
+    ) -> Result<(), ExecutorError> {
         let (send, message_attributes, _) = checked_send(command, body, base, properties)?;
         let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
         let url = self.existing_url(queue).await?;
@@ -307,8 +302,7 @@ impl Executor for SqsExecutor {
     }
 
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
-        let body = std::str::from_utf8(&envelope.body)
-            .map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
+        let body = std::str::from_utf8(&envelope.body).map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
         let properties = super::properties::to_attributes(&envelope.properties)?;
         for command in commands {
             self.send_one(command, body, &envelope.headers, &properties).await?;

@@ -28,10 +28,7 @@ impl Planner for OffByOne {
             text("x-dead-letter-exchange", ""),
             text("x-dead-letter-routing-key", request.destination.as_str()),
         ];
-        Ok(Plan {
-            commands: vec![declare_queue(&queue, arguments), publish("", &queue, vec![])],
-            delivers_after_ms: request.delay_ms,
-        })
+        Ok(Plan { commands: vec![declare_queue(&queue, arguments), publish("", &queue, vec![])], delivers_after_ms: request.delay_ms })
     }
 }
 

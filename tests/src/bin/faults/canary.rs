@@ -96,11 +96,7 @@ fn delay_of(n: u64) -> u64 {
 }
 
 async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(15)))
-        .build()
-        .into();
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(15))).build().into();
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
         let id = format!("{tag}-{n}");

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hourglass::clock::unix_now_ms;
-use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::unique;
+use hourglass_e2e::vhost::PrivateVhost;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -65,7 +65,12 @@ impl Bench {
         let invalid = Arc::new(Mutex::new(HashMap::new()));
         let watcher = connection.create_channel().await?;
         let mut consumer = watcher
-            .basic_consume(setup.invalid.as_str().into(), "faults-invalid".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+            .basic_consume(
+                setup.invalid.as_str().into(),
+                "faults-invalid".into(),
+                BasicConsumeOptions { no_ack: true, ..Default::default() },
+                FieldTable::default(),
+            )
             .await?;
         let seen = invalid.clone();
         tokio::spawn(async move {
@@ -141,7 +146,9 @@ impl Bench {
 pub fn check_answer(report: &mut Report, what: &str, (status, answer): (u16, Value), want: u16, field: &str) {
     let status_ok = if want == 0 { (400..500).contains(&status) } else { status == want };
     let named = answer.get("field").and_then(Value::as_str) == Some(field);
-    report.check(status_ok && named, || format!("HTTP {what}: {status} {} (want {} naming {field})", short(&answer), if want == 0 { "4xx".into() } else { want.to_string() }));
+    report.check(status_ok && named, || {
+        format!("HTTP {what}: {status} {} (want {} naming {field})", short(&answer), if want == 0 { "4xx".into() } else { want.to_string() })
+    });
 }
 
 fn short(value: &Value) -> String {
@@ -186,7 +193,15 @@ where
 }
 
 /// Sends a tricky but valid message through the ingress and tracks it like a canary.
-async fn tracked_ingress(bench: &Bench, ledger: &Ledger, report: &mut Report, what: &str, delay_ms: u64, mut headers: Vec<(&str, AMQPValue)>, properties: BasicProperties) {
+async fn tracked_ingress(
+    bench: &Bench,
+    ledger: &Ledger,
+    report: &mut Report,
+    what: &str,
+    delay_ms: u64,
+    mut headers: Vec<(&str, AMQPValue)>,
+    properties: BasicProperties,
+) {
     let id = unique(what);
     headers.push(("hourglass-destination", text(&bench.setup.destination)));
     headers.push(("hourglass-delay", text(&format!("{delay_ms}ms"))));
@@ -226,7 +241,14 @@ pub async fn matrix() -> Vec<Report> {
     reports.push(
         item(&bench, "destination > 255 bytes", async |b, r, _| {
             b.expect_http(r, "long destination", json!({ "destination": long, "delay": 1000, "body": "x" }), 400, "destination").await;
-            b.expect_invalid(r, "long destination", &unique("bad-long"), vec![("hourglass-destination", text(&long)), ("hourglass-delay", text("1s"))], BasicProperties::default()).await;
+            b.expect_invalid(
+                r,
+                "long destination",
+                &unique("bad-long"),
+                vec![("hourglass-destination", text(&long)), ("hourglass-delay", text("1s"))],
+                BasicProperties::default(),
+            )
+            .await;
         })
         .await,
     );
@@ -242,14 +264,22 @@ pub async fn matrix() -> Vec<Report> {
         item(&bench, "missing destination queue", async |b, r, _| {
             let missing = unique("missing");
             b.expect_http(r, "missing destination", json!({ "destination": missing, "delay": 1000, "body": "x" }), 422, "destination").await;
-            b.expect_invalid(r, "missing destination", &unique("bad-missing"), vec![("hourglass-destination", text(&missing)), ("hourglass-delay", text("1s"))], BasicProperties::default()).await;
+            b.expect_invalid(
+                r,
+                "missing destination",
+                &unique("bad-missing"),
+                vec![("hourglass-destination", text(&missing)), ("hourglass-delay", text("1s"))],
+                BasicProperties::default(),
+            )
+            .await;
         })
         .await,
     );
     reports.push(
         item(&bench, "CC / BCC headers", async |b, r, _| {
             for name in ["CC", "BCC"] {
-                b.expect_http(r, name, json!({ "destination": destination, "delay": 1000, "body": "x", "headers": { name: destination } }), 400, "headers").await;
+                b.expect_http(r, name, json!({ "destination": destination, "delay": 1000, "body": "x", "headers": { name: destination } }), 400, "headers")
+                    .await;
                 let copies = AMQPValue::FieldArray(FieldArray::from(vec![text(&destination)]));
                 let headers = vec![("hourglass-destination", text(&destination)), ("hourglass-delay", text("1s")), (name, copies)];
                 b.expect_invalid(r, name, &unique(&format!("bad-{name}")), headers, BasicProperties::default()).await;
@@ -272,7 +302,13 @@ pub async fn matrix() -> Vec<Report> {
             b.expect_http(r, "131 KB of headers", json!({ "destination": destination, "delay": 1000, "body": "x", "headers": headers }), 0, "headers").await;
             // At the ingress, just under frame_max from the client: hourglass's own headers would push it over.
             let part = "v".repeat(40 * 1024);
-            let headers = vec![("hourglass-destination", text(&destination)), ("hourglass-delay", text("1s")), ("a", text(&part)), ("b", text(&part)), ("c", text(&part))];
+            let headers = vec![
+                ("hourglass-destination", text(&destination)),
+                ("hourglass-delay", text("1s")),
+                ("a", text(&part)),
+                ("b", text(&part)),
+                ("c", text(&part)),
+            ];
             b.expect_invalid(r, "~120 KB of headers", &unique("bad-big"), headers, BasicProperties::default()).await;
         })
         .await,
@@ -349,7 +385,8 @@ async fn own_names(bench: &Bench) -> Vec<String> {
         .ok()
         .flatten()
         .unwrap_or(Value::Null);
-    let queue = topology["commands"].as_array().into_iter().flatten().find_map(|c| c.get("declare-queue").or(c.get("DeclareQueue")).and_then(|q| q["name"].as_str()));
+    let queue =
+        topology["commands"].as_array().into_iter().flatten().find_map(|c| c.get("declare-queue").or(c.get("DeclareQueue")).and_then(|q| q["name"].as_str()));
     names.extend(queue.map(String::from));
     names
 }
@@ -372,7 +409,8 @@ async fn redelivery_attempt(bench: &Bench) -> Report {
         return report;
     }
     let consumer_channel = connection.create_channel().await.unwrap();
-    let mut consumer = consumer_channel.basic_consume(work.as_str().into(), "faults-work".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
+    let mut consumer =
+        consumer_channel.basic_consume(work.as_str().into(), "faults-work".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
     let seen = ledger.clone();
     // First delivery of each message: reject (it dead-letters to hourglass); the next: ack, arrived.
     let worker = tokio::spawn(async move {

@@ -50,7 +50,8 @@ async fn failing_http(bench: &Bench) -> Report {
             let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(30))).build().into();
             let mut first_wrong = None;
             while next.fetch_add(1, Ordering::SeqCst) < FAILING {
-                let status = agent.post(&url).send_json(json!({ "destination": missing, "delay": 1000, "body": "x" })).map(|r| r.status().as_u16()).unwrap_or(0);
+                let status =
+                    agent.post(&url).send_json(json!({ "destination": missing, "delay": 1000, "body": "x" })).map(|r| r.status().as_u16()).unwrap_or(0);
                 if status != 422 {
                     wrong.fetch_add(1, Ordering::SeqCst);
                     first_wrong.get_or_insert(status);

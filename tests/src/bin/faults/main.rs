@@ -118,7 +118,12 @@ fn main() {
             reports.push(report);
         }
     }
-    println!("\n{} cases in {:.0} s; canaries early if they arrive more than {} ms before due.", reports.len(), started.elapsed().as_secs_f64(), ledger::EARLY_WINDOW_MS);
+    println!(
+        "\n{} cases in {:.0} s; canaries early if they arrive more than {} ms before due.",
+        reports.len(),
+        started.elapsed().as_secs_f64(),
+        ledger::EARLY_WINDOW_MS
+    );
     runtime.shutdown_background();
     if reports.iter().any(|r| !r.failures().is_empty()) {
         std::process::exit(1);

@@ -40,12 +40,19 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
         ("long destination", vec![("hourglass-destination", text(&"d".repeat(300))), ("hourglass-delay", text("1s"))]),
         (
             "headers near frame_max",
-            vec![("hourglass-destination", text(&setup.destination)), ("hourglass-delay", text("1s")), ("a", text(&part)), ("b", text(&part)), ("c", text(&part))],
+            vec![
+                ("hourglass-destination", text(&setup.destination)),
+                ("hourglass-delay", text("1s")),
+                ("a", text(&part)),
+                ("b", text(&part)),
+                ("c", text(&part)),
+            ],
         ),
     ];
     let count = poisons.len();
     for (what, headers) in poisons {
-        report.check(publish(&channel, &setup.ingress, &unique("poison"), headers, BasicProperties::default()).await, || format!("poison {what} not confirmed"));
+        report
+            .check(publish(&channel, &setup.ingress, &unique("poison"), headers, BasicProperties::default()).await, || format!("poison {what} not confirmed"));
     }
     let host = tokio::task::spawn_blocking({
         let config = setup.config.clone();
@@ -60,7 +67,9 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
         match channel.basic_get(setup.invalid.as_str().into(), BasicGetOptions { no_ack: true }).await {
             Ok(Some(message)) => {
                 set_aside += 1;
-                report.check(hourglass_e2e::header_text(&message.delivery, "hourglass-invalid-reason").is_some(), || "a poison set aside without a reason".into());
+                report.check(hourglass_e2e::header_text(&message.delivery, "hourglass-invalid-reason").is_some(), || {
+                    "a poison set aside without a reason".into()
+                });
             }
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -68,10 +77,12 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     report.check(set_aside == count, || format!("{set_aside} of {count} poison messages on the invalid queue within 15 s"));
     tokio::time::sleep(Duration::from_secs(4)).await;
     let url = format!("{}/readyz", host.base);
-    let ready = tokio::task::spawn_blocking(move || ureq::get(&url).call().map(|r| r.status().as_u16()).unwrap_or_else(|e| match e {
-        ureq::Error::StatusCode(code) => code,
-        _ => 0,
-    }))
+    let ready = tokio::task::spawn_blocking(move || {
+        ureq::get(&url).call().map(|r| r.status().as_u16()).unwrap_or_else(|e| match e {
+            ureq::Error::StatusCode(code) => code,
+            _ => 0,
+        })
+    })
     .await?;
     report.check(ready == 200, || format!("/readyz answered {ready} after the poison"));
     report.tally = canaries.finish(Duration::from_secs(10)).await.tally();
