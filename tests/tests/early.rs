@@ -24,6 +24,9 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 /// busier CI run without hiding a missed hop (the shortest level is 1 s).
 const ON_TIME_MS: u64 = 100;
 
+/// Header entries as a test writes them.
+type Headers<'a> = Vec<(&'a str, AMQPValue)>;
+
 fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
     let mut table = FieldTable::default();
     for (k, v) in entries {
@@ -54,7 +57,7 @@ async fn expiration_and_stale_death_records_never_make_a_message_early() {
         ("count", AMQPValue::LongLongInt(1)),
         ("exchange", long_string("")),
     ]))]));
-    let cases: Vec<(&str, BasicProperties, Vec<(&str, AMQPValue)>)> = vec![
+    let cases: Vec<(&str, BasicProperties, Headers)> = vec![
         ("canary", BasicProperties::default(), vec![]),
         // Far shorter than the 3 s delay: forwarded, it would expire out of the first delay queue.
         ("short-expiration", BasicProperties::default().with_expiration("200".into()), vec![]),

@@ -18,6 +18,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOpti
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
 
+/// Header entries as a test writes them.
+type Headers<'a> = Vec<(&'a str, AMQPValue)>;
+
 async fn publish(channel: &Channel, queue: &str, body: &str, headers: Vec<(&str, AMQPValue)>, properties: BasicProperties) {
     let mut table = FieldTable::default();
     for (k, v) in headers {
@@ -59,7 +62,7 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
         publish(&channel, &ingress_queue, &format!("valid-{i}"), headers, properties).await;
     }
     let absent = unique("absent");
-    let invalid: Vec<(&str, Vec<(&str, AMQPValue)>, &str)> = vec![
+    let invalid: Vec<(&str, Headers, &str)> = vec![
         ("no-destination", vec![(DELAY_HEADER, long_string("1s"))], "missing header hourglass-destination"),
         ("bad-delay", vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("soon"))], "hourglass-delay"),
         ("unknown-destination", vec![(DESTINATION_HEADER, long_string(&absent)), (DELAY_HEADER, long_string("1s"))], "does not exist"),
@@ -122,7 +125,7 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
 }
 
 /// Declares `queue` as hourglass does (durable, no arguments) and publishes into it before any consumer runs.
-async fn fill(channel: &Channel, queue: &str, messages: Vec<(&str, Vec<(&str, AMQPValue)>, BasicProperties)>) {
+async fn fill(channel: &Channel, queue: &str, messages: Vec<(&str, Headers<'_>, BasicProperties)>) {
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
     channel.queue_declare(queue.into(), durable, FieldTable::default()).await.unwrap();
     for (body, headers, properties) in messages {

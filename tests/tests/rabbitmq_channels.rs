@@ -102,7 +102,7 @@ async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
             async move {
                 let id = format!("m{i}");
                 match i % 6 {
-                    0 | 1 | 2 => {
+                    0..=2 => {
                         let request = ScheduleRequest { destination: destination.clone(), delay_ms: 0, body: id.into_bytes(), ..Default::default() };
                         Outcome::Valid(scheduler.schedule(request).await.map(|s| s.id).map_err(|e| e.to_string()))
                     }

@@ -48,7 +48,7 @@ async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
         assert_eq!(message.attribute("hourglass-due-at"), Some(scheduled.due_at_ms.to_string()));
     }
     let stats = counters.snapshot();
-    assert!(stats.recycled >= 1 + 4, "the 7 s and 11 s messages cycled: {stats:?}");
+    assert!(stats.recycled > 4, "the 7 s and 11 s messages cycled: {stats:?}");
     assert_eq!(stats.handed_over, 2, "{stats:?}");
     let requests = executor.requests.snapshot();
     assert_eq!(requests.send_message, delays.len() as u64, "one send per scheduled message: {requests:?}");
@@ -131,7 +131,7 @@ async fn two_pumps_on_one_delay_queue_deliver_everything() {
     let bodies: HashSet<String> = received.iter().map(|r| r.body.clone()).collect();
     assert_eq!(bodies.len(), count, "every message delivered");
     let (a, b) = (a.snapshot(), b.snapshot());
-    assert_eq!(a.handed_over + b.handed_over >= count as u64, true, "{a:?} {b:?}");
+    assert!(a.handed_over + b.handed_over >= count as u64, "{a:?} {b:?}");
     stop_a.send(true).unwrap();
     stop_b.send(true).unwrap();
 }

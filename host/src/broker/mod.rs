@@ -81,6 +81,8 @@ pub trait Executor {
 pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 
 /// Any configured broker, as one executor.
+// One per process, never moved around: boxing the large variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Broker {
     Memory(MemoryExecutor),
     RabbitMq(RabbitMqExecutor),

@@ -16,8 +16,9 @@ use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 pub struct StrategyError {
     pub location: Location,
     pub strategy: String,
+    // Boxed: planner errors are large, and this one travels in every Result of a load.
     #[source]
-    pub source: PlannerError,
+    pub source: Box<PlannerError>,
 }
 
 /// Every strategy in a config, each with its own planner and pool of
@@ -34,7 +35,7 @@ impl Strategies {
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|source| StrategyError {
             location: Location { path: config.path.clone(), line: 1, column: 1 },
             strategy: String::new(),
-            source,
+            source: Box::new(source),
         })?;
         let mut planners = BTreeMap::new();
         for strategy in config.strategies.values() {
@@ -43,7 +44,7 @@ impl Strategies {
                     PlannerError::Config { message, .. } => config.table_error_location(strategy, message),
                     _ => config.planner_location(strategy),
                 };
-                StrategyError { location, strategy: strategy.name.clone(), source }
+                StrategyError { location, strategy: strategy.name.clone(), source: Box::new(source) }
             })?;
             planners.insert(strategy.name.clone(), planner);
         }
@@ -52,13 +53,17 @@ impl Strategies {
 
     /// One strategy's planner loaded on its own, for a task of its own (a pump).
     pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
-        let located = |source| StrategyError { location: Location { path: config.path.clone(), line: 1, column: 1 }, strategy: name.to_string(), source };
+        let located = |source| StrategyError {
+            location: Location { path: config.path.clone(), line: 1, column: 1 },
+            strategy: name.to_string(),
+            source: Box::new(source),
+        };
         let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
         runtime.load(&strategy.planner, strategy.table.to_string()).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
             strategy: name.to_string(),
-            source,
+            source: Box::new(source),
         })
     }
 

@@ -103,6 +103,8 @@ pub struct Lost {
 }
 
 /// What [`Simulator::step`] did.
+// Returned once per step and matched at once: boxing the message would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Step {
     /// Nothing is scheduled any more.

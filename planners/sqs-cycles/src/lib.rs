@@ -123,7 +123,7 @@ impl Planner for SqsCycles {
 
     fn new(config: Config) -> Result<Self, String> {
         let cycle_ms = config.cycle.map_or(SQS_MAX_DELAY_MS, DurationMs::ms);
-        if cycle_ms == 0 || cycle_ms > SQS_MAX_DELAY_MS || cycle_ms % 1_000 != 0 {
+        if cycle_ms == 0 || cycle_ms > SQS_MAX_DELAY_MS || !cycle_ms.is_multiple_of(1_000) {
             return Err(format!("cycle: {cycle_ms}ms must be whole seconds between 1s and 900s"));
         }
         let suffix = config.delay_queue_suffix.unwrap_or_else(|| "-delay.fifo".to_string());

@@ -212,10 +212,10 @@ impl ControlGuard<'_> {
 impl Drop for ControlGuard<'_> {
     fn drop(&mut self) {
         let closed = self.held.as_ref().is_some_and(|c| !c.channel.status().connected());
-        if closed || !self.keep {
-            if let Some(channel) = self.held.take() {
-                channel.discard();
-            }
+        if (closed || !self.keep)
+            && let Some(channel) = self.held.take()
+        {
+            channel.discard();
         }
     }
 }

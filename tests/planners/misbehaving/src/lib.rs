@@ -44,8 +44,6 @@ impl Planner for Misbehaving {
                 let _ = std::env::var("HOME");
                 Ok(Plan { commands: vec![], delivers_after_ms: 0 })
             }
-            // A plan that sends nothing: the host must not report it as scheduled.
-            "nothing" => Ok(Plan { commands: vec![], delivers_after_ms: 0 }),
             destination => Ok(Plan { commands: vec![publish("", destination, vec![])], delivers_after_ms: 0 }),
         }
     }

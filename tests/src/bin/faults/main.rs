@@ -76,8 +76,11 @@ impl Report {
 
 type CaseFuture = Pin<Box<dyn Future<Output = Vec<Report>>>>;
 
-/// Every case, in the order they run: (name, run).
-fn cases() -> Vec<(&'static str, fn() -> CaseFuture)> {
+/// A case: its name and how to run it.
+type Case = (&'static str, fn() -> CaseFuture);
+
+/// Every case, in the order they run.
+fn cases() -> Vec<Case> {
     vec![
         ("broker-kill9", || Box::pin(broker::kill9())),
         ("broker-stop-start", || Box::pin(broker::stop_start())),
