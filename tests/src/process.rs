@@ -35,18 +35,7 @@ impl ServeProcess {
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn hourglass serve");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (address_tx, address_rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("serving on http://").nth(1) {
-                    let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-                }
-                lines.lock().unwrap().push(line);
-            }
-        });
+        let (log, address_rx) = follow_stderr(&mut child);
         let Ok(address) = address_rx.recv_timeout(Duration::from_secs(60)) else {
             let _ = child.kill();
             panic!("hourglass serve did not start listening: {:#?}", log.lock().unwrap());
@@ -84,4 +73,22 @@ impl Drop for ServeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Keeps every stderr line of a `hourglass serve` child, and sends the
+/// address it serves on as soon as it says so.
+pub fn follow_stderr(child: &mut Child) -> (Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (address_tx, address_rx) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr piped");
+    let lines = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("serving on http://").nth(1) {
+                let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            }
+            lines.lock().unwrap().push(line);
+        }
+    });
+    (log, address_rx)
 }

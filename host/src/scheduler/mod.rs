@@ -245,13 +245,7 @@ impl<E: Executor> Scheduler<E> {
     /// Per strategy, the queues it declares that dead-letter at most once
     /// (classic): a broker crash can lose messages waiting there.
     pub fn at_most_once_queues(&self) -> BTreeMap<String, Vec<String>> {
-        self.strategy_names()
-            .into_iter()
-            .filter_map(|strategy| {
-                let queues = crate::command::at_most_once_dead_lettering(&self.declarations_of(&strategy));
-                (!queues.is_empty()).then_some((strategy, queues))
-            })
-            .collect()
+        self.queues_per_strategy(crate::command::at_most_once_dead_lettering)
     }
 
     /// Whether `strategy`'s topology is on the broker now (declared since the last reconnect).
@@ -263,10 +257,15 @@ impl<E: Executor> Scheduler<E> {
 
     /// Per strategy, its parking queues (where messages whose destination vanished wait).
     pub fn parking_queues(&self) -> BTreeMap<String, Vec<String>> {
+        self.queues_per_strategy(crate::command::parking_queues)
+    }
+
+    /// `pick` applied to each strategy's declarations; strategies it finds nothing in are left out.
+    fn queues_per_strategy(&self, pick: fn(&[Command]) -> Vec<String>) -> BTreeMap<String, Vec<String>> {
         self.strategy_names()
             .into_iter()
             .filter_map(|strategy| {
-                let queues = crate::command::parking_queues(&self.declarations_of(&strategy));
+                let queues = pick(&self.declarations_of(&strategy));
                 (!queues.is_empty()).then_some((strategy, queues))
             })
             .collect()

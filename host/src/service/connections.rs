@@ -119,6 +119,20 @@ struct IdleTimeout<S> {
 }
 
 impl<S> IdleTimeout<S> {
+    /// Bytes written count as movement; a write still pending past the idle timeout fails.
+    fn after_write(&mut self, cx: &mut Context<'_>, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Ready(Ok(written)) => {
+                if written > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(written))
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(idle_error())),
+            other => other,
+        }
+    }
+
     fn new(inner: S, idle: Duration) -> Self {
         IdleTimeout { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
     }
@@ -156,17 +170,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    self.moved();
-                }
-                Poll::Ready(Ok(written))
-            }
-            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
-            Poll::Pending if self.expired(cx) => Poll::Ready(Err(idle_error())),
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.after_write(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -181,17 +186,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    self.moved();
-                }
-                Poll::Ready(Ok(written))
-            }
-            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
-            Poll::Pending if self.expired(cx) => Poll::Ready(Err(idle_error())),
-            Poll::Pending => Poll::Pending,
-        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.after_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -3,10 +3,9 @@
 //! 1,024 (the usual default of a service or container, where idle-connection
 //! exhaustion shows) and finds the binary next to the suite's own.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -42,18 +41,7 @@ impl Host {
             .stdout(Stdio::null())
             .spawn()
             .with_context(|| format!("spawn {}", binary().display()))?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (address_tx, address_rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("serving on http://").nth(1) {
-                    let _ = address_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-                }
-                lines.lock().unwrap().push(line);
-            }
-        });
+        let (log, address_rx) = hourglass_e2e::process::follow_stderr(&mut child);
         match address_rx.recv_timeout(Duration::from_secs(60)) {
             Ok(address) => Ok(Host { child, base: format!("http://{address}"), log }),
             Err(_) => {
