@@ -34,6 +34,12 @@ pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
 /// On error-queue and unknown messages: the queue the message failed on.
 pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
 
+/// Headers that make the broker copy a message to the queues they name
+/// (sender-selected distribution), and close the channel when malformed.
+pub fn is_routing_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC")
+}
+
 /// Whether a producer's header is hourglass's to set.
 pub fn is_reserved(name: &str) -> bool {
     name.starts_with(PREFIX)

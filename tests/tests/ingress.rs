@@ -71,6 +71,13 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
             vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("1s")), (STRATEGY_HEADER, long_string("nope"))],
             "unknown strategy",
         ),
+        // The broker copies to CC's queues on the way in (none exist here) and keeps the header; moving the message
+        // aside with it would be refused, so the move drops it.
+        (
+            "routing-copy",
+            vec![(DESTINATION_HEADER, long_string(dest)), (DELAY_HEADER, long_string("1s")), ("CC", AMQPValue::FieldArray(vec![long_string(&absent)].into()))],
+            "would copy the message",
+        ),
     ];
     for (body, headers, _) in &invalid {
         publish(&channel, &ingress_queue, body, headers.clone(), BasicProperties::default()).await;

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 
 use crate::command::{AMQP_MAX_NAME, FieldTable, FieldValue};
-use crate::headers::is_reserved;
+use crate::headers::{is_reserved, is_routing_header};
 use crate::message::{HeaderValue, Headers, Properties};
 
 use super::ScheduleRequest;
@@ -38,11 +38,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Invalid {
 /// dead-letter cycle.
 pub fn is_death_record(name: &str) -> bool {
     name == "x-death" || name.starts_with("x-first-death-") || name.starts_with("x-last-death-")
-}
-
-/// Headers that make the broker route copies elsewhere.
-fn is_routing_header(name: &str) -> bool {
-    name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC")
 }
 
 /// Checks `request` and removes what a delivered message may carry but must

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
+use crate::headers::is_routing_header;
 use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::convert::from_amqp_delivery;
@@ -224,6 +225,8 @@ impl<H: Handler> Consumer<H> {
 /// moved without it rather than never.
 async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery, added: &Headers) -> Result<(), ExecutorError> {
     let mut properties = delivery.properties.clone();
+    // CC/BCC are often why a message is set aside; kept, the publish would be refused (or copied elsewhere).
+    properties.headers.retain(|name, _| !is_routing_header(name));
     properties.headers.extend(added.iter().map(|(k, v)| (k.clone(), v.clone())));
     let id = properties.message_id.clone().unwrap_or_else(|| format!("a message from {}", delivery.queue));
     let publish =

@@ -21,6 +21,7 @@ use lapin::{BasicProperties, Confirmation, ExchangeKind as AmqpExchangeKind};
 use std::time::Duration;
 
 use crate::command::{Command, ExchangeKind, FieldTable};
+use crate::headers::is_routing_header;
 use crate::message::HeaderValue;
 
 use super::channels::{Control, OpenChannels, PUBLISH_CHANNELS, PublishPool};
@@ -65,12 +66,6 @@ fn describe(table: &FieldTable) -> String {
         return "no arguments".into();
     }
     table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
-}
-
-/// Headers that make the broker copy a message to other queues (and close
-/// the channel when malformed).
-fn is_routing_header(name: &str) -> bool {
-    name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC")
 }
 
 /// The encoded size of a content header's properties, headers included.
