@@ -319,7 +319,7 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
     // rejected again, and wait in the redelivery input.
     let second = receive_within(&mut received, MESSAGES, Duration::from_secs(6), &setup.queue).await;
     assert!(second.iter().all(|r| attempt(&r.delivery) == 2));
-    until("the second rejections waiting in the input", Duration::from_secs(5), async || queue_depth(&channel, &setup.input).await == MESSAGES as u32).await;
+    until("the second rejections waiting in the input", Duration::from_secs(15), async || queue_depth(&channel, &setup.input).await == MESSAGES as u32).await;
 
     let served = start(&setup).await;
     let third = receive_within(&mut received, MESSAGES, Duration::from_secs(8), &setup.queue).await;
