@@ -319,7 +319,24 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
     // rejected again, and wait in the redelivery input.
     let second = receive_within(&mut received, MESSAGES, Duration::from_secs(6), &setup.queue).await;
     assert!(second.iter().all(|r| attempt(&r.delivery) == 2));
-    until("the second rejections waiting in the input", Duration::from_secs(15), async || queue_depth(&channel, &setup.input).await == MESSAGES as u32).await;
+    let waiting = async || queue_depth(&channel, &setup.input).await == MESSAGES as u32;
+    if tokio::time::timeout(Duration::from_secs(15), async {
+        while !waiting().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .is_err()
+    {
+        let (input, queue) = (setup.input.clone(), setup.queue.clone());
+        let seen = tokio::task::spawn_blocking(move || {
+            [input, queue]
+                .map(|name| hourglass::broker::rabbitmq::manage::Management::new(&management_url(), "/".into()).unwrap().object("queues", &name).ok().flatten())
+        })
+        .await
+        .unwrap();
+        panic!("the second rejections did not all wait in the input within 15 s; the broker shows: {seen:?}");
+    }
 
     let served = start(&setup).await;
     let third = receive_within(&mut received, MESSAGES, Duration::from_secs(8), &setup.queue).await;
