@@ -145,6 +145,13 @@ impl RabbitMqExecutor {
     }
 
     /// Runs one declare or check on the control channel, bounded by [`DECLARE_TIMEOUT`].
+    /// A passive declare of `queue` on the control channel: its message count, or
+    /// the broker's refusal (a missing queue closes that channel, never a publish's).
+    async fn passive_declare(&self, queue: &str, what: impl FnOnce() -> String) -> Result<Result<u32, lapin::Error>, ExecutorError> {
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        self.control(what, async |channel| channel.queue_declare(queue.into(), passive, AmqpTable::default()).await.map(|q| q.message_count())).await
+    }
+
     async fn control<T>(
         &self,
         what: impl FnOnce() -> String,
@@ -323,8 +330,7 @@ impl Executor for RabbitMqExecutor {
 
     async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
         let what = || format!("checking destination queue {destination:?}");
-        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        match self.control(what, async |channel| channel.queue_declare(destination.into(), passive, AmqpTable::default()).await).await? {
+        match self.passive_declare(destination, what).await? {
             Ok(_) => Ok(()),
             Err(e) if e.is_amqp_soft_error() => Err(ExecutorError::Refused(format!(
                 "destination queue {destination:?} does not exist on RabbitMQ at {}; declare it before scheduling to it ({e})",
@@ -335,10 +341,8 @@ impl Executor for RabbitMqExecutor {
     }
 
     async fn queue_depth(&self, queue: &str) -> Option<u64> {
-        let what = || format!("reading the depth of queue {queue:?}");
-        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        match self.control(what, async |channel| channel.queue_declare(queue.into(), passive, AmqpTable::default()).await).await {
-            Ok(Ok(declared)) => Some(u64::from(declared.message_count())),
+        match self.passive_declare(queue, || format!("reading the depth of queue {queue:?}")).await {
+            Ok(Ok(messages)) => Some(u64::from(messages)),
             _ => None,
         }
     }
