@@ -39,6 +39,18 @@ pub fn hourglass_binary() -> PathBuf {
     binary
 }
 
+/// A planner component the host's build script built (`tests/planners`,
+/// `examples/backoff-planner`), e.g. `misbehaving`: in
+/// `<target>/wasm-planners`, beside this test executable's profile directory.
+pub fn built_planner(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let file = format!("wasm-planners/wasm32-wasip2/planner/{}.wasm", name.replace('-', "_"));
+    exe.ancestors()
+        .map(|dir| dir.join(&file))
+        .find(|path| path.exists())
+        .unwrap_or_else(|| panic!("{file} is missing beside {}: run the tests with `cargo test --workspace` (scripts/test does)", exe.display()))
+}
+
 pub fn amqp_url() -> String {
     std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::broker::rabbitmq::DEFAULT_URL.to_string())
 }

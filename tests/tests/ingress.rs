@@ -13,6 +13,7 @@ use hourglass::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DE
 use hourglass::message::{Outcome, Settled};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
+use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -340,4 +341,61 @@ async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_i
     }
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
+}
+
+/// A planner that loops, panics or traps on one message fails that message
+/// alone: it is set aside with a reason naming the planner (a loop after one
+/// requeue, in case the first time out was a starved CPU), while valid
+/// messages sent between them arrive on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_that_loops_panics_or_traps_on_a_message_sets_that_one_aside_and_the_others_arrive() {
+    // The misbehaving planner misbehaves for the destinations named "loop", "panic" and "trap": fixed names, so a vhost of our own.
+    let vhost = tokio::task::spawn_blocking(|| PrivateVhost::create("ingress-planner")).await.unwrap();
+    let connection = connect_to(&vhost.url).await;
+    let (ingress_queue, invalid_queue) = (unique("planner-in"), unique("planner-invalid"));
+    let text = config_text_on(
+        &vhost.url,
+        &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("planner")),
+        &format!(
+            "[planners]\ncall_timeout = \"50ms\"\n\n[strategies.odd]\nplanner = {:?}\n\n\
+             [service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 4",
+            built_planner("misbehaving").display().to_string()
+        ),
+    );
+    let config = hourglass::config::Config::parse(std::path::Path::new("e2e.toml"), format!("default_strategy = \"main\"\n{text}")).expect("test config");
+    let mut destination = Destination::declare(&connection, "planner-dest").await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    for name in ["loop", "panic", "trap"] {
+        channel.queue_declare(name.into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
+    }
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+
+    let mut sent_at = std::collections::HashMap::new();
+    for (i, bad) in ["loop", "panic", "trap"].into_iter().enumerate() {
+        let headers = vec![(DESTINATION_HEADER, long_string(bad)), (DELAY_HEADER, long_string("0ms")), (STRATEGY_HEADER, long_string("odd"))];
+        publish(&channel, &ingress_queue, bad, headers, BasicProperties::default()).await;
+        let body = format!("valid-{i}");
+        sent_at.insert(body.clone(), hourglass::clock::unix_now_ms());
+        publish(&channel, &ingress_queue, &body, valid(&destination.name), BasicProperties::default()).await;
+    }
+
+    for received in destination.receive(3, Duration::from_secs(15)).await {
+        let body = String::from_utf8_lossy(&received.delivery.data).into_owned();
+        assert!(received.at_ms >= sent_at[&body] + 1000, "{body} arrived {} ms after it was sent, before its 1 s delay", received.at_ms - sent_at[&body]);
+    }
+    let set_aside = get_at_least(&channel, &invalid_queue, 3, Duration::from_secs(15)).await;
+    let reasons: std::collections::HashMap<String, String> =
+        set_aside.iter().map(|d| (String::from_utf8_lossy(&d.data).into_owned(), header_text(d, INVALID_REASON_HEADER).unwrap_or_default())).collect();
+    for (bad, want) in [("loop", "again after a requeue"), ("panic", "panicked"), ("trap", "misbehaving")] {
+        let reason = reasons.get(bad).unwrap_or_else(|| panic!("{bad} was not set aside: {reasons:?}"));
+        assert!(reason.contains("misbehaving") && reason.contains(want), "the reason for {bad} names the planner and says {want:?}: {reason}");
+    }
+    until("the ingress queue drained", Duration::from_secs(5), async || queue_depth(&channel, &ingress_queue).await == 0).await;
+    assert_eq!(served.http.call("GET", "/readyz", None, None).await.0, 200, "the ingress still runs");
+
+    served.stop().await;
+    connection.close(200, "done".into()).await.ok();
+    tokio::task::spawn_blocking(move || drop(vhost)).await.unwrap();
 }

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
+use axum::http::header::CONTENT_LENGTH;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -135,17 +136,56 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     Ok(ScheduleRequest { destination, delay_ms, body, headers, strategy, ..Default::default() })
 }
 
-async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, bytes: Result<Bytes, BytesRejection>) -> Response {
+/// Largest `POST /v1/messages` request read; base64 makes a 256 KiB body
+/// about 350 KiB of JSON.
+const MAX_REQUEST_BYTES: usize = 2 * MAX_BODY_BYTES;
+
+/// How much of a request over [`MAX_REQUEST_BYTES`] is read and thrown away
+/// before answering 413. Most clients read the answer only once they have sent
+/// the whole request, and a server that closes with unread data resets the
+/// connection: without this they would see a reset, not the 413. Beyond it the
+/// connection is closed after the 413, and the client may miss it.
+const DRAIN_LIMIT_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads the request body, at most [`MAX_REQUEST_BYTES`]. A stalled body is
+/// cut by the connection's idle timeout.
+async fn receive(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let announced = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let too_large = |received: usize| ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        field: Some("body"),
+        message: format!(
+            "body: the request is over {MAX_REQUEST_BYTES} bytes (a message body of at most {MAX_BODY_BYTES} bytes, as text or base64){}",
+            if received > 0 { format!("; {received} bytes received") } else { String::new() }
+        ),
+    };
+    if announced.is_some_and(|length| length > DRAIN_LIMIT_BYTES) {
+        return Err(too_large(0));
+    }
+    let mut kept = Vec::with_capacity(announced.unwrap_or(0).min(MAX_REQUEST_BYTES));
+    let mut received = 0;
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|e| ApiError::bad("request", format!("reading the request failed: {e}")))?;
+        received += frame.len();
+        if received <= MAX_REQUEST_BYTES {
+            kept.extend_from_slice(&frame);
+        } else if received > DRAIN_LIMIT_BYTES {
+            break;
+        }
+    }
+    if received > MAX_REQUEST_BYTES { Err(too_large(received)) } else { Ok(kept.into()) }
+}
+
+async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
     }
-    let bytes = match bytes {
+    let bytes = match receive(&headers, body).await {
         Ok(bytes) => bytes,
-        Err(rejection) => {
-            // Over the request limit (a JSON-encoded body is larger than the body itself).
-            let field = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "body" } else { "request" };
-            service.metrics.rejected(field);
-            return ApiError { status: rejection.status(), field: Some(field), message: format!("{field}: {}", rejection.body_text()) }.into_response();
+        Err(err) => {
+            service.metrics.rejected(err.field.unwrap_or("request"));
+            return err.into_response();
         }
     };
     let request = match parse_message(&bytes) {
@@ -265,8 +305,8 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(get_metrics))
-        // Base64 makes a 256 KiB body about 350 KiB of JSON.
-        .layer(axum::extract::DefaultBodyLimit::max(2 * MAX_BODY_BYTES))
+        // `post_message` reads its body itself, with its own limit.
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(service)
 }
 

@@ -7,8 +7,9 @@
 //! strategy, a delay the planner refuses) goes to the invalid-messages queue
 //! with the reason, naming the header or field, in `hourglass-invalid-reason`;
 //! it is acked only once that publish is confirmed. While the broker is
-//! unavailable, or the planner ran out of time (a starved CPU is no fault of
-//! the message), a message is requeued, never acked; a lost connection leaves
+//! unavailable, a message is requeued, never acked; a planner out of time (a
+//! starved CPU is no fault of the message) requeues it once, and sets it aside
+//! when it runs out of time on the redelivery too. A lost connection leaves
 //! every unacked message to the broker, which delivers it again. Prefetch
 //! bounds the messages in flight. The [`Consumer`] carries out each
 //! [`Outcome`] and sets aside a message this handler keeps panicking on.
@@ -45,17 +46,23 @@ fn set_aside(invalid_queue: &str, reason: &str) -> Outcome {
     Outcome::move_to(invalid_queue, INVALID_REASON_HEADER, reason)
 }
 
-/// What becomes of a message the scheduler could not take.
-fn refused(err: ScheduleError, invalid_queue: &str) -> Outcome {
+/// What becomes of a message the scheduler could not take. `redelivered`:
+/// the broker delivered this message before.
+fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool) -> Outcome {
     match err {
-        // Not the message's fault: it waits on its queue until the broker or the planner can answer.
+        // Not the message's fault: it waits on its queue until the broker can answer.
         ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
             tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
             Outcome::Requeue
         }
-        ScheduleError::Planner(err) if err.is_timeout() => {
-            tracing::warn!(error = %err, "the planner ran out of time; requeueing the ingress message");
+        // Once may be a starved CPU; again on a redelivery is a planner that
+        // loops on this message, which would otherwise come back forever.
+        ScheduleError::Planner(err) if err.is_timeout() && !redelivered => {
+            tracing::warn!(error = %err, "the planner ran out of time; requeueing the ingress message once");
             Outcome::Requeue
+        }
+        ScheduleError::Planner(err) if err.is_timeout() => {
+            set_aside(invalid_queue, &format!("{err}, again after a requeue; publish it again to retry, or raise the planner's budget"))
         }
         ScheduleError::Invalid(invalid) => set_aside(invalid_queue, &format!("{}: {}", wire_name(invalid.field), invalid.reason)),
         other => set_aside(invalid_queue, &other.to_string()),
@@ -107,7 +114,7 @@ impl Handler for Ingress {
             }
             Err(err) => {
                 metrics.failed(&strategy, &destination);
-                (refused(err, &self.config.invalid_queue), ())
+                (refused(err, &self.config.invalid_queue, delivery.redelivered), ())
             }
         }
     }
@@ -191,23 +198,30 @@ mod tests {
     }
 
     #[test]
-    fn a_planner_out_of_time_or_an_unavailable_broker_requeues_and_anything_else_sets_aside() {
+    fn an_unavailable_broker_requeues_a_planner_out_of_time_requeues_once_and_anything_else_sets_aside() {
         use crate::planner::PlannerError;
-        let timeout = PlannerError::Timeout { planner: "p".into(), function: "plan", budget: std::time::Duration::from_millis(100) };
-        assert_eq!(refused(ScheduleError::Planner(timeout), "bad"), Outcome::Requeue, "a starved CPU is not the message's fault");
-        assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad"), Outcome::Requeue);
+        let timeout = || PlannerError::Timeout { planner: "p".into(), function: "plan", budget: std::time::Duration::from_millis(100) };
+        assert_eq!(refused(ScheduleError::Planner(timeout()), "bad", false), Outcome::Requeue, "a starved CPU is not the message's fault");
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Planner(timeout()), "bad", true) else {
+            panic!("a planner out of time on a redelivered message sets it aside, or a looping planner requeues it forever")
+        };
+        let reason = headers[INVALID_REASON_HEADER].as_text().unwrap();
+        assert!(reason.contains("p") && reason.contains("again after a requeue"), "{reason}");
+        for redelivered in [false, true] {
+            assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad", redelivered), Outcome::Requeue);
+        }
         let trap = PlannerError::Trapped { planner: "p".into(), function: "plan", reason: "unreachable".into() };
-        let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad") else { panic!("a trap is not retried") };
+        let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad", false) else { panic!("a trap is not retried") };
         assert_eq!(queue, "bad");
         assert!(headers[INVALID_REASON_HEADER].as_text().unwrap().contains("unreachable"));
         let refusal = PlannerError::Refused { planner: "p".into(), message: "too long".into() };
-        assert!(matches!(refused(ScheduleError::Planner(refusal), "bad"), Outcome::MoveTo { .. }));
+        assert!(matches!(refused(ScheduleError::Planner(refusal), "bad", false), Outcome::MoveTo { .. }));
     }
 
     #[test]
     fn a_refused_field_is_named_as_the_producer_set_it() {
         let invalid = crate::scheduler::validate::Invalid { field: "destination", reason: "is 300 bytes; at most 255".into() };
-        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(invalid), "bad") else { panic!("set aside") };
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(invalid), "bad", false) else { panic!("set aside") };
         assert_eq!(headers[INVALID_REASON_HEADER].as_text().unwrap(), "hourglass-destination: is 300 bytes; at most 255");
     }
 

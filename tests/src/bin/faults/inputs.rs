@@ -276,14 +276,21 @@ pub async fn matrix() -> Vec<Report> {
         .await,
     );
     reports.push(
-        item(&bench, "CC / BCC headers", async |b, r, _| {
+        item(&bench, "CC / BCC headers", async |b, r, l| {
             for name in ["CC", "BCC"] {
                 b.expect_http(r, name, json!({ "destination": destination, "delay": 1000, "body": "x", "headers": { name: destination } }), 400, "headers")
                     .await;
-                let copies = AMQPValue::FieldArray(FieldArray::from(vec![text(&destination)]));
-                let headers = vec![("hourglass-destination", text(&destination)), ("hourglass-delay", text("1s")), (name, copies)];
-                b.expect_invalid(r, name, &unique(&format!("bad-{name}")), headers, BasicProperties::default()).await;
             }
+            // The broker routes a CC copy at publish time and keeps the header: the
+            // ingress must set the message aside, not forward it with the header on.
+            let copies = AMQPValue::FieldArray(FieldArray::from(vec![text(&destination)]));
+            let headers = vec![("hourglass-destination", text(&destination)), ("hourglass-delay", text("1s")), ("CC", copies)];
+            b.expect_invalid(r, "CC", &unique("bad-CC"), headers, BasicProperties::default()).await;
+            // The broker removes BCC before delivering: the ingress receives an
+            // ordinary message, which must be delayed and delivered like any other.
+            // (BCC names a queue that does not exist, so the publish routes no copy.)
+            let nowhere = AMQPValue::FieldArray(FieldArray::from(vec![text(&unique("bcc-nowhere"))]));
+            tracked_ingress(b, l, r, "bcc", 2000, vec![("BCC", nowhere)], BasicProperties::default()).await;
         })
         .await,
     );

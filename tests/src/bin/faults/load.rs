@@ -110,7 +110,7 @@ async fn failing_ingress(bench: &Bench) -> Report {
 }
 
 pub async fn idle_connections() -> Vec<Report> {
-    let mut report = Report::new("2,000 idle connections (host limited to 1,024 descriptors)");
+    let mut report = Report::new("2,000 idle connection attempts (host limited to 1,024 descriptors)");
     let bench = match Bench::start("idle").await {
         Ok(bench) => bench,
         Err(err) => {
@@ -125,8 +125,11 @@ pub async fn idle_connections() -> Vec<Report> {
     })
     .await
     .unwrap_or_default();
-    eprintln!("   {} idle connections open", idle.len());
-    report.check(idle.len() == 2000, || format!("only {} of 2,000 connections were accepted", idle.len()));
+    // Beyond `service.max_connections` (512) connections wait in the kernel's
+    // backlog and then are not accepted at all: the limit is the point. What
+    // must hold is that the API keeps answering everyone else.
+    eprintln!("   {} idle connections open (accepted or in the backlog)", idle.len());
+    report.check(idle.len() >= 512, || format!("only {} idle connections could be opened; the case needs at least max_connections (512)", idle.len()));
     let canaries = Canaries::start(&unique("c"), bench.setup.route(&bench.base));
     tokio::time::sleep(Duration::from_secs(8)).await;
     let ready = bench.post(json!({ "destination": bench.setup.destination, "delay": 1000, "body": "probe" })).await.0;
