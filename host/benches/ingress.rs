@@ -1,0 +1,202 @@
+//! Draining a preloaded ingress queue: hourglass against a raw lapin relay at
+//! the same prefetch, in one run. Needs RabbitMQ on $HOURGLASS_AMQP_URL
+//! (default guest on 127.0.0.1:5672). Run: `cargo bench -p hourglass --bench ingress`.
+//! Method: BENCHMARKS.md ("Ingress drain").
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use hourglass::broker::amqp_url;
+use hourglass::command::Command;
+use hourglass::config::Config;
+use hourglass::service::Service;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+/// Messages preloaded for each run.
+const MESSAGES: usize = 20_000;
+/// Rounds of each pair (raw, hourglass); the median is reported.
+const ROUNDS: usize = 3;
+
+fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
+}
+
+async fn declare(channel: &Channel, name: &str, quorum: bool) {
+    let mut arguments = FieldTable::default();
+    if quorum {
+        arguments.insert(ShortString::from("x-queue-type"), AMQPValue::LongString(LongString::from("quorum")));
+    }
+    channel.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, arguments).await.expect("declare");
+}
+
+/// Publishes `MESSAGES` persistent 100-byte messages to `queue` with ingress
+/// headers for `destination` (1 h delays, so nothing is delivered during the run).
+async fn preload(channel: &Channel, queue: &str, destination: &str) {
+    let mut confirms = Vec::with_capacity(MESSAGES);
+    for i in 0..MESSAGES {
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
+        headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{}ms", 3_600_000 + i % 3_000))));
+        let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+        confirms.push(channel.basic_publish("".into(), queue.into(), BasicPublishOptions::default(), &[b'x'; 100], properties).await.expect("publish"));
+        if confirms.len() == 1_000 {
+            for confirm in confirms.drain(..) {
+                confirm.await.expect("confirm");
+            }
+        }
+    }
+    for confirm in confirms {
+        confirm.await.expect("confirm");
+    }
+}
+
+/// Messages per second between the first and the last of `MESSAGES` counted by `done`.
+async fn rate(done: &AtomicUsize) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while done.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "nothing was processed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (first, start) = (done.load(Ordering::Relaxed), Instant::now());
+    while done.load(Ordering::Relaxed) < MESSAGES {
+        assert!(Instant::now() < deadline, "only {} of {MESSAGES} processed", done.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (MESSAGES - first) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The baseline: consume with `prefetch`, publish each to `target` with a
+/// confirm (persistent, mandatory), ack once confirmed; `prefetch` in flight.
+async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 {
+    let connection = Connection::connect(url, ConnectionProperties::default()).await.expect("RabbitMQ");
+    let consuming = connection.create_channel().await.unwrap();
+    let publishing = connection.create_channel().await.unwrap();
+    publishing.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    consuming.basic_qos(prefetch, BasicQosOptions::default()).await.unwrap();
+    let consumer = consuming.basic_consume(source.into(), "bench-raw".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let counted = done.clone();
+    let relay = tokio::spawn(consumer.for_each_concurrent(prefetch as usize, move |delivery| {
+        let (publishing, counted) = (publishing.clone(), counted.clone());
+        async move {
+            let delivery = delivery.expect("delivery");
+            let options = BasicPublishOptions { mandatory: true, ..Default::default() };
+            let properties = delivery.properties.clone().with_delivery_mode(2);
+            let confirm = publishing.basic_publish("".into(), target.into(), options, &delivery.data, properties).await.expect("publish");
+            assert!(confirm.await.expect("confirm").is_ack());
+            delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    let rate = rate(&done).await;
+    relay.abort();
+    connection.close(200, "done".into()).await.ok();
+    rate
+}
+
+/// hourglass's ingress on `source`, binary levels of `queue_type`, with `prefetch`.
+async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &str, prefetch: u16) -> (f64, Config) {
+    let text = format!(
+        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n\n\
+         [service.ingress]\nqueue = \"{source}\"\ninvalid_queue = \"{source}.invalid\"\nprefetch = {prefetch}\n"
+    );
+    let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
+    let service = Service::start(config.clone()).await.expect("service starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(hourglass::service::run(listener, service.clone(), async move {
+        stopped.await.ok();
+    }));
+    let done = Arc::new(AtomicUsize::new(0));
+    let counter = {
+        let (service, done) = (service.clone(), done.clone());
+        tokio::spawn(async move {
+            loop {
+                let text = service.metrics.encode();
+                let forwarded = text
+                    .lines()
+                    .find(|l| l.starts_with("hourglass_ingress_messages_total") && l.contains("forwarded"))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                done.store(forwarded as usize, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let rate = rate(&done).await;
+    counter.abort();
+    stop.send(()).ok();
+    server.await.unwrap().expect("service stops");
+    (rate, config)
+}
+
+/// Deletes a strategy's queues and exchanges.
+async fn delete_topology(channel: &Channel, config: &Config) {
+    let mut strategies = hourglass::scheduler::strategies::Strategies::load(config).unwrap();
+    for command in strategies.get_mut("main").unwrap().topology().unwrap() {
+        match command {
+            Command::DeclareQueue { name, .. } => drop(channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
+            Command::DeclareExchange { name, .. } => drop(channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
+            _ => {}
+        }
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let url = amqp_url(None, None);
+    let connection = Connection::connect(&url, ConnectionProperties::default()).await.expect("RabbitMQ");
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
+    println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
+    println!("| levels | prefetch | raw relay msg/s | hourglass msg/s | ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    for queue_type in ["classic", "quorum"] {
+        for &prefetch in &prefetches {
+            let (mut raw, mut ours) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                let run = run_id();
+                let destination = format!("bench-ingress-{run}.destination");
+                declare(&channel, &destination, false).await;
+
+                let (source, target) = (format!("bench-ingress-{run}.raw-in"), format!("bench-ingress-{run}.raw-out"));
+                declare(&channel, &source, false).await;
+                declare(&channel, &target, queue_type == "quorum").await;
+                preload(&channel, &source, &destination).await;
+                raw.push(raw_relay(&url, &source, &target, prefetch).await);
+                for queue in [&source, &target] {
+                    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                }
+
+                let source = format!("bench-ingress-{run}.in");
+                declare(&channel, &source, false).await;
+                preload(&channel, &source, &destination).await;
+                let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), queue_type, prefetch).await;
+                ours.push(rate);
+                delete_topology(&channel, &config).await;
+                for queue in [source.clone(), format!("{source}.invalid"), destination] {
+                    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                }
+            }
+            let (raw, ours) = (median(raw), median(ours));
+            println!("| {queue_type} | {prefetch} | {raw:.0} | {ours:.0} | {:.0} % |", 100.0 * ours / raw);
+        }
+    }
+    connection.close(200, "done".into()).await.ok();
+}
