@@ -84,13 +84,14 @@ async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 
     let consumer = consuming.basic_consume(source.into(), "bench-raw".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let counted = done.clone();
+    let target: Arc<str> = target.into();
     let relay = tokio::spawn(consumer.for_each_concurrent(prefetch as usize, move |delivery| {
-        let (publishing, counted) = (publishing.clone(), counted.clone());
+        let (publishing, counted, target) = (publishing.clone(), counted.clone(), target.clone());
         async move {
             let delivery = delivery.expect("delivery");
             let options = BasicPublishOptions { mandatory: true, ..Default::default() };
             let properties = delivery.properties.clone().with_delivery_mode(2);
-            let confirm = publishing.basic_publish("".into(), target.into(), options, &delivery.data, properties).await.expect("publish");
+            let confirm = publishing.basic_publish("".into(), (&*target).into(), options, &delivery.data, properties).await.expect("publish");
             assert!(confirm.await.expect("confirm").is_ack());
             delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
             counted.fetch_add(1, Ordering::Relaxed);
