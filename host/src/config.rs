@@ -51,6 +51,9 @@ pub enum BrokerConfig {
         url_env: Option<String>,
         /// The management HTTP API, for `verify` (default: the AMQP host on port 15672).
         management_url: Option<String>,
+        /// Confirm-mode channels for publishes, each carrying one publish at a
+        /// time (default [`DEFAULT_PUBLISH_CHANNELS`](crate::broker::rabbitmq::DEFAULT_PUBLISH_CHANNELS)).
+        publish_channels: Option<usize>,
     },
     Sqs {
         region: Option<String>,
@@ -366,6 +369,12 @@ impl Config {
         }
 
         check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
+        if let BrokerConfig::Rabbitmq { publish_channels: Some(channels), .. } = raw.broker
+            && !(1..=crate::broker::rabbitmq::MAX_PUBLISH_CHANNELS).contains(&channels)
+        {
+            let message = format!("publish_channels: {channels} is not between 1 and {}", crate::broker::rabbitmq::MAX_PUBLISH_CHANNELS);
+            return Err(invalid(key_offset(&text, "publish_channels"), message));
+        }
 
         let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
         for entry in raw.redelivery {
@@ -527,6 +536,17 @@ mod tests {
         for (service, location, message) in bad {
             let err = parse(&format!("{service}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();
             assert!(err.starts_with(location) && err.contains(message), "{err}");
+        }
+    }
+
+    #[test]
+    fn publish_channels_is_read_and_bounded() {
+        let broker =
+            |channels: &str| parse(&format!("[broker]\nkind = \"rabbitmq\"\npublish_channels = {channels}\n[strategies.a]\nplanner = \"hold-queues\"\n"));
+        assert!(matches!(broker("8").unwrap().broker, BrokerConfig::Rabbitmq { publish_channels: Some(8), .. }));
+        for bad in ["0", "5000"] {
+            let err = broker(bad).unwrap_err().to_string();
+            assert!(err.starts_with("delay.toml:3:") && err.contains("publish_channels"), "{err}");
         }
     }
 

@@ -100,9 +100,10 @@ impl Broker {
     pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
         match config {
             BrokerConfig::Memory => Ok(Broker::Memory(MemoryExecutor::default())),
-            BrokerConfig::Rabbitmq { url, url_env, .. } => {
+            BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => {
                 let url = amqp_url(url.as_deref(), url_env.as_deref());
-                Ok(Broker::RabbitMq(RabbitMqExecutor::connect(&url).await?))
+                let channels = publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS);
+                Ok(Broker::RabbitMq(RabbitMqExecutor::connect_with(&url, channels).await?))
             }
             BrokerConfig::Sqs { region, endpoint_url } => {
                 let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref()).await?;

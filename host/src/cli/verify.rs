@@ -21,7 +21,7 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destinations, format } = args;
     let (config, mut strategies) = load(cli)?;
-    let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker else {
+    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else {
         bail!("{}: verify needs broker.kind = \"rabbitmq\"", config.path.display());
     };
     let (name, planner) = pick(cli, &config, &mut strategies, None)?;

@@ -48,7 +48,7 @@ impl Service {
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx);
         let (mut ingress, mut redelivery) = (None, None);
-        if let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker {
+        if let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             if config.service.ingress.enabled {
                 let consumer = Consumer::new(&amqp, Ingress::new(config.service.ingress.clone(), scheduler.clone()));
@@ -276,7 +276,7 @@ async fn start_redelivery(
 /// Checks the default strategy's topology and the configured destinations'
 /// setup on RabbitMQ through the management API (or passive declares).
 pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
-    let BrokerConfig::Rabbitmq { url, url_env, management_url } = &config.broker else {
+    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else {
         return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
     };
     let mut strategies = Strategies::load(config)?;

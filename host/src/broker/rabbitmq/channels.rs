@@ -21,9 +21,13 @@ use crate::broker::ExecutorError;
 
 use super::link::{Link, Slot};
 
-/// Confirm-mode channels for publishes. Each carries one publish at a time
-/// (≈ 1,900 confirmed publishes/s each on a quiet broker).
-pub const PUBLISH_CHANNELS: usize = 16;
+/// Confirm-mode channels for publishes by default. Each carries one publish at
+/// a time, so this bounds the publishes awaiting a confirm; 64 matches the
+/// ingress's default prefetch (BENCHMARKS.md, "Ingress drain": 16 made the
+/// drain ~20 % slower). RabbitMQ allows 2,047 channels per connection.
+pub const DEFAULT_PUBLISH_CHANNELS: usize = 64;
+/// The most `publish_channels` may be: well under RabbitMQ's default `channel_max` (2,047).
+pub const MAX_PUBLISH_CHANNELS: usize = 1_024;
 /// How long a publish may wait for a free channel.
 pub const LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -73,6 +77,7 @@ impl Drop for Counted {
 /// Confirm-mode channels on the publishing connection, one publish each.
 pub struct PublishPool {
     slot: Slot,
+    size: usize,
     permits: Semaphore,
     idle: std::sync::Mutex<Vec<Counted>>,
     open: OpenChannels,
@@ -88,8 +93,15 @@ pub struct Lease<'p> {
 }
 
 impl PublishPool {
-    pub fn new(slot: Slot, open: OpenChannels) -> PublishPool {
-        PublishPool { slot, permits: Semaphore::new(PUBLISH_CHANNELS), idle: Default::default(), open }
+    /// A pool of at most `size` channels (at least one).
+    pub fn new(slot: Slot, open: OpenChannels, size: usize) -> PublishPool {
+        let size = size.max(1);
+        PublishPool { slot, size, permits: Semaphore::new(size), idle: Default::default(), open }
+    }
+
+    /// The most channels the pool opens at once.
+    pub fn size(&self) -> usize {
+        self.size
     }
 
     pub fn slot(&self) -> &Slot {
@@ -102,7 +114,7 @@ impl PublishPool {
     pub async fn lease(&self) -> Result<Lease<'_>, ExecutorError> {
         let permit = tokio::time::timeout(LEASE_TIMEOUT, self.permits.acquire())
             .await
-            .map_err(|_| ExecutorError::Unavailable(format!("all {PUBLISH_CHANNELS} publish channels stayed busy for {LEASE_TIMEOUT:?}")))?
+            .map_err(|_| ExecutorError::Unavailable(format!("all {} publish channels stayed busy for {LEASE_TIMEOUT:?}", self.size)))?
             .expect("the semaphore is never closed");
         let link = self.slot.link().await?;
         if link.blocked() {

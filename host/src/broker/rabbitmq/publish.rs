@@ -24,7 +24,7 @@ use crate::command::{Command, ExchangeKind, FieldTable};
 use crate::headers::is_routing_header;
 use crate::message::HeaderValue;
 
-use super::channels::{Control, OpenChannels, PUBLISH_CHANNELS, PublishPool};
+use super::channels::{Control, DEFAULT_PUBLISH_CHANNELS, OpenChannels, PublishPool};
 use super::convert::{to_amqp_properties, to_amqp_table};
 use super::link::Slot;
 use crate::broker::{Envelope, Executor, ExecutorError};
@@ -82,6 +82,11 @@ impl RabbitMqExecutor {
     /// Opens the publishing and the control connection now: a broker that is
     /// down at start is an error, not a retry loop.
     pub async fn connect(url: &str) -> Result<Self, ExecutorError> {
+        Self::connect_with(url, DEFAULT_PUBLISH_CHANNELS).await
+    }
+
+    /// [`Self::connect`] with at most `publish_channels` publishes awaiting a confirm at once.
+    pub async fn connect_with(url: &str, publish_channels: usize) -> Result<Self, ExecutorError> {
         // The broker lists connections by these names; the suffix tells two processes apart.
         let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let publishing = Slot::connect(url, format!("hourglass publish {instance}")).await?;
@@ -89,7 +94,7 @@ impl RabbitMqExecutor {
         let open = OpenChannels::default();
         Ok(RabbitMqExecutor {
             url: url.to_string(),
-            publishing: PublishPool::new(publishing, open.clone()),
+            publishing: PublishPool::new(publishing, open.clone(), publish_channels),
             control: Control::new(control, open.clone()),
             open,
         })
@@ -101,14 +106,14 @@ impl RabbitMqExecutor {
         self.publishing.ready().await && self.control.slot().link().await.is_ok()
     }
 
-    /// Channels open now (at most [`PUBLISH_CHANNELS`] plus the control channel).
+    /// Channels open now (at most the pool's size plus the control channel).
     pub fn open_channels(&self) -> usize {
         self.open.get()
     }
 
     /// The most channels [`Self::open_channels`] can report.
     pub fn max_open_channels(&self) -> usize {
-        PUBLISH_CHANNELS + 1
+        self.publishing.size() + 1
     }
 
     /// Whether the broker has blocked publishing (`connection.blocked`).
