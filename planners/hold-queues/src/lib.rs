@@ -219,7 +219,8 @@ mod tests {
         let p = HoldQueues::new(Config { prefix: None, expires_margin: Some(DurationMs(1)), granularity: Some(DurationMs(7)), redelivery: None }).unwrap();
         let max = p.delay_range().max_delay_ms;
         assert_eq!(max % 7, 0);
-        assert!(max <= AMQP_MAX_TTL_MS - 1 && max + 7 > AMQP_MAX_TTL_MS - 1);
+        let longest = AMQP_MAX_TTL_MS - 1;
+        assert!(max <= longest && longest - max < 7, "{max} is the last multiple of 7 up to {longest}");
         assert_eq!(hold(&p, max).2, max);
         assert!(p.plan(&request(max + 1)).unwrap_err().contains("above the maximum"));
         assert!(p.plan(&request(u64::MAX)).unwrap_err().contains("above the maximum"));
