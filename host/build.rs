@@ -23,7 +23,7 @@ const PLANNERS: &[(&str, bool)] = &[
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
-    for watched in ["wit", "planners", "examples/backoff-planner", "tests/planners", "Cargo.lock"] {
+    for watched in ["wit", "planners", "examples/backoff-planner", "tests/planners", "Cargo.lock", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 

@@ -70,9 +70,24 @@ fn binary_levels_in_milliseconds_are_exact() {
 }
 
 #[test]
-fn hold_queues_are_exact_to_the_millisecond() {
+fn hold_queues_round_up_to_their_default_granularity_of_a_second() {
     let runtime = common::runtime();
     let mut planner = common::builtin(&runtime, "hold-queues", json!({}));
+    let max: u64 = 10 * 365 * 24 * 3_600_000 - 60_000;
+    check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), none);
+}
+
+#[test]
+fn hold_queues_with_a_granularity_of_250ms_round_up_to_it() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "hold-queues", json!({ "granularity": "250ms" }));
+    check(&mut planner, 0..=3_600_000u64, |d| Some(d.div_ceil(250) * 250), none);
+}
+
+#[test]
+fn hold_queues_with_a_granularity_of_1ms_are_exact_to_the_millisecond() {
+    let runtime = common::runtime();
+    let mut planner = common::builtin(&runtime, "hold-queues", json!({ "granularity": "1ms" }));
     let max: u64 = 10 * 365 * 24 * 3_600_000 - 60_000;
     check(&mut planner, 0..=max, Some, none);
 }

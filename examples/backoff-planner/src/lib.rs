@@ -96,7 +96,7 @@ impl Planner for Backoff {
             .copied()
             .find(|&b| b >= request.delay_ms)
             .ok_or_else(|| format!("delay {}ms is above the longest bucket {}ms", request.delay_ms, self.buckets.last().unwrap()))?;
-        let publish = publish(&bucket_name(bucket), &request.destination, vec![]);
+        let publish = publish(bucket_name(bucket), &request.destination, vec![]);
         Ok(Plan { commands: vec![publish], delivers_after_ms: bucket })
     }
 

@@ -3,6 +3,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
+use wasmtime::component::{ComponentType, Lower, TypedFunc};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use super::PlannerError;
@@ -79,6 +80,24 @@ pub enum RedeliveryDecision {
     GiveUp(String),
 }
 
+/// The contract's `plan-request`, borrowing the host's strings: lowering
+/// copies them straight into the planner's memory, without the owned copy of
+/// each that the generated `wit::PlanRequest` would need first.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+struct PlanRequestRef<'a> {
+    destination: &'a str,
+    #[component(name = "delay-ms")]
+    delay_ms: u64,
+    #[component(name = "message-id")]
+    message_id: &'a str,
+    #[component(name = "routing-key")]
+    routing_key: Option<&'a str>,
+}
+
+/// `plan` typed with the borrowing request.
+type PlanFunc<'a> = TypedFunc<(PlanRequestRef<'a>,), (Result<wit::DelayPlan, String>,)>;
+
 /// What a planner's store holds besides its memory.
 pub(crate) struct StoreState {
     limits: StoreLimits,
@@ -127,6 +146,17 @@ struct Pool {
     idle: Vec<Live>,
     /// Instances that exist: idle, checked out, or being made.
     existing: usize,
+    /// Callers waiting in `checkout` for an instance to come back.
+    waiting: usize,
+}
+
+impl Pool {
+    /// Whether a change to the pool should wake a waiting caller. Waking
+    /// costs a system call (std's `Condvar::notify_one` always makes one), so
+    /// the common case, no one waiting, skips it.
+    fn anyone_waiting(&self) -> bool {
+        self.waiting > 0
+    }
 }
 
 impl std::fmt::Debug for LoadedPlanner {
@@ -151,8 +181,11 @@ impl Drop for PlannerInstance<'_> {
             Some(live) => pool.idle.push(live),
             None => pool.existing -= 1,
         }
+        let wake = pool.anyone_waiting();
         drop(pool);
-        self.planner.returned.notify_one();
+        if wake {
+            self.planner.returned.notify_one();
+        }
     }
 }
 
@@ -182,7 +215,7 @@ impl LoadedPlanner {
         // The first instance is made here, so a broken planner or config fails the load.
         let (live, range) = planner.instantiate()?;
         planner.range = range;
-        *planner.pool.get_mut().unwrap_or_else(|p| p.into_inner()) = Pool { idle: vec![live], existing: 1 };
+        *planner.pool.get_mut().unwrap_or_else(|p| p.into_inner()) = Pool { idle: vec![live], existing: 1, waiting: 0 };
         let info = planner.checkout()?.call("describe", |w, s| w.hourglass_planner_planner().call_describe(s))?;
         planner.info = convert_info(info);
         Ok(planner)
@@ -231,13 +264,18 @@ impl LoadedPlanner {
                 return match self.instantiate() {
                     Ok((live, _)) => Ok(PlannerInstance { planner: self, live: Some(live) }),
                     Err(err) => {
-                        self.lock_pool().existing -= 1;
-                        self.returned.notify_one();
+                        let mut pool = self.lock_pool();
+                        pool.existing -= 1;
+                        if pool.anyone_waiting() {
+                            self.returned.notify_one();
+                        }
                         Err(err)
                     }
                 };
             }
+            pool.waiting += 1;
             pool = self.returned.wait(pool).unwrap_or_else(|poisoned| poisoned.into_inner());
+            pool.waiting -= 1;
         }
     }
 
@@ -248,6 +286,13 @@ impl LoadedPlanner {
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(self.limits.deadline_ticks());
         let world = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiate", e, None))?;
+        // `plan` is called with `PlanRequestRef` (see `PlannerInstance::plan`): check once that it fits.
+        world
+            .hourglass_planner_planner()
+            .func_plan()
+            .func()
+            .typed::<(PlanRequestRef<'static>,), (Result<wit::DelayPlan, String>,)>(&store)
+            .map_err(|e| PlannerError::WrongContract { planner: self.label.clone(), reason: format!("plan: {e:#}") })?;
         let configured = world.hourglass_planner_planner().call_configure(&mut store, &self.config_json);
         let panic = store.data_mut().panic_message.take();
         match configured {
@@ -345,13 +390,19 @@ impl PlannerInstance<'_> {
     }
 
     pub fn plan(&mut self, request: &PlanRequest) -> Result<Plan, PlannerError> {
-        let wit_request = wit::PlanRequest {
-            destination: request.destination.clone(),
+        let borrowed = PlanRequestRef {
+            destination: &request.destination,
             delay_ms: request.delay_ms,
-            message_id: request.message_id.clone(),
-            routing_key: request.routing_key.clone(),
+            message_id: &request.message_id,
+            routing_key: request.routing_key.as_deref(),
         };
-        let result = self.call("plan", |w, s| w.hourglass_planner_planner().call_plan(s, &wit_request))?;
+        let result = self.call("plan", |w, s| {
+            // SAFETY: `instantiate` type-checked this instance's `plan` against
+            // these parameter and result types (the lifetime aside, which the
+            // check does not depend on).
+            let plan = unsafe { PlanFunc::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
+            plan.call(s, (borrowed,)).map(|(result,)| result)
+        })?;
         let plan = result.map_err(|m| self.planner.refused(m))?;
         if plan.delivers_after_ms < request.delay_ms {
             return Err(PlannerError::InvalidOutput {

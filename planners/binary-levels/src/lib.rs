@@ -51,6 +51,9 @@ pub struct BinaryLevels {
     unit_ms: u64,
     queue_type: QueueType,
     redelivery: Option<RedeliveryPolicy>,
+    /// Where `plan` publishes, made once: the delivery exchange for no delay,
+    /// then level `L`'s exchange at `L + 1`.
+    entries: Vec<String>,
 }
 
 impl BinaryLevels {
@@ -93,13 +96,13 @@ impl BinaryLevels {
     }
 
     fn routing_key(&self, units: u64, destination: &str) -> String {
-        let mut key = String::with_capacity(2 * self.levels as usize + destination.len());
-        for level in (0..self.levels).rev() {
-            key.push(if units >> level & 1 == 1 { '1' } else { '0' });
-            key.push('.');
+        let bits = 2 * self.levels as usize;
+        let mut key = vec![b'.'; bits + destination.len()];
+        for (pair, level) in key[..bits].chunks_exact_mut(2).zip((0..self.levels).rev()) {
+            pair[0] = b'0' + (units >> level & 1) as u8;
         }
-        key.push_str(destination);
-        key
+        key[bits..].copy_from_slice(destination.as_bytes());
+        String::from_utf8(key).expect("digits and dots, then the destination's text")
     }
 
     fn queue_arguments(&self, level: u32) -> Vec<Field> {
@@ -118,7 +121,7 @@ impl BinaryLevels {
         if destination.is_empty() {
             return Err("destination is empty".into());
         }
-        if destination.contains(['*', '#']) {
+        if destination.bytes().any(|b| b == b'*' || b == b'#') {
             return Err(format!("destination {destination:?} contains a routing wildcard (* or #)"));
         }
         let budget = MAX_ROUTING_KEY - 2 * self.levels as usize;
@@ -179,7 +182,9 @@ impl Planner for BinaryLevels {
         }
         let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1);
         let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
-        Ok(BinaryLevels { preset: config.preset, prefix, levels, unit_ms, queue_type, redelivery })
+        let mut planner = BinaryLevels { preset: config.preset, prefix, levels, unit_ms, queue_type, redelivery, entries: Vec::new() };
+        planner.entries = std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).collect();
+        Ok(planner)
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -235,12 +240,10 @@ impl Planner for BinaryLevels {
                 self.unit_ms
             ));
         }
-        let exchange = match units {
-            0 => self.delivery_exchange(),
-            _ => self.level_name(63 - units.leading_zeros()),
-        };
+        // No delay: the delivery exchange; else the level of the highest set bit.
+        let entry = &self.entries[(u64::BITS - units.leading_zeros()) as usize];
         let key = self.routing_key(units, &request.destination);
-        Ok(Plan { commands: vec![publish(&exchange, &key, vec![])], delivers_after_ms: units * self.unit_ms })
+        Ok(Plan { commands: vec![publish(entry, key, vec![])], delivers_after_ms: units * self.unit_ms })
     }
 }
 
@@ -265,6 +268,22 @@ mod tests {
         assert_eq!(p.exchange, "hourglass.delay-level-03");
         assert_eq!(p.routing_key, format!("{}1.0.1.0.destination", "0.".repeat(24)));
         assert_eq!(plan.delivers_after_ms, 10_000);
+    }
+
+    #[test]
+    fn each_highest_bit_enters_at_its_own_level_with_the_key_spelling_the_units() {
+        for preset in [Preset::Hourglass, Preset::NsbV2, Preset::Celery] {
+            let p = planner(preset);
+            for level in 0..28 {
+                for units in [1u64 << level, (2u64 << level) - 1] {
+                    let plan = p.plan(&request(units * 1_000)).unwrap();
+                    let Command::Publish(publish) = &plan.commands[0] else { panic!("expected publish") };
+                    assert_eq!(publish.exchange, p.level_name(level), "{units} units");
+                    let bits: String = (0..28).rev().map(|bit| if units >> bit & 1 == 1 { "1." } else { "0." }).collect();
+                    assert_eq!(publish.routing_key, format!("{bits}destination"));
+                }
+            }
+        }
     }
 
     #[test]

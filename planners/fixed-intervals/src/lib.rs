@@ -145,11 +145,11 @@ impl Planner for FixedIntervals {
         let routing_key = request.routing_key.as_deref().unwrap_or(destination);
         let headers = vec![text(DESTINATION_HEADER, destination), text(ORIGINAL_KEY_HEADER, routing_key)];
         if request.delay_ms == 0 {
-            let publish = publish(&self.return_exchange(), routing_key, headers);
+            let publish = publish(self.return_exchange(), routing_key, headers);
             return Ok(Plan { commands: vec![publish], delivers_after_ms: 0 });
         }
         let interval = self.choose(request.delay_ms)?;
-        let publish = publish(&self.interval_name(interval), routing_key, headers);
+        let publish = publish(self.interval_name(interval), routing_key, headers);
         Ok(Plan { commands: vec![publish], delivers_after_ms: interval })
     }
 

@@ -76,8 +76,8 @@ pub fn bind_exchange(source: &str, destination: &str, routing_key: &str) -> Comm
 }
 
 /// Publishes the planned message with `mandatory` set, so an unroutable message
-/// comes back to the host instead of vanishing.
-pub fn publish(exchange: &str, routing_key: &str, headers: Vec<Field>) -> Command {
+/// comes back to the host instead of vanishing. A `String` passed in is moved, not copied.
+pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>, headers: Vec<Field>) -> Command {
     Command::Publish(Publish { exchange: exchange.into(), routing_key: routing_key.into(), headers, expiration_ms: None, mandatory: true })
 }
 

@@ -27,6 +27,7 @@
 //! ```
 
 mod adapter;
+mod allocator;
 mod durability;
 mod duration;
 mod helpers;
@@ -51,6 +52,7 @@ pub use __bindings::hourglass::planner::types::{
 };
 #[doc(hidden)]
 pub use adapter::Adapter;
+pub use allocator::SmallBlocks;
 pub use durability::{Parking, QueueType};
 pub use duration::{DurationMs, parse_duration_ms};
 pub use helpers::*;
