@@ -27,7 +27,6 @@
 //! ```
 
 mod adapter;
-mod allocator;
 mod durability;
 mod duration;
 mod helpers;
@@ -52,7 +51,6 @@ pub use __bindings::hourglass::planner::types::{
 };
 #[doc(hidden)]
 pub use adapter::Adapter;
-pub use allocator::SmallBlocks;
 pub use durability::{Parking, QueueType};
 pub use duration::{DurationMs, parse_duration_ms};
 pub use helpers::*;
