@@ -196,10 +196,14 @@ async fn main() {
                 preload(&channel, &source, &destination).await;
                 let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), queue_type, prefetch).await;
                 ours.push(rate);
-                delete_topology(&channel, &config).await;
+                // A fresh channel: a refused delete closes the channel it was sent on.
+                let cleanup = connection.create_channel().await.unwrap();
                 for queue in [source.clone(), format!("{source}.invalid"), destination] {
-                    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                    if let Err(err) = cleanup.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await {
+                        eprintln!("could not delete {queue}: {err}");
+                    }
                 }
+                delete_topology(&connection.create_channel().await.unwrap(), &config).await;
             }
             let (raw, ours) = (median(raw), median(ours));
             println!("| {queue_type} | {prefetch} | {raw:.0} | {ours:.0} | {:.0} % |", 100.0 * ours / raw);

@@ -39,6 +39,9 @@ pub enum ConfigError {
     Invalid { location: Location, message: String },
 }
 
+/// The most `broker.publish_channels` may be: well under RabbitMQ's default `channel_max` (2,047).
+pub const MAX_PUBLISH_CHANNELS: usize = 1_024;
+
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum BrokerConfig {
@@ -52,7 +55,7 @@ pub enum BrokerConfig {
         /// The management HTTP API, for `verify` (default: the AMQP host on port 15672).
         management_url: Option<String>,
         /// Confirm-mode channels for publishes, each carrying one publish at a
-        /// time (default [`DEFAULT_PUBLISH_CHANNELS`](crate::broker::rabbitmq::DEFAULT_PUBLISH_CHANNELS)).
+        /// time: 1 to [`MAX_PUBLISH_CHANNELS`] (default 64, the executor's).
         publish_channels: Option<usize>,
     },
     Sqs {
@@ -370,9 +373,9 @@ impl Config {
 
         check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
         if let BrokerConfig::Rabbitmq { publish_channels: Some(channels), .. } = raw.broker
-            && !(1..=crate::broker::rabbitmq::MAX_PUBLISH_CHANNELS).contains(&channels)
+            && !(1..=MAX_PUBLISH_CHANNELS).contains(&channels)
         {
-            let message = format!("publish_channels: {channels} is not between 1 and {}", crate::broker::rabbitmq::MAX_PUBLISH_CHANNELS);
+            let message = format!("publish_channels: {channels} is not between 1 and {MAX_PUBLISH_CHANNELS}");
             return Err(invalid(key_offset(&text, "publish_channels"), message));
         }
 

@@ -26,8 +26,6 @@ use super::link::{Link, Slot};
 /// ingress's default prefetch (BENCHMARKS.md, "Ingress drain": 16 made the
 /// drain ~20 % slower). RabbitMQ allows 2,047 channels per connection.
 pub const DEFAULT_PUBLISH_CHANNELS: usize = 64;
-/// The most `publish_channels` may be: well under RabbitMQ's default `channel_max` (2,047).
-pub const MAX_PUBLISH_CHANNELS: usize = 1_024;
 /// How long a publish may wait for a free channel.
 pub const LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 

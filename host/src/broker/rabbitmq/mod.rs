@@ -16,6 +16,6 @@ pub mod manage;
 pub mod publish;
 pub mod verify;
 
-pub use channels::{DEFAULT_PUBLISH_CHANNELS, MAX_PUBLISH_CHANNELS};
+pub use channels::DEFAULT_PUBLISH_CHANNELS;
 pub use convert::to_amqp_table;
 pub use publish::{DEFAULT_URL, RabbitMqExecutor, redact};
