@@ -87,8 +87,12 @@ pub fn config_text(strategy_table: &str, more: &str) -> String {
 }
 
 /// [`config_text`] on another broker URL (a [`vhost::PrivateVhost`]'s, say).
+/// Unless `more` configures `[service.ingress]`, the ingress is off: its
+/// default queues have fixed names (`hourglass.ingress`), which a test must
+/// never declare or consume on a shared broker.
 pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
-    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n")
+    let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}")
 }
 
 /// [`config`] with more TOML after the strategy.
