@@ -102,8 +102,10 @@ async fn sighup_swaps_binary_levels_for_hold_queues_and_a_bad_config_is_refused(
     let mut process = process;
     process.signal("TERM");
     assert!(process.wait(Duration::from_secs(30)).success());
-    let levels_config = config(&format!("planner = \"binary-levels\"\nprefix = \"{levels}\""));
-    delete_declared(&connection, &topology_of(&levels_config)).await;
+    // Both strategies' static topology (hold-queues' per-delay queues expire on their own).
+    for strategy in [format!("planner = \"binary-levels\"\nprefix = \"{levels}\""), format!("planner = \"hold-queues\"\nprefix = \"{holds}\"")] {
+        delete_declared(&connection, &topology_of(&config(&strategy))).await;
+    }
     destination.delete().await;
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
