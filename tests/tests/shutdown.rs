@@ -1,0 +1,62 @@
+//! Shutdown on a real RabbitMQ: once `service::run` has returned, none of the
+//! service's consumers is attached to its queue any more. A consumer that
+//! outlived its service would go on taking messages for a host that was told
+//! to stop (seen once: a redelivery input consumed after `stop`).
+
+use std::time::Duration;
+
+use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::headers::{DESTINATION_HEADER, REQUESTED_DELAY_HEADER};
+use hourglass::service::Service;
+use hourglass_e2e::serve::Served;
+use hourglass_e2e::*;
+use lapin::BasicProperties;
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{FieldTable, ShortString};
+
+/// Consumers attached to `queue` now, as the broker counts them.
+async fn consumers(connection: &lapin::Connection, queue: &str) -> u32 {
+    let channel = connection.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.map(|q| q.consumer_count()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
+    let connection = connect().await;
+    let (ingress, input) = (unique("shutdown-in"), unique("shutdown-redelivery"));
+    let work = unique("shutdown-work");
+    let strategy = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nredelivery = {{ policy = \"intervals\", intervals = [\"1s\"] }}", unique("shutdown"));
+    let more = format!(
+        "[service]\nredelivery_input = \"{input}\"\n\n[service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n\n\
+         [[redelivery]]\nqueue = \"{work}\"\nmax_attempts = 2\n"
+    );
+    let config = config_with(&strategy, &more);
+    let destination = Destination::declare(&connection, "shutdown-dest").await;
+    let publisher = connection.create_channel().await.unwrap();
+    // Several rounds: the failure this guards against was intermittent.
+    for round in 0..5 {
+        let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+        until("ingress and redelivery consuming (readyz 200)", Duration::from_secs(15), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
+            .await;
+        assert_eq!((consumers(&connection, &ingress).await, consumers(&connection, &input).await), (1, 1), "round {round}: both consumers attached");
+        // Messages in flight when the stop comes.
+        for i in 0..300 {
+            let mut headers = FieldTable::default();
+            headers.insert(ShortString::from(DESTINATION_HEADER), long_string(&destination.name));
+            headers.insert(ShortString::from(REQUESTED_DELAY_HEADER), long_string("1h"));
+            let properties = BasicProperties::default().with_headers(headers);
+            publisher.basic_publish("".into(), ingress.as_str().into(), BasicPublishOptions::default(), format!("m{i}").as_bytes(), properties).await.unwrap();
+        }
+        served.stop().await;
+        let left = (consumers(&connection, &ingress).await, consumers(&connection, &input).await);
+        assert_eq!(left, (0, 0), "round {round}: consumers (ingress, redelivery input) still attached after run returned");
+    }
+
+    let channel = connection.create_channel().await.unwrap();
+    for queue in [ingress.clone(), format!("{ingress}.invalid"), input.clone(), format!("{input}.unknown"), work.clone(), format!("{work}.error")] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
