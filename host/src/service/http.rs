@@ -326,13 +326,25 @@ pub async fn run(listener: TcpListener, service: Arc<Service>, shutdown: impl Fu
     });
     let server = tokio::spawn(super::connections::serve(listener, router(service.clone()), service.limits, signal.clone()));
     tokio::pin!(server);
-    tokio::select! {
-        finished = &mut server => return finished.map_err(std::io::Error::other)?,
-        _ = signal.wait_for(|s| *s) => {}
+    // With no connection open the listener ends as soon as the signal comes,
+    // so both branches can be ready at once: whichever wins, the background
+    // tasks are stopped below (returning here once left consumers running).
+    let ended = tokio::select! {
+        finished = &mut server => Some(finished),
+        _ = signal.wait_for(|s| *s) => None,
+    };
+    if ended.is_some() && !*signal.borrow() {
+        tracing::error!("the HTTP listener stopped on its own; stopping the service");
     }
     tracing::info!(timeout = ?service.shutdown_timeout, "shutting down: finishing work in flight");
     let drained = async {
-        let (served, ()) = tokio::join!(&mut server, service.stop_background());
+        let served = async {
+            match ended {
+                Some(finished) => finished,
+                None => (&mut server).await,
+            }
+        };
+        let (served, ()) = tokio::join!(served, service.stop_background());
         served.map_err(std::io::Error::other)?
     };
     match tokio::time::timeout(service.shutdown_timeout, drained).await {
