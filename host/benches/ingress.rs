@@ -3,6 +3,10 @@
 //! (default guest on 127.0.0.1:5672). Run: `cargo bench -p hourglass --bench ingress`.
 //! Method: BENCHMARKS.md ("Ingress drain").
 
+// Shared by the RabbitMQ benches; this one uses only its topology cleanup.
+#[allow(dead_code)]
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,12 +14,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use hourglass::broker::amqp_url;
-use hourglass::command::Command;
 use hourglass::config::Config;
 use hourglass::service::Service;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -146,18 +148,6 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
     (rate, config)
 }
 
-/// Deletes a strategy's queues and exchanges.
-async fn delete_topology(channel: &Channel, config: &Config) {
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(config).unwrap();
-    for command in strategies.get_mut("main").unwrap().topology().unwrap() {
-        match command {
-            Command::DeclareQueue { name, .. } => drop(channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
-            Command::DeclareExchange { name, .. } => drop(channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
-            _ => {}
-        }
-    }
-}
-
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -203,7 +193,7 @@ async fn main() {
                         eprintln!("could not delete {queue}: {err}");
                     }
                 }
-                delete_topology(&connection.create_channel().await.unwrap(), &config).await;
+                support::delete_topology(&connection.create_channel().await.unwrap(), &config).await;
             }
             let (raw, ours) = (median(raw), median(ours));
             println!("| {queue_type} | {prefetch} | {raw:.0} | {ours:.0} | {:.0} % |", 100.0 * ours / raw);

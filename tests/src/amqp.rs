@@ -34,6 +34,13 @@ pub async fn queue_depth(channel: &Channel, queue: &str) -> u32 {
     channel.queue_declare(queue.into(), passive, FieldTable::default()).await.unwrap().message_count()
 }
 
+/// Consumers attached to `queue` now, as the broker counts them (0 if the queue is gone).
+pub async fn consumer_count(connection: &lapin::Connection, queue: &str) -> u32 {
+    let channel = connection.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.map(|q| q.consumer_count()).unwrap_or(0)
+}
+
 /// Takes messages off `queue` (no ack needed) until at least `want` came, failing after `deadline`.
 pub async fn get_at_least(channel: &Channel, queue: &str, want: usize, deadline: Duration) -> Vec<Delivery> {
     let mut got = Vec::new();

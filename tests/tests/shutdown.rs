@@ -13,15 +13,8 @@ use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
-
-/// Consumers attached to `queue` now, as the broker counts them.
-async fn consumers(connection: &lapin::Connection, queue: &str) -> u32 {
-    let channel = connection.create_channel().await.unwrap();
-    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-    channel.queue_declare(queue.into(), passive, FieldTable::default()).await.map(|q| q.consumer_count()).unwrap_or(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
@@ -42,7 +35,7 @@ async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
         // Asked in-process, not over HTTP: with no connection open the listener
         // ends the moment the stop comes, the race that once left consumers running.
         until("ingress and redelivery consuming", Duration::from_secs(15), async || served.service.is_ready().await).await;
-        assert_eq!((consumers(&connection, &ingress).await, consumers(&connection, &input).await), (1, 1), "round {round}: both consumers attached");
+        assert_eq!((consumer_count(&connection, &ingress).await, consumer_count(&connection, &input).await), (1, 1), "round {round}: both consumers attached");
         // Messages in flight when the stop comes.
         for i in 0..300 {
             let mut headers = FieldTable::default();
@@ -52,7 +45,7 @@ async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
             publisher.basic_publish("".into(), ingress.as_str().into(), BasicPublishOptions::default(), format!("m{i}").as_bytes(), properties).await.unwrap();
         }
         served.stop().await;
-        let left = (consumers(&connection, &ingress).await, consumers(&connection, &input).await);
+        let left = (consumer_count(&connection, &ingress).await, consumer_count(&connection, &input).await);
         assert_eq!(left, (0, 0), "round {round}: consumers (ingress, redelivery input) still attached after run returned");
     }
 

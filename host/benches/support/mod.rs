@@ -42,14 +42,19 @@ impl BenchBroker {
 
     /// Deletes the strategy's topology and the destination.
     pub async fn cleanup(self) {
-        let mut strategies = Strategies::load(&self.config).unwrap();
-        for command in strategies.get_mut("main").unwrap().topology().unwrap() {
-            match command {
-                Command::DeclareQueue { name, .. } => drop(self.channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
-                Command::DeclareExchange { name, .. } => drop(self.channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
-                _ => {}
-            }
-        }
+        delete_topology(&self.channel, &self.config).await;
         self.channel.queue_delete(self.destination.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+}
+
+/// Deletes the queues and exchanges of strategy `main`'s static topology.
+pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
+    let mut strategies = Strategies::load(config).unwrap();
+    for command in strategies.get_mut("main").unwrap().topology().unwrap() {
+        match command {
+            Command::DeclareQueue { name, .. } => drop(channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
+            Command::DeclareExchange { name, .. } => drop(channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
+            _ => {}
+        }
     }
 }
