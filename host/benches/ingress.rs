@@ -3,8 +3,6 @@
 //! (default guest on 127.0.0.1:5672). Run: `cargo bench -p hourglass --bench ingress`.
 //! Method: BENCHMARKS.md ("Ingress drain").
 
-// Shared by the RabbitMQ benches; this one uses only its topology cleanup.
-#[allow(dead_code)]
 mod support;
 
 use std::path::Path;
@@ -15,7 +13,6 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hourglass::broker::amqp_url;
 use hourglass::config::Config;
-use hourglass::service::Service;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -107,17 +104,15 @@ async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 
 
 /// hourglass's ingress on `source`, binary levels of `queue_type`, with `prefetch`.
 async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &str, prefetch: u16) -> (f64, Config) {
+    // `BENCH_PUBLISH_CHANNELS=N` sweeps the channel count; unset, the default applies.
+    let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
     let text = format!(
-        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n\n\
+        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{channels}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n\n\
          [service.ingress]\nqueue = \"{source}\"\ninvalid_queue = \"{source}.invalid\"\nprefetch = {prefetch}\n"
     );
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
-    let service = Service::start(config.clone()).await.expect("service starts");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(hourglass::service::run(listener, service.clone(), async move {
-        stopped.await.ok();
-    }));
+    let served = support::Served::start(config.clone()).await;
+    let service = served.service.clone();
     let done = Arc::new(AtomicUsize::new(0));
     let counter = {
         let (service, done) = (service.clone(), done.clone());
@@ -143,8 +138,7 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
             eprintln!("{line}");
         }
     }
-    stop.send(()).ok();
-    server.await.unwrap().expect("service stops");
+    served.stop().await;
     (rate, config)
 }
 
@@ -164,7 +158,9 @@ async fn main() {
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
     println!("| levels | prefetch | raw relay msg/s | hourglass msg/s | ratio |");
     println!("|---|---:|---:|---:|---:|");
-    for queue_type in ["classic", "quorum"] {
+    // `BENCH_LEVELS=classic` (or quorum) runs one level type.
+    let only = std::env::var("BENCH_LEVELS").ok();
+    for queue_type in ["classic", "quorum"].into_iter().filter(|t| only.as_deref().is_none_or(|o| o == *t)) {
         for &prefetch in &prefetches {
             let (mut raw, mut ours) = (Vec::new(), Vec::new());
             for _ in 0..ROUNDS {

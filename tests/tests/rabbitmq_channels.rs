@@ -329,3 +329,73 @@ async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
     ids.sort();
     assert_eq!(ids, ["after", "before", "during"]);
 }
+
+/// Publishes share channels in batches. An exchange deleted behind the
+/// executor's back (it checked it once) makes the broker close a channel
+/// carrying other publishes: each of those is sent again alone, so only the
+/// publishes to the missing exchange fail, and every valid one is confirmed
+/// and arrives. A `user-id` RabbitMQ would refuse (also a channel close) is
+/// refused before the wire, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_that_closes_a_shared_channel_fails_alone() {
+    let connection = connect().await;
+    let executor = RabbitMqExecutor::connect_with(&amqp_url(), 2).await.unwrap();
+    let doomed = unique("doomed");
+    let declare = Command::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() };
+    executor.apply(std::slice::from_ref(&declare)).await.unwrap();
+    let mut destination = Destination::declare(&connection, "shared-channel").await;
+    executor.send(&[publish_to(&doomed, "")], &envelope("checked", vec![])).await.expect_err("nothing is bound to the fanout yet: unroutable");
+    delete_declared(&connection, &[declare]).await;
+
+    let results: Vec<(usize, Result<(), ExecutorError>)> = futures_util::stream::iter(0..1_500)
+        .map(|i| {
+            let (executor, doomed, destination) = (&executor, &doomed, &destination.name);
+            async move {
+                let id = format!("s{i}");
+                let result = match i % 50 {
+                    7 => executor.send(&[publish_to(doomed, "")], &envelope(&id, vec![])).await,
+                    31 => {
+                        let mut forged = envelope(&id, vec![]);
+                        forged.properties.user_id = Some("someone-else".into());
+                        executor.send(&[publish_to("", destination)], &forged).await
+                    }
+                    _ => executor.send(&[publish_to("", destination)], &envelope(&id, vec![])).await,
+                };
+                (i, result)
+            }
+        })
+        .buffer_unordered(300)
+        .collect()
+        .await;
+    let mut valid = Vec::new();
+    for (i, result) in results {
+        match i % 50 {
+            7 => {
+                let err = result.expect_err("a publish to a deleted exchange");
+                assert!(matches!(err, ExecutorError::Refused(_)) && err.to_string().contains(&doomed), "s{i}: {err}");
+            }
+            31 => {
+                let err = result.expect_err("a forged user-id");
+                assert!(matches!(err, ExecutorError::Invalid(_)) && err.to_string().contains("user_id"), "s{i}: {err}");
+            }
+            _ => {
+                result.unwrap_or_else(|e| panic!("valid publish s{i} beside refused ones: {e}"));
+                valid.push(format!("s{i}"));
+            }
+        }
+    }
+    valid.sort();
+    let mut received = message_ids(&destination.receive(valid.len(), Duration::from_secs(20)).await);
+    // Sent again alone after a shared channel closed, a valid publish may arrive twice; none is missing.
+    let mut arrived = Vec::new();
+    while let Some(extra) = tokio::time::timeout(Duration::from_millis(300), destination.next()).await.ok().flatten() {
+        arrived.push(extra.delivery.properties.message_id().as_ref().unwrap().to_string());
+    }
+    received.extend(arrived);
+    received.sort();
+    received.dedup();
+    assert_eq!(received, valid, "every confirmed message arrived");
+    assert!(executor.open_channels() <= executor.max_open_channels(), "{} channels open", executor.open_channels());
+    assert_eq!(executor.reconnects(), 0, "no refusal cost the connection");
+    destination.delete().await;
+}

@@ -1,6 +1,10 @@
 //! What the RabbitMQ benches share: a `binary-levels` strategy and a
 //! destination under names unique to the run, a scheduler ready to send to
-//! it, and cleanup of everything declared.
+//! it, and cleanup of everything declared; the service running in-process,
+//! and lateness measured at a destination.
+
+// Each bench uses part of this.
+#![allow(dead_code)]
 
 use std::path::Path;
 
@@ -57,4 +61,59 @@ pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
             _ => {}
         }
     }
+}
+
+/// `hourglass::service` running in this process on a loopback port, as `serve` runs it.
+pub struct Served {
+    pub service: std::sync::Arc<hourglass::service::Service>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    pub async fn start(config: Config) -> Served {
+        let service = hourglass::service::Service::start(config).await.expect("service starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(hourglass::service::run(listener, service.clone(), async move {
+            stopped.await.ok();
+        }));
+        Served { service, stop, server }
+    }
+
+    pub async fn stop(self) {
+        self.stop.send(()).ok();
+        self.server.await.unwrap().expect("service stops");
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Consumes `queue`, whose message bodies are due times ([`now_ms`] as text),
+/// until `count` arrived or none came for a minute: each one's lateness in ms,
+/// negative when early.
+pub fn collect_lateness(channel: lapin::Channel, queue: &str, count: usize) -> tokio::task::JoinHandle<Vec<i64>> {
+    use futures_util::StreamExt;
+    let queue = queue.to_string();
+    tokio::spawn(async move {
+        let options = lapin::options::BasicConsumeOptions::default();
+        let mut consumer = channel.basic_consume(queue.as_str().into(), "bench-lateness".into(), options, FieldTable::default()).await.unwrap();
+        let mut lateness = Vec::with_capacity(count);
+        while lateness.len() < count {
+            let Ok(Some(Ok(delivery))) = tokio::time::timeout(std::time::Duration::from_secs(60), consumer.next()).await else { break };
+            let due: i64 = String::from_utf8_lossy(&delivery.data).parse().expect("the body is the due time");
+            lateness.push(now_ms() as i64 - due);
+            delivery.acker.ack(lapin::options::BasicAckOptions::default()).await.ok();
+        }
+        lateness.sort();
+        lateness
+    })
+}
+
+/// The `q` quantile of sorted values.
+pub fn percentile(sorted: &[i64], q: f64) -> i64 {
+    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
 }

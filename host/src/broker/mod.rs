@@ -20,7 +20,7 @@ pub use memory::MemoryExecutor;
 use rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
 use sqs::SqsExecutor;
 
-#[derive(Debug, Error)]
+#[derive(Clone, Debug, Error)]
 pub enum ExecutorError {
     #[error("broker refused: {0}")]
     Refused(String),

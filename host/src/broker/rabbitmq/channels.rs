@@ -3,12 +3,12 @@
 //!
 //! RabbitMQ answers a bad declare or a passive check of a missing queue by
 //! closing the channel, and fails every publish still awaiting its confirm on
-//! it. So declares never share a connection with publishes, and a publish
-//! holds its channel alone from send to confirm ([`PublishPool::lease`]): a
-//! broker refusal, a `basic.return` or a timeout belongs to exactly one
-//! publish. A channel the broker closed is dropped and a fresh one opened on
-//! next use; every channel counts itself in [`OpenChannels`] while it lives,
-//! so the count is bounded by the pool size plus the control channel.
+//! it. So declares never share a connection with publishes, and a batch of
+//! publishes holds its channel alone from send to the last confirm
+//! ([`PublishPool::lease`], used by [`super::batch`]). A channel the broker
+//! closed is dropped and a fresh one opened on next use; every channel counts
+//! itself in [`OpenChannels`] while it lives, so the count is bounded by the
+//! pool size plus the control channel.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,7 +72,7 @@ impl Drop for Counted {
     }
 }
 
-/// Confirm-mode channels on the publishing connection, one publish each.
+/// Confirm-mode channels on the publishing connection, one batch each.
 pub struct PublishPool {
     slot: Slot,
     size: usize,
@@ -81,7 +81,7 @@ pub struct PublishPool {
     open: OpenChannels,
 }
 
-/// One publish's channel, from send to confirm. Give it back with
+/// One batch's channel, from send to the last confirm. Give it back with
 /// [`Lease::release`] only when the channel's state is known to be clean;
 /// dropping it otherwise closes the channel.
 pub struct Lease<'p> {
@@ -106,7 +106,7 @@ impl PublishPool {
         &self.slot
     }
 
-    /// A channel of its own for one publish: an idle one on the current
+    /// A channel of its own for one batch: an idle one on the current
     /// connection, else a new one. Fails fast while the broker is blocked or
     /// unreachable.
     pub async fn lease(&self) -> Result<Lease<'_>, ExecutorError> {

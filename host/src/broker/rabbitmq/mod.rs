@@ -1,6 +1,7 @@
 //! RabbitMQ through lapin: the only place that speaks AMQP.
 //!
 //! * [`publish`]: the executor — declares topology and sends confirmed publishes.
+//! * [`batch`]: confirmed publishes in batches per channel, each answered on its own.
 //! * [`channels`]: its channels — a pool for publishes, one for declares.
 //! * [`link`]: one connection that reconnects, and wears out by broker-closed channels.
 //! * [`convert`]: neutral properties and headers to and from AMQP.
@@ -8,6 +9,7 @@
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`verify`]: compares a broker with a strategy's topology.
 
+pub mod batch;
 pub mod channels;
 pub mod consume;
 pub mod convert;

@@ -2,29 +2,35 @@
 //!
 //! Every publish is persistent, `mandatory`, and waits for the broker's
 //! publisher confirm (at most [`CONFIRM_TIMEOUT`]); a message the broker
-//! returns as unroutable is an error, never a silent drop. Each publish holds
-//! a confirm channel of its own from [`PublishPool`] until its answer, so
-//! concurrent sends run side by side and a refusal, a `basic.return` or a
-//! timeout is reported only to the publish it belongs to. Declares and
-//! passive checks run on a separate connection ([`Control`]); those the
-//! broker refuses (PRECONDITION_FAILED, NOT_FOUND) close only that channel,
-//! and the executor reports the object and the arguments it wanted.
+//! returns as unroutable is an error, never a silent drop. Concurrent
+//! publishes share a few confirm channels in batches ([`Batches`]), and a
+//! refusal, a `basic.return` or a timeout is still reported only to the
+//! publish it belongs to. Declares and passive checks run on a separate
+//! connection ([`Control`]); those the broker refuses (PRECONDITION_FAILED,
+//! NOT_FOUND) close only that channel, and the executor reports the object
+//! and the arguments it wanted.
 //!
 //! What the broker would answer by closing the whole connection (a content
-//! header larger than `frame_max`) or by copying the message elsewhere (`CC`,
-//! `BCC`) is refused before the wire as [`ExecutorError::Invalid`].
+//! header larger than `frame_max`), by closing the publish channel (a missing
+//! exchange, a `user-id` other than the connection's user) or by copying the
+//! message elsewhere (`CC`, `BCC`) is refused before the wire.
 
-use lapin::options::{BasicPublishOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
-use lapin::{BasicProperties, Confirmation, ExchangeKind as AmqpExchangeKind};
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, ExchangeKind as AmqpExchangeKind};
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::command::{Command, ExchangeKind, FieldTable};
 use crate::headers::is_routing_header;
 use crate::message::HeaderValue;
 
-use super::channels::{Control, DEFAULT_PUBLISH_CHANNELS, OpenChannels, PublishPool};
+pub use super::batch::CONFIRM_TIMEOUT;
+use super::batch::{Answer, Batches, Outgoing};
+use super::channels::{Control, DEFAULT_PUBLISH_CHANNELS, OpenChannels, PublishPool, blocked};
 use super::convert::{to_amqp_properties, to_amqp_table};
 use super::link::Slot;
 use crate::broker::{Envelope, Executor, ExecutorError};
@@ -32,19 +38,24 @@ use crate::broker::{Envelope, Executor, ExecutorError};
 /// The URL used when neither the config nor the environment gives one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
-/// How long a publish waits for the broker's confirm before it is reported unavailable.
-pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one declare or passive check may take.
 pub const DECLARE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A content header frame's own bytes besides the properties: frame header
 /// (7), class, weight and body size (12), frame end (1).
 const CONTENT_HEADER_OVERHEAD: usize = 20;
+/// Exchanges remembered as existing before the memory starts over.
+const KNOWN_EXCHANGES: usize = 4_096;
 
 pub struct RabbitMqExecutor {
     url: String,
-    publishing: PublishPool,
+    /// The user the connections log in as: the only `user-id` RabbitMQ accepts on a publish.
+    user: String,
+    publishing: Arc<PublishPool>,
+    batches: Batches,
     control: Control,
     open: OpenChannels,
+    /// Exchanges known to exist, and the reconnect count when that was learned.
+    exchanges: Mutex<(u64, HashSet<String>)>,
 }
 
 /// `amqp://user:secret@host` → `amqp://user:***@host`, for error messages.
@@ -85,18 +96,24 @@ impl RabbitMqExecutor {
         Self::connect_with(url, DEFAULT_PUBLISH_CHANNELS).await
     }
 
-    /// [`Self::connect`] with at most `publish_channels` publishes awaiting a confirm at once.
+    /// [`Self::connect`] with `publish_channels` confirm channels, each carrying a batch of publishes at a time.
     pub async fn connect_with(url: &str, publish_channels: usize) -> Result<Self, ExecutorError> {
         // The broker lists connections by these names; the suffix tells two processes apart.
         let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let publishing = Slot::connect(url, format!("hourglass publish {instance}")).await?;
         let control = Slot::connect(url, format!("hourglass control {instance}")).await?;
         let open = OpenChannels::default();
+        let publishing = Arc::new(PublishPool::new(publishing, open.clone(), publish_channels));
+        // The connection is open, so the URL parsed.
+        let user = url.parse::<AMQPUri>().map(|uri| uri.authority.userinfo.username).unwrap_or_default();
         Ok(RabbitMqExecutor {
             url: url.to_string(),
-            publishing: PublishPool::new(publishing, open.clone(), publish_channels),
+            user,
+            batches: Batches::start(publishing.clone()),
+            publishing,
             control: Control::new(control, open.clone()),
             open,
+            exchanges: Mutex::new((0, HashSet::new())),
         })
     }
 
@@ -185,7 +202,9 @@ impl RabbitMqExecutor {
                 let options = ExchangeDeclareOptions { durable: *durable, ..Default::default() };
                 self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), kind, options, to_amqp_table(arguments)).await)
                     .await?
-                    .map_err(|e| self.refused(what(), e))
+                    .map_err(|e| self.refused(what(), e))?;
+                self.remember_exchange(name);
+                Ok(())
             }
             Command::DeclareQueue { name, durable, arguments } => {
                 let what = || format!("queue {name:?} (wanted: durable={durable}, {})", describe(arguments));
@@ -252,50 +271,94 @@ impl RabbitMqExecutor {
         if let Some(ms) = expiration_ms {
             properties = properties.with_expiration(ms.to_string().into());
         }
-        let lease = self.publishing.lease().await?;
+        let link = self.publishing.slot().link().await?;
+        if link.blocked() {
+            return Err(blocked());
+        }
         // Too large a content header closes the whole connection: refuse it here.
-        let frame_max = lease.link().frame_max();
+        let frame_max = link.frame_max();
+        drop(link);
         let size = encoded_size(&properties).saturating_add(CONTENT_HEADER_OVERHEAD);
         if size > frame_max {
-            lease.release();
             return Err(invalid(format!("its headers and properties take {size} bytes; the broker's frame_max is {frame_max}")));
         }
+        // What the broker would refuse by closing the channel is refused here,
+        // so it never fails the other publishes sharing that channel.
+        if let Some(user) = properties.user_id()
+            && user.as_str() != self.user
+        {
+            return Err(invalid(format!("user_id {user:?} is not the user hourglass publishes as ({:?}); RabbitMQ refuses it", self.user)));
+        }
+        self.check_exchange(exchange).await?;
         let what = || format!("publish of {} to exchange {exchange:?} with key {routing_key:?}", envelope.id);
-        let options = BasicPublishOptions { mandatory: *mandatory, ..Default::default() };
-        let sent_id = properties.message_id().clone();
-        let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, async {
-            let confirm = lease.channel().basic_publish(exchange.as_str().into(), routing_key.as_str().into(), options, &envelope.body, properties).await?;
-            confirm.await
-        })
-        .await;
-        let confirmation = match confirmed {
-            // Dropping the lease closes a channel whose state is unknown, or forgets one the broker closed.
-            Err(_) => {
-                let why = if lease.link().blocked() { " (the broker blocked publishing)" } else { "" };
-                return Err(ExecutorError::Unavailable(format!("{}: no confirm within {CONFIRM_TIMEOUT:?}{why}", what())));
+        let outgoing =
+            Outgoing { exchange: exchange.clone(), routing_key: routing_key.clone(), mandatory: *mandatory, body: envelope.body.clone(), properties };
+        match self.batches.publish(outgoing).await {
+            Answer::Confirmed => Ok(()),
+            Answer::Returned { code, text } => {
+                Err(ExecutorError::Unroutable(format!("{}: the broker returned it ({code} {text}): nothing is bound for that routing key", what())))
             }
-            Ok(Err(err)) => return Err(self.refused(what(), err)),
-            Ok(Ok(confirmation)) => confirmation,
-        };
-        lease.release();
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            // The channel carried only this publish, so a return is this message's; the id check guards that.
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) if sent_id.is_none() || returned.properties.message_id() == &sent_id => {
-                Err(ExecutorError::Unroutable(format!(
-                    "{}: the broker returned it ({} {}): nothing is bound for that routing key",
-                    what(),
-                    returned.reply_code,
-                    returned.reply_text
-                )))
+            Answer::Nacked => Err(ExecutorError::Refused(format!("{}: the broker did not accept it (nack)", what()))),
+            Answer::NotConfirmMode => Err(ExecutorError::Refused(format!("{}: channel is not in confirm mode", what()))),
+            Answer::Failed(err) => {
+                if err.is_amqp_soft_error() {
+                    // Perhaps the exchange went away since it was checked: check again next time.
+                    self.forget_exchanges();
+                }
+                Err(self.refused(what(), err))
             }
-            Confirmation::Ack(Some(returned)) => {
-                tracing::warn!(returned = ?returned.properties.message_id(), publish = %envelope.id, "a returned message was not this publish's; ignoring it");
+            Answer::NoConfirm { blocked } => {
+                let why = if blocked { " (the broker blocked publishing)" } else { "" };
+                Err(ExecutorError::Unavailable(format!("{}: no confirm within {CONFIRM_TIMEOUT:?}{why}", what())))
+            }
+            Answer::NoChannel(err) => Err(err),
+        }
+    }
+
+    /// Publishing to a missing exchange closes the channel: each exchange is
+    /// checked once (on the control channel) before the first publish to it,
+    /// and again after a reconnect.
+    async fn check_exchange(&self, exchange: &str) -> Result<(), ExecutorError> {
+        if exchange.is_empty() || self.knows_exchange(exchange) {
+            return Ok(());
+        }
+        let what = || format!("checking exchange {exchange:?}");
+        let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
+        let checked = self
+            .control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, passive, AmqpTable::default()).await)
+            .await?;
+        match checked {
+            Ok(()) => {
+                self.remember_exchange(exchange);
                 Ok(())
             }
-            Confirmation::Nack(_) => Err(ExecutorError::Refused(format!("{}: the broker did not accept it (nack)", what()))),
-            Confirmation::NotRequested => Err(ExecutorError::Refused(format!("{}: channel is not in confirm mode", what()))),
+            Err(e) if e.is_amqp_soft_error() => {
+                Err(ExecutorError::Refused(format!("exchange {exchange:?} does not exist on RabbitMQ at {} ({e})", self.url())))
+            }
+            Err(e) => Err(self.refused(what(), e)),
         }
+    }
+
+    fn knows_exchange(&self, exchange: &str) -> bool {
+        let known = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+        known.0 == self.reconnects() && known.1.contains(exchange)
+    }
+
+    fn remember_exchange(&self, exchange: &str) {
+        let reconnects = self.reconnects();
+        let mut known = self.exchanges.lock().unwrap_or_else(|p| p.into_inner());
+        if known.0 != reconnects {
+            *known = (reconnects, HashSet::new());
+        }
+        // Bounded: names come from strategies and callers; past the bound, start over.
+        if known.1.len() >= KNOWN_EXCHANGES {
+            known.1.clear();
+        }
+        known.1.insert(exchange.to_string());
+    }
+
+    fn forget_exchanges(&self) {
+        self.exchanges.lock().unwrap_or_else(|p| p.into_inner()).1.clear();
     }
 }
 

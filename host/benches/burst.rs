@@ -1,0 +1,82 @@
+//! A burst through the AMQP ingress: how late do messages arrive, measured
+//! from the moment the producer sent each one? Needs RabbitMQ on
+//! $HOURGLASS_AMQP_URL (default guest on 127.0.0.1:5672).
+//! Run: `cargo bench -p hourglass --bench burst [MESSAGES]`. Method: BENCHMARKS.md ("Ingress burst").
+
+mod support;
+
+use std::path::Path;
+
+use hourglass::broker::amqp_url;
+use hourglass::config::Config;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use support::{Served, collect_lateness, now_ms, percentile};
+
+/// Delays are spread over 1–3 s, as in the issue that asked for this figure.
+const DELAYS_MS: std::ops::Range<u64> = 1_000..3_000;
+
+async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: usize) {
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let (ingress, destination) = (format!("bench-burst-{run}.in"), format!("bench-burst-{run}.destination"));
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    for queue in [&ingress, &destination] {
+        channel.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
+    }
+    let text = format!(
+        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"bench-burst-{run}\"\nqueue_type = \"{queue_type}\"\n\n\
+         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
+    );
+    let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
+    let served = Served::start(config.clone()).await;
+    // Each body is its due time (the send time plus the delay): lateness is measured from the producer's send.
+    let arrivals = collect_lateness(connection.create_channel().await.unwrap(), &destination, messages);
+
+    let started = now_ms();
+    let mut confirms = Vec::with_capacity(messages);
+    for i in 0..messages {
+        let delay = DELAYS_MS.start + (i as u64 * 7_919) % (DELAYS_MS.end - DELAYS_MS.start);
+        let due = now_ms() + delay;
+        let mut headers = FieldTable::default();
+        headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination.as_str())));
+        headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay}ms"))));
+        let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+        let body = due.to_string();
+        confirms.push(channel.basic_publish("".into(), ingress.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), properties).await.unwrap());
+    }
+    for confirm in confirms {
+        confirm.await.expect("confirm");
+    }
+    let sent_in = now_ms() - started;
+    let lateness = arrivals.await.unwrap();
+    let arrived = lateness.len();
+    let early = lateness.iter().filter(|&&ms| ms < 0).count();
+    println!(
+        "| {queue_type} | {messages} | {sent_in} ms | {arrived} | {early} | {} ms | {} ms | {} ms |",
+        percentile(&lateness, 0.5),
+        percentile(&lateness, 0.99),
+        lateness.last().unwrap()
+    );
+
+    served.stop().await;
+    for queue in [ingress.clone(), format!("{ingress}.invalid"), destination] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    support::delete_topology(&connection.create_channel().await.unwrap(), &config).await;
+}
+
+#[tokio::main]
+async fn main() {
+    let url = amqp_url(None, None);
+    let connection = Connection::connect(&url, ConnectionProperties::default()).await.expect("RabbitMQ");
+    let messages = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(10_000);
+    println!("{messages} messages published to the ingress as fast as one confirm-mode channel goes; delays 1–3 s; binary-levels");
+    println!("| levels | messages | producer sent all in | arrived | early | lateness p50 | p99 | max |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let only = std::env::var("BENCH_LEVELS").ok();
+    for queue_type in ["quorum", "classic"].into_iter().filter(|t| only.as_deref().is_none_or(|o| o == *t)) {
+        burst(&connection, &url, queue_type, messages).await;
+    }
+}
