@@ -1,5 +1,6 @@
 //! Draining a preloaded ingress queue: hourglass against a raw lapin relay at
-//! the same prefetch, in one run. Needs RabbitMQ on $HOURGLASS_AMQP_URL
+//! the same prefetch, in one run, the relay publishing once into a plain queue
+//! and once where hourglass's first hop goes (its first level exchange). Needs RabbitMQ on $HOURGLASS_AMQP_URL
 //! (default guest on 127.0.0.1:5672). Run: `cargo bench -p hourglass --bench ingress`.
 //! Method: BENCHMARKS.md ("Ingress drain").
 
@@ -74,7 +75,7 @@ async fn rate(done: &AtomicUsize) -> f64 {
 
 /// The baseline: consume with `prefetch`, publish each to `target` with a
 /// confirm (persistent, mandatory), ack once confirmed; `prefetch` in flight.
-async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 {
+async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), prefetch: u16) -> f64 {
     let connection = Connection::connect(url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let consuming = connection.create_channel().await.unwrap();
     let publishing = connection.create_channel().await.unwrap();
@@ -83,14 +84,14 @@ async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 
     let consumer = consuming.basic_consume(source.into(), "bench-raw".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
     let done = Arc::new(AtomicUsize::new(0));
     let counted = done.clone();
-    let target: Arc<str> = target.into();
+    let (exchange, target): (Arc<str>, Arc<str>) = (exchange.into(), target.into());
     let relay = tokio::spawn(consumer.for_each_concurrent(prefetch as usize, move |delivery| {
-        let (publishing, counted, target) = (publishing.clone(), counted.clone(), target.clone());
+        let (publishing, counted, exchange, target) = (publishing.clone(), counted.clone(), exchange.clone(), target.clone());
         async move {
             let delivery = delivery.expect("delivery");
             let options = BasicPublishOptions { mandatory: true, ..Default::default() };
             let properties = delivery.properties.clone().with_delivery_mode(2);
-            let confirm = publishing.basic_publish("".into(), (&*target).into(), options, &delivery.data, properties).await.expect("publish");
+            let confirm = publishing.basic_publish((&*exchange).into(), (&*target).into(), options, &delivery.data, properties).await.expect("publish");
             assert!(confirm.await.expect("confirm").is_ack());
             delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
             counted.fetch_add(1, Ordering::Relaxed);
@@ -106,8 +107,10 @@ async fn raw_relay(url: &str, source: &str, target: &str, prefetch: u16) -> f64 
 async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &str, prefetch: u16) -> (f64, Config) {
     // `BENCH_PUBLISH_CHANNELS=N` sweeps the channel count; unset, the default applies.
     let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
+    // `BENCH_BITS=N` gives binary-levels N levels instead of its default 28.
+    let bits = std::env::var("BENCH_BITS").map(|n| format!("levels = {n}\n")).unwrap_or_default();
     let text = format!(
-        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{channels}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n\n\
+        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{channels}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n{bits}\n\
          [service.ingress]\nqueue = \"{source}\"\ninvalid_queue = \"{source}.invalid\"\nprefetch = {prefetch}\n"
     );
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
@@ -156,13 +159,13 @@ async fn main() {
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
-    println!("| levels | prefetch | raw relay msg/s | hourglass msg/s | ratio |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| levels | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     // `BENCH_LEVELS=classic` (or quorum) runs one level type.
     let only = std::env::var("BENCH_LEVELS").ok();
     for queue_type in ["classic", "quorum"].into_iter().filter(|t| only.as_deref().is_none_or(|o| o == *t)) {
         for &prefetch in &prefetches {
-            let (mut raw, mut ours) = (Vec::new(), Vec::new());
+            let (mut raw, mut into_levels, mut ours) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
                 let run = run_id();
                 let destination = format!("bench-ingress-{run}.destination");
@@ -172,7 +175,7 @@ async fn main() {
                 declare(&channel, &source, false).await;
                 declare(&channel, &target, queue_type == "quorum").await;
                 preload(&channel, &source, &destination).await;
-                raw.push(raw_relay(&url, &source, &target, prefetch).await);
+                raw.push(raw_relay(&url, &source, ("", &target), prefetch).await);
                 for queue in [&source, &target] {
                     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 }
@@ -182,6 +185,17 @@ async fn main() {
                 preload(&channel, &source, &destination).await;
                 let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), queue_type, prefetch).await;
                 ours.push(rate);
+                // The same relay again, publishing where hourglass's first hop goes: what the levels cost the broker.
+                let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
+                let request =
+                    hourglass::planner::PlanRequest { destination: destination.clone(), delay_ms: 3_600_000, message_id: "bench".into(), routing_key: None };
+                let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
+                let Some(hourglass::command::Command::Publish { exchange, routing_key, .. }) = plan.commands.first() else { panic!("a publish first") };
+                let again = format!("{source}.again");
+                declare(&channel, &again, false).await;
+                preload(&channel, &again, &destination).await;
+                into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch).await);
+                channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();
                 for queue in [source.clone(), format!("{source}.invalid"), destination] {
@@ -191,8 +205,12 @@ async fn main() {
                 }
                 support::delete_topology(&connection.create_channel().await.unwrap(), &config).await;
             }
-            let (raw, ours) = (median(raw), median(ours));
-            println!("| {queue_type} | {prefetch} | {raw:.0} | {ours:.0} | {:.0} % |", 100.0 * ours / raw);
+            let (raw, into_levels, ours) = (median(raw), median(into_levels), median(ours));
+            println!(
+                "| {queue_type} | {prefetch} | {raw:.0} | {into_levels:.0} | {ours:.0} | {:.0} % | {:.0} % |",
+                100.0 * ours / raw,
+                100.0 * ours / into_levels
+            );
         }
     }
     connection.close(200, "done".into()).await.ok();

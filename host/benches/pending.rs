@@ -66,8 +66,9 @@ async fn main() {
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
-    let (ingress, parked, sampled) = (format!("bench-pending-{run}.in"), format!("bench-pending-{run}.parked"), format!("bench-pending-{run}.sampled"));
-    for queue in [&ingress, &parked, &sampled] {
+    // Not under the strategy's prefix (`bench-pending-{run}.`), whose own queues (`.parked`, …) it declares itself.
+    let (ingress, far, sampled) = (format!("bench-pending-{run}-in"), format!("bench-pending-{run}-far"), format!("bench-pending-{run}-sampled"));
+    for queue in [&ingress, &far, &sampled] {
         channel.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
     }
     let text = format!(
@@ -89,6 +90,7 @@ async fn main() {
     let base = loop {
         let mut line = String::new();
         assert!(stderr.read_line(&mut line).unwrap() > 0, "hourglass serve ended before it served");
+        eprint!("serve: {line}");
         if let Some(rest) = line.split("serving on ").nth(1) {
             break rest.split_whitespace().next().unwrap().to_string();
         }
@@ -104,11 +106,11 @@ async fn main() {
     // Phase 1: a million delayed messages, published in windows of 1,000 confirms while the host drains them.
     let start = Instant::now();
     let producer = {
-        let (channel, ingress, parked) = (channel.clone(), ingress.clone(), parked.clone());
+        let (channel, ingress, far) = (channel.clone(), ingress.clone(), far.clone());
         tokio::spawn(async move {
             let mut confirms = Vec::with_capacity(1_000);
             for i in 0..messages {
-                confirms.push(publish(&channel, &ingress, &parked, 3_600_000 + (i * 7_919) % 7_200_000, &[b'x'; 100]).await);
+                confirms.push(publish(&channel, &ingress, &far, 3_600_000 + (i * 7_919) % 7_200_000, &[b'x'; 100]).await);
                 if confirms.len() == 1_000 {
                     for confirm in confirms.drain(..) {
                         confirm.await.expect("confirm");
@@ -165,7 +167,7 @@ async fn main() {
 
     Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
     host.wait().unwrap();
-    for queue in [ingress.clone(), format!("{ingress}.invalid"), parked, sampled] {
+    for queue in [ingress.clone(), format!("{ingress}.invalid"), far, sampled] {
         channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
     }
     support::delete_topology(&connection.create_channel().await.unwrap(), &config).await;

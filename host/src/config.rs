@@ -54,8 +54,8 @@ pub enum BrokerConfig {
         url_env: Option<String>,
         /// The management HTTP API, for `verify` (default: the AMQP host on port 15672).
         management_url: Option<String>,
-        /// Confirm-mode channels for publishes, each carrying one publish at a
-        /// time: 1 to [`MAX_PUBLISH_CHANNELS`] (default 64, the executor's).
+        /// Confirm-mode channels for publishes, each carrying a batch of
+        /// publishes at a time: 1 to [`MAX_PUBLISH_CHANNELS`] (default 16, the executor's).
         publish_channels: Option<usize>,
     },
     Sqs {

@@ -33,6 +33,8 @@ use lapin::{BasicProperties, Confirmation};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::broker::ExecutorError;
+
 use super::channels::{LEASE_TIMEOUT, PublishPool};
 
 /// The most publishes one channel carries at once.
@@ -67,7 +69,7 @@ pub enum Answer {
         blocked: bool,
     },
     /// No channel to publish on (the broker is unreachable or blocked, or every channel stayed busy).
-    NoChannel(crate::broker::ExecutorError),
+    NoChannel(ExecutorError),
 }
 
 struct Job {
@@ -103,8 +105,8 @@ impl Batches {
     }
 }
 
-fn stopped() -> crate::broker::ExecutorError {
-    crate::broker::ExecutorError::Unavailable("the publisher stopped".into())
+fn stopped() -> ExecutorError {
+    ExecutorError::Unavailable("the publisher stopped".into())
 }
 
 /// One channel's loop: take what is waiting, publish it, answer each.
@@ -125,7 +127,7 @@ async fn work(pool: Arc<PublishPool>, queue: Arc<Mutex<mpsc::Receiver<Job>>>) {
         let (batch, late): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|job| job.queued_at.elapsed() <= LEASE_TIMEOUT);
         for job in late {
             let why = format!("all {} publish channels stayed busy for {LEASE_TIMEOUT:?}", pool.size());
-            job.reply.send(Answer::NoChannel(crate::broker::ExecutorError::Unavailable(why))).ok();
+            job.reply.send(Answer::NoChannel(ExecutorError::Unavailable(why))).ok();
         }
         if batch.is_empty() {
             continue;

@@ -21,11 +21,12 @@ use crate::broker::ExecutorError;
 
 use super::link::{Link, Slot};
 
-/// Confirm-mode channels for publishes by default. Each carries one publish at
-/// a time, so this bounds the publishes awaiting a confirm; 64 matches the
-/// ingress's default prefetch (BENCHMARKS.md, "Ingress drain": 16 made the
-/// drain ~20 % slower). RabbitMQ allows 2,047 channels per connection.
-pub const DEFAULT_PUBLISH_CHANNELS: usize = 64;
+/// Confirm-mode channels for publishes by default, each carrying a batch of
+/// up to [`super::batch::MAX_BATCH`] publishes at a time. With batches, 4 to
+/// 64 channels drained the ingress within noise of each other
+/// (BENCHMARKS.md, "Ingress drain"); fewer channels are fewer broker processes.
+/// RabbitMQ allows 2,047 channels per connection.
+pub const DEFAULT_PUBLISH_CHANNELS: usize = 16;
 /// How long a publish may wait for a free channel.
 pub const LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
