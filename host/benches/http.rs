@@ -15,21 +15,20 @@ use support::BenchBroker;
 
 const CLIENTS: usize = 32;
 const PER_CLIENT: usize = 250;
+/// Rounds of both modes; the median ratio is reported.
+const ROUNDS: usize = 5;
 const BODY: &str = "a 100-byte body ......................................................................................";
 
 /// Messages per second and latency percentiles over every message of a run.
-fn report(mode: &str, elapsed: Duration, mut latencies: Vec<Duration>) {
+fn report(mode: &str, elapsed: Duration, mut latencies: Vec<Duration>) -> f64 {
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    println!(
-        "  {mode:<8} {:>7.0} msg/s   p50 {:>6.2} ms   p99 {:>6.2} ms",
-        latencies.len() as f64 / elapsed.as_secs_f64(),
-        at(0.50).as_secs_f64() * 1e3,
-        at(0.99).as_secs_f64() * 1e3
-    );
+    let rate = latencies.len() as f64 / elapsed.as_secs_f64();
+    println!("  {mode:<8} {rate:>7.0} msg/s   p50 {:>6.2} ms   p99 {:>6.2} ms", at(0.50).as_secs_f64() * 1e3, at(0.99).as_secs_f64() * 1e3);
+    rate
 }
 
-async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) {
+async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) -> f64 {
     let start = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
@@ -49,30 +48,43 @@ async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) {
     for client in clients {
         latencies.extend(client.await.unwrap());
     }
-    report("direct", start.elapsed(), latencies);
+    report("direct", start.elapsed(), latencies)
 }
 
-fn http(base: &str, destination: &str) {
+/// `CLIENTS` tasks, each on its own keep-alive HTTP/1.1 connection (hyper),
+/// sending `POST /v1/messages` one at a time and checking for `202`.
+async fn http(address: std::net::SocketAddr, destination: &str) -> f64 {
     let start = Instant::now();
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            let (url, destination) = (format!("{base}/v1/messages"), destination.to_string());
-            std::thread::spawn(move || {
-                let agent = ureq::Agent::new_with_defaults();
-                let mut latencies = Vec::with_capacity(PER_CLIENT);
-                for i in 0..PER_CLIENT {
-                    let body = serde_json::json!({ "destination": destination, "delay": 3_600_000 + i, "body": BODY });
-                    let sent = Instant::now();
-                    let response = agent.post(&url).send_json(body).expect("POST");
-                    assert_eq!(response.status().as_u16(), 202);
-                    latencies.push(sent.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let latencies = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
-    report("HTTP", start.elapsed(), latencies);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let destination = destination.to_string();
+        clients.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+            tokio::spawn(connection);
+            let mut latencies = Vec::with_capacity(PER_CLIENT);
+            for i in 0..PER_CLIENT {
+                let body = serde_json::json!({ "destination": destination, "delay": 3_600_000 + i, "body": BODY }).to_string();
+                let request = hyper::Request::post("/v1/messages")
+                    .header("host", address.to_string())
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(axum::body::Bytes::from(body)))
+                    .unwrap();
+                let sent = Instant::now();
+                let response = sender.send_request(request).await.expect("POST");
+                assert_eq!(response.status().as_u16(), 202);
+                http_body_util::BodyExt::collect(response.into_body()).await.expect("response body");
+                latencies.push(sent.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for client in clients {
+        latencies.extend(client.await.unwrap());
+    }
+    report("HTTP", start.elapsed(), latencies)
 }
 
 #[tokio::main]
@@ -81,15 +93,25 @@ async fn main() {
     let destination = bench.destination.clone();
     let service = Service::new(scheduler, None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    let address = listener.local_addr().unwrap();
     tokio::spawn(service::run(listener, service.clone(), std::future::pending()));
 
     println!("{} persistent 100-byte messages per mode, binary-levels, 1 h delays, {CLIENTS} concurrent clients", CLIENTS * PER_CLIENT);
-    for _round in 0..2 {
-        direct(service.scheduler().clone(), &destination).await;
-        let (base, destination) = (base.clone(), destination.clone());
-        tokio::task::spawn_blocking(move || http(&base, &destination)).await.unwrap();
+    // Rounds alternate which mode goes first, so a broker that slows as its queues fill favours neither.
+    let mut ratios = Vec::new();
+    for round in 0..ROUNDS {
+        let (direct_rate, http_rate) = if round % 2 == 0 {
+            let direct_rate = direct(service.scheduler().clone(), &destination).await;
+            (direct_rate, http(address, &destination).await)
+        } else {
+            let http_rate = http(address, &destination).await;
+            (direct(service.scheduler().clone(), &destination).await, http_rate)
+        };
+        println!("  round {}: HTTP at {:.0} % of direct", round + 1, 100.0 * http_rate / direct_rate);
+        ratios.push(http_rate / direct_rate);
     }
+    ratios.sort_by(f64::total_cmp);
+    println!("median HTTP / direct over {ROUNDS} rounds: {:.0} %", 100.0 * ratios[ROUNDS / 2]);
 
     bench.cleanup().await;
 }
