@@ -186,31 +186,119 @@ async fn publish_batch(pool: &PublishPool, batch: &[&Outgoing]) -> Vec<Answer> {
         })
         .collect();
     let clean = answers.iter().all(|answer| !matches!(answer, Answer::Failed(_)));
-    let mut matched = vec![false; batch.len()];
-    for back in returned {
-        let owner = (0..batch.len()).find(|&i| {
-            let publish = batch[i];
-            !matched[i]
-                && matches!(answers[i], Answer::Confirmed | Answer::Nacked)
-                && back.delivery.exchange.as_str() == publish.exchange
-                && back.delivery.routing_key.as_str() == publish.routing_key
-                && back.delivery.properties.message_id() == publish.properties.message_id()
-                && back.delivery.data == publish.body
-        });
-        match owner {
-            Some(i) => {
-                matched[i] = true;
-                answers[i] = Answer::Returned { code: back.reply_code, text: back.reply_text.to_string() };
-            }
-            None => tracing::error!(
-                exchange = %back.delivery.exchange,
-                routing_key = %back.delivery.routing_key,
-                "the broker returned a message this batch did not send"
-            ),
-        }
-    }
+    attribute_returns(batch, &mut answers, returned.into_iter().map(Returned::from));
     if clean {
         lease.release();
     }
     answers
+}
+
+/// A message the broker sent back, as much of it as tells whose it is.
+struct Returned {
+    exchange: String,
+    routing_key: String,
+    message_id: Option<String>,
+    body: Vec<u8>,
+    code: u16,
+    text: String,
+}
+
+impl From<lapin::message::BasicReturnMessage> for Returned {
+    fn from(back: lapin::message::BasicReturnMessage) -> Returned {
+        Returned {
+            exchange: back.delivery.exchange.to_string(),
+            routing_key: back.delivery.routing_key.to_string(),
+            message_id: back.delivery.properties.message_id().as_ref().map(|id| id.to_string()),
+            body: back.delivery.data,
+            code: back.reply_code,
+            text: back.reply_text.to_string(),
+        }
+    }
+}
+
+/// Gives each returned message to the first publish of the batch that it
+/// could be and that the broker answered: two publishes alike in everything it
+/// carries are interchangeable, so either may take it.
+fn attribute_returns(batch: &[&Outgoing], answers: &mut [Answer], returned: impl IntoIterator<Item = Returned>) {
+    for back in returned {
+        let owner = (0..batch.len()).find(|&i| {
+            let publish = batch[i];
+            matches!(answers[i], Answer::Confirmed | Answer::Nacked)
+                && back.exchange == publish.exchange
+                && back.routing_key == publish.routing_key
+                && back.message_id.as_deref() == publish.properties.message_id().as_ref().map(|id| id.as_str())
+                && back.body == publish.body
+        });
+        match owner {
+            Some(i) => answers[i] = Answer::Returned { code: back.code, text: back.text },
+            None => tracing::error!(exchange = %back.exchange, routing_key = %back.routing_key, "the broker returned a message this batch did not send"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(key: &str, id: &str, body: &str) -> Outgoing {
+        Outgoing {
+            exchange: "levels".into(),
+            routing_key: key.into(),
+            mandatory: true,
+            body: body.as_bytes().to_vec(),
+            properties: BasicProperties::default().with_message_id(id.into()),
+        }
+    }
+
+    fn returned(key: &str, id: &str, body: &str) -> Returned {
+        Returned {
+            exchange: "levels".into(),
+            routing_key: key.into(),
+            message_id: Some(id.into()),
+            body: body.as_bytes().to_vec(),
+            code: 312,
+            text: "NO_ROUTE".into(),
+        }
+    }
+
+    fn returned_at(answers: &[Answer]) -> Vec<usize> {
+        (0..answers.len()).filter(|&i| matches!(answers[i], Answer::Returned { .. })).collect()
+    }
+
+    /// lapin attached the returns to other confirms (here all to the first):
+    /// each still goes to the publish it came back for.
+    #[test]
+    fn a_return_goes_to_the_publish_it_came_back_for_whichever_confirm_carried_it() {
+        let batch = [publish("a", "1", "x"), publish("b", "2", "x"), publish("a", "3", "x"), publish("c", "4", "y")];
+        let batch: Vec<&Outgoing> = batch.iter().collect();
+        let mut answers: Vec<Answer> = (0..4).map(|_| Answer::Confirmed).collect();
+        attribute_returns(&batch, &mut answers, [returned("c", "4", "y"), returned("a", "3", "x")]);
+        assert_eq!(returned_at(&answers), [2, 3]);
+        assert!(matches!(&answers[3], Answer::Returned { code: 312, text } if text == "NO_ROUTE"));
+    }
+
+    /// Two publishes alike in all the broker sends back, one returned: exactly one is reported unroutable.
+    #[test]
+    fn of_two_identical_publishes_one_return_fails_exactly_one() {
+        let batch = [publish("a", "same", "x"), publish("a", "same", "x")];
+        let batch: Vec<&Outgoing> = batch.iter().collect();
+        let mut answers: Vec<Answer> = (0..2).map(|_| Answer::Confirmed).collect();
+        attribute_returns(&batch, &mut answers, [returned("a", "same", "x")]);
+        assert_eq!(returned_at(&answers), [0]);
+        attribute_returns(&batch, &mut answers, [returned("a", "same", "x")]);
+        assert_eq!(returned_at(&answers), [0, 1]);
+    }
+
+    /// A publish the channel failed is sent again alone, so a return is never pinned on it;
+    /// a return nothing in the batch matches changes no answer.
+    #[test]
+    fn failed_publishes_and_strangers_take_no_return() {
+        let batch = [publish("a", "1", "x"), publish("a", "2", "x")];
+        let batch: Vec<&Outgoing> = batch.iter().collect();
+        let closed = lapin::Error::from(lapin::ErrorKind::InvalidChannelState(lapin::ChannelState::Closed, "basic.publish"));
+        let mut answers = vec![Answer::Failed(closed), Answer::Confirmed];
+        attribute_returns(&batch, &mut answers, [returned("a", "1", "x"), returned("z", "9", "q")]);
+        assert!(matches!(answers[0], Answer::Failed(_)));
+        assert!(matches!(answers[1], Answer::Confirmed));
+    }
 }
