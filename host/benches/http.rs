@@ -28,12 +28,26 @@ fn report(mode: &str, elapsed: Duration, mut latencies: Vec<Duration>) -> f64 {
     rate
 }
 
-async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) -> f64 {
+/// Runs `CLIENTS` clients at once, each made by `client` and returning its
+/// latencies, and reports the mode's rate over all of them.
+async fn measure<F>(mode: &str, client: impl Fn() -> F) -> f64
+where
+    F: Future<Output = Vec<Duration>> + Send + 'static,
+{
     let start = Instant::now();
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
+    let clients: Vec<_> = (0..CLIENTS).map(|_| tokio::spawn(client())).collect();
+    let mut latencies = Vec::with_capacity(CLIENTS * PER_CLIENT);
+    for client in clients {
+        latencies.extend(client.await.unwrap());
+    }
+    report(mode, start.elapsed(), latencies)
+}
+
+/// `CLIENTS` tasks calling `Scheduler::schedule`, one message at a time each.
+async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) -> f64 {
+    measure("direct", || {
         let (scheduler, destination) = (scheduler.clone(), destination.to_string());
-        clients.push(tokio::spawn(async move {
+        async move {
             let mut latencies = Vec::with_capacity(PER_CLIENT);
             for i in 0..PER_CLIENT {
                 let request = ScheduleRequest { destination: destination.clone(), delay_ms: 3_600_000 + i as u64, body: BODY.into(), ..Default::default() };
@@ -42,23 +56,17 @@ async fn direct(scheduler: Arc<Scheduler<Broker>>, destination: &str) -> f64 {
                 latencies.push(sent.elapsed());
             }
             latencies
-        }));
-    }
-    let mut latencies = Vec::new();
-    for client in clients {
-        latencies.extend(client.await.unwrap());
-    }
-    report("direct", start.elapsed(), latencies)
+        }
+    })
+    .await
 }
 
 /// `CLIENTS` tasks, each on its own keep-alive HTTP/1.1 connection (hyper),
 /// sending `POST /v1/messages` one at a time and checking for `202`.
 async fn http(address: std::net::SocketAddr, destination: &str) -> f64 {
-    let start = Instant::now();
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
+    measure("HTTP", || {
         let destination = destination.to_string();
-        clients.push(tokio::spawn(async move {
+        async move {
             let stream = tokio::net::TcpStream::connect(address).await.expect("connect");
             stream.set_nodelay(true).unwrap();
             let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
@@ -78,13 +86,9 @@ async fn http(address: std::net::SocketAddr, destination: &str) -> f64 {
                 latencies.push(sent.elapsed());
             }
             latencies
-        }));
-    }
-    let mut latencies = Vec::new();
-    for client in clients {
-        latencies.extend(client.await.unwrap());
-    }
-    report("HTTP", start.elapsed(), latencies)
+        }
+    })
+    .await
 }
 
 #[tokio::main]
