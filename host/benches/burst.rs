@@ -9,26 +9,22 @@ use std::path::Path;
 
 use hourglass::broker::amqp_url;
 use hourglass::config::Config;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
-use support::{Served, collect_lateness, now_ms, percentile};
+use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::{Connection, ConnectionProperties};
+use support::{Served, collect_lateness, declare_queue, ingress_config_text, now_ms, percentile, publish_to_ingress};
 
 /// Delays are spread over 1–3 s, as in the issue that asked for this figure.
 const DELAYS_MS: std::ops::Range<u64> = 1_000..3_000;
 
 async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: usize) {
-    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let run = support::run_id();
     let (ingress, destination) = (format!("bench-burst-{run}.in"), format!("bench-burst-{run}.destination"));
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
     for queue in [&ingress, &destination] {
-        channel.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
+        declare_queue(&channel, queue, false).await;
     }
-    let text = format!(
-        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"bench-burst-{run}\"\nqueue_type = \"{queue_type}\"\n\n\
-         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
-    );
+    let text = ingress_config_text(url, &format!("bench-burst-{run}"), &ingress, &format!("queue_type = \"{queue_type}\"\n"), "");
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
     let served = Served::start(config.clone()).await;
     // Each body is its due time (the send time plus the delay): lateness is measured from the producer's send.
@@ -38,13 +34,8 @@ async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: u
     let mut confirms = Vec::with_capacity(messages);
     for i in 0..messages {
         let delay = DELAYS_MS.start + (i as u64 * 7_919) % (DELAYS_MS.end - DELAYS_MS.start);
-        let due = now_ms() + delay;
-        let mut headers = FieldTable::default();
-        headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination.as_str())));
-        headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay}ms"))));
-        let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
-        let body = due.to_string();
-        confirms.push(channel.basic_publish("".into(), ingress.as_str().into(), BasicPublishOptions::default(), body.as_bytes(), properties).await.unwrap());
+        let due = (now_ms() + delay).to_string();
+        confirms.push(publish_to_ingress(&channel, &ingress, &destination, delay, due.as_bytes()).await);
     }
     for confirm in confirms {
         confirm.await.expect("confirm");

@@ -14,39 +14,22 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hourglass::broker::amqp_url;
 use hourglass::config::Config;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+use support::{declare_queue, ingress_config_text, publish_to_ingress};
 
 /// Messages preloaded for each run.
 const MESSAGES: usize = 20_000;
 /// Rounds of each pair (raw, hourglass); the median is reported.
 const ROUNDS: usize = 3;
 
-fn run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
-}
-
-async fn declare(channel: &Channel, name: &str, quorum: bool) {
-    let mut arguments = FieldTable::default();
-    if quorum {
-        arguments.insert(ShortString::from("x-queue-type"), AMQPValue::LongString(LongString::from("quorum")));
-    }
-    channel.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, arguments).await.expect("declare");
-}
-
 /// Publishes `MESSAGES` persistent 100-byte messages to `queue` with ingress
 /// headers for `destination` (1 h delays, so nothing is delivered during the run).
 async fn preload(channel: &Channel, queue: &str, destination: &str) {
     let mut confirms = Vec::with_capacity(MESSAGES);
     for i in 0..MESSAGES {
-        let mut headers = FieldTable::default();
-        headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
-        headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{}ms", 3_600_000 + i % 3_000))));
-        let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
-        confirms.push(channel.basic_publish("".into(), queue.into(), BasicPublishOptions::default(), &[b'x'; 100], properties).await.expect("publish"));
+        confirms.push(publish_to_ingress(channel, queue, destination, 3_600_000 + (i % 3_000) as u64, &[b'x'; 100]).await);
         if confirms.len() == 1_000 {
             for confirm in confirms.drain(..) {
                 confirm.await.expect("confirm");
@@ -109,10 +92,8 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
     let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
     // `BENCH_BITS=N` gives binary-levels N levels instead of its default 28.
     let bits = std::env::var("BENCH_BITS").map(|n| format!("levels = {n}\n")).unwrap_or_default();
-    let text = format!(
-        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{channels}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"{queue_type}\"\n{bits}\n\
-         [service.ingress]\nqueue = \"{source}\"\ninvalid_queue = \"{source}.invalid\"\nprefetch = {prefetch}\n"
-    );
+    // The ingress table comes last, so its prefetch is appended.
+    let text = ingress_config_text(url, prefix, source, &format!("queue_type = \"{queue_type}\"\n{bits}"), &channels) + &format!("prefetch = {prefetch}\n");
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
     let served = support::Served::start(config.clone()).await;
     let service = served.service.clone();
@@ -167,13 +148,13 @@ async fn main() {
         for &prefetch in &prefetches {
             let (mut raw, mut into_levels, mut ours) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
-                let run = run_id();
+                let run = support::run_id();
                 let destination = format!("bench-ingress-{run}.destination");
-                declare(&channel, &destination, false).await;
+                declare_queue(&channel, &destination, false).await;
 
                 let (source, target) = (format!("bench-ingress-{run}.raw-in"), format!("bench-ingress-{run}.raw-out"));
-                declare(&channel, &source, false).await;
-                declare(&channel, &target, queue_type == "quorum").await;
+                declare_queue(&channel, &source, false).await;
+                declare_queue(&channel, &target, queue_type == "quorum").await;
                 preload(&channel, &source, &destination).await;
                 raw.push(raw_relay(&url, &source, ("", &target), prefetch).await);
                 for queue in [&source, &target] {
@@ -181,7 +162,7 @@ async fn main() {
                 }
 
                 let source = format!("bench-ingress-{run}.in");
-                declare(&channel, &source, false).await;
+                declare_queue(&channel, &source, false).await;
                 preload(&channel, &source, &destination).await;
                 let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), queue_type, prefetch).await;
                 ours.push(rate);
@@ -192,7 +173,7 @@ async fn main() {
                 let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
                 let Some(hourglass::command::Command::Publish { exchange, routing_key, .. }) = plan.commands.first() else { panic!("a publish first") };
                 let again = format!("{source}.again");
-                declare(&channel, &again, false).await;
+                declare_queue(&channel, &again, false).await;
                 preload(&channel, &again, &destination).await;
                 into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch).await);
                 channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();

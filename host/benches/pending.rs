@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use hourglass::broker::amqp_url;
 use hourglass::config::Config;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use support::{collect_lateness, now_ms, percentile};
+use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::{Connection, ConnectionProperties};
+use support::{collect_lateness, declare_queue, ingress_config_text, now_ms, percentile, publish_to_ingress};
 
 /// Messages sent with the million pending, spread over this many seconds.
 const SAMPLES: usize = 100;
@@ -50,14 +49,6 @@ fn forwarded(base: &str) -> u64 {
         .unwrap_or(0.0) as u64
 }
 
-async fn publish(channel: &Channel, queue: &str, destination: &str, delay_ms: u64, body: &[u8]) -> lapin::PublisherConfirm {
-    let mut headers = FieldTable::default();
-    headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
-    headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay_ms}ms"))));
-    let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
-    channel.basic_publish("".into(), queue.into(), BasicPublishOptions::default(), body, properties).await.expect("publish")
-}
-
 #[tokio::main]
 async fn main() {
     let url = amqp_url(None, None);
@@ -65,16 +56,13 @@ async fn main() {
     let connection = Connection::connect(&url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let run = support::run_id();
     // Not under the strategy's prefix (`bench-pending-{run}.`), whose own queues (`.parked`, …) it declares itself.
     let (ingress, far, sampled) = (format!("bench-pending-{run}-in"), format!("bench-pending-{run}-far"), format!("bench-pending-{run}-sampled"));
     for queue in [&ingress, &far, &sampled] {
-        channel.queue_declare(queue.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await.unwrap();
+        declare_queue(&channel, queue, false).await;
     }
-    let text = format!(
-        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"bench-pending-{run}\"\n\n\
-         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
-    );
+    let text = ingress_config_text(&url, &format!("bench-pending-{run}"), &ingress, "", "");
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("delay.toml");
     std::fs::write(&config_path, &text).unwrap();
@@ -110,7 +98,7 @@ async fn main() {
         tokio::spawn(async move {
             let mut confirms = Vec::with_capacity(1_000);
             for i in 0..messages {
-                confirms.push(publish(&channel, &ingress, &far, 3_600_000 + (i * 7_919) % 7_200_000, &[b'x'; 100]).await);
+                confirms.push(publish_to_ingress(&channel, &ingress, &far, 3_600_000 + (i * 7_919) % 7_200_000, &[b'x'; 100]).await);
                 if confirms.len() == 1_000 {
                     for confirm in confirms.drain(..) {
                         confirm.await.expect("confirm");
@@ -144,7 +132,7 @@ async fn main() {
     for i in 0..SAMPLES as u64 {
         let delay = 5_000 + (i * 997) % 10_000;
         let due = (now_ms() + delay).to_string();
-        publish(&channel, &ingress, &sampled, delay, due.as_bytes()).await.await.expect("confirm");
+        publish_to_ingress(&channel, &ingress, &sampled, delay, due.as_bytes()).await.await.expect("confirm");
         peak = peak.max(rss_mib(pid));
         tokio::time::sleep(SAMPLE_SPREAD / SAMPLES as u32).await;
     }

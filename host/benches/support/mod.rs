@@ -28,8 +28,7 @@ impl BenchBroker {
     /// Declares the destination; the scheduler (strategy `main`) has prepared it.
     pub async fn start() -> (BenchBroker, Scheduler<Broker>) {
         let url = amqp_url(None, None);
-        let run = uuid::Uuid::new_v4().simple().to_string();
-        let prefix = format!("bench-{}", &run[..8]);
+        let prefix = format!("bench-{}", run_id());
         let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n");
         let config = Config::parse(Path::new("bench.toml"), text).unwrap();
         let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.expect("RabbitMQ");
@@ -116,4 +115,39 @@ pub fn collect_lateness(channel: lapin::Channel, queue: &str, count: usize) -> t
 /// The `q` quantile of sorted values.
 pub fn percentile(sorted: &[i64], q: f64) -> i64 {
     sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
+}
+
+/// Eight hex digits that name one run's queues and exchanges.
+pub fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_string()
+}
+
+/// Declares a durable queue, a quorum queue if asked.
+pub async fn declare_queue(channel: &lapin::Channel, name: &str, quorum: bool) {
+    use lapin::types::{AMQPValue, LongString, ShortString};
+    let mut arguments = FieldTable::default();
+    if quorum {
+        arguments.insert(ShortString::from("x-queue-type"), AMQPValue::LongString(LongString::from("quorum")));
+    }
+    channel.queue_declare(name.into(), QueueDeclareOptions { durable: true, ..Default::default() }, arguments).await.expect("declare");
+}
+
+/// Publishes one persistent message to the ingress queue `queue`, for
+/// `destination` after `delay_ms`, as any producer would; the confirm is the caller's to await.
+pub async fn publish_to_ingress(channel: &lapin::Channel, queue: &str, destination: &str, delay_ms: u64, body: &[u8]) -> lapin::PublisherConfirm {
+    use lapin::types::{AMQPValue, LongString, ShortString};
+    let mut headers = FieldTable::default();
+    headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
+    headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay_ms}ms"))));
+    let properties = lapin::BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+    channel.basic_publish("".into(), queue.into(), lapin::options::BasicPublishOptions::default(), body, properties).await.expect("publish")
+}
+
+/// A config with `binary-levels` as strategy `main` under `prefix` (plus
+/// `strategy` lines) and the AMQP ingress on `ingress` (plus `broker` lines).
+pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &str, broker: &str) -> String {
+    format!(
+        "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{broker}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n{strategy}\n\
+         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
+    )
 }
