@@ -84,3 +84,17 @@ ensure_example_python() {
   fi
   export HOURGLASS_TEST_PYTHON="$venv/bin/python"
 }
+
+# Debian's Chromium, for the status page's browser test (tests/tests/status_page.rs).
+ensure_chromium() {
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "installing Debian's chromium with apt (for the status page's browser test)" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    if ! { $sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium >/dev/null; }; then
+      echo "error: could not install chromium; the status page's browser test needs it: apt-get install chromium" >&2
+      exit 1
+    fi
+  fi
+  export HOURGLASS_TEST_BROWSER=/usr/bin/chromium
+}

@@ -136,6 +136,28 @@ pub fn parking_queues(commands: &[Command]) -> Vec<String> {
     queues
 }
 
+/// The queues among `commands` where delayed messages wait, with their
+/// message TTL when they have one: every declared queue but the parking ones.
+pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
+    let parking = parking_queues(commands);
+    let mut queues: Vec<(String, Option<u64>)> = commands
+        .iter()
+        .filter_map(|command| match command {
+            Command::DeclareQueue { name, arguments, .. } if !parking.contains(name) => {
+                let ttl = match arguments.get("x-message-ttl") {
+                    Some(FieldValue::Int(ms)) => u64::try_from(*ms).ok(),
+                    _ => None,
+                };
+                Some((name.clone(), ttl))
+            }
+            _ => None,
+        })
+        .collect();
+    queues.sort();
+    queues.dedup();
+    queues
+}
+
 /// The queues among `commands` that dead-letter at most once: declared with a
 /// dead-letter exchange but not as quorum queues with `x-dead-letter-strategy =
 /// at-least-once` and `x-overflow = reject-publish` (without which the broker

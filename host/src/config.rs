@@ -61,8 +61,15 @@ pub enum BrokerConfig {
     Sqs {
         region: Option<String>,
         endpoint_url: Option<String>,
+        /// How long a first send waits for others to the same queue to share
+        /// one `SendMessageBatch` (default 2ms; `0ms`: only those already
+        /// waiting; at most [`MAX_SEND_BATCH_WINDOW_MS`]).
+        send_batch_window: Option<DurationMs>,
     },
 }
+
+/// The most `broker.send_batch_window` may be: every first send can wait this long.
+pub const MAX_SEND_BATCH_WINDOW_MS: u64 = 1_000;
 
 /// `hourglass serve`'s settings.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -82,9 +89,29 @@ pub struct ServiceConfig {
     pub shutdown_timeout: Option<DurationMs>,
     /// Long-poll wait of each SQS pump receive (default 20s, at most 20s).
     pub pump_wait: Option<DurationMs>,
+    /// How often the SQS queues are listed for pumped queues no pump drains yet (default 60s).
+    pub pump_discovery: Option<DurationMs>,
+    /// Visibility timeout a pump sets on its queue and extends while a batch
+    /// is in hand (default 60s, whole seconds, at most 12 hours).
+    pub pump_visibility: Option<DurationMs>,
+    /// Receives after which SQS moves a message the pump never forwarded to
+    /// the queue's dead-letter queue (default 10).
+    pub pump_max_receives: Option<u32>,
+    /// Pause after a pump receive that brought fewer than ten messages, so
+    /// batches fill (default 250ms, at most 5s, 0 turns it off).
+    pub pump_linger: Option<DurationMs>,
     /// The AMQP ingress queue (RabbitMQ brokers).
     #[serde(default)]
     pub ingress: IngressConfig,
+    /// The SQS ingress queue (SQS brokers).
+    #[serde(default)]
+    pub sqs_ingress: SqsIngressConfig,
+    /// How often queue depths are read for /metrics, /v1/delays and the
+    /// status page (default 5s on RabbitMQ, 60s on SQS, where it is billed).
+    pub depth_poll: Option<DurationMs>,
+    /// Lateness probes (RabbitMQ brokers).
+    #[serde(default)]
+    pub canary: CanaryConfig,
     /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
     pub redelivery_input: Option<String>,
     /// Most HTTP connections open at once (default 512); more wait in the listen backlog.
@@ -182,6 +209,52 @@ impl Default for IngressConfig {
     }
 }
 
+/// `[service.canary]`: a probe through every strategy, timed on arrival
+/// (RabbitMQ and SQS brokers; the default queue name is valid on both).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CanaryConfig {
+    /// On by default (RabbitMQ and SQS).
+    pub enabled: bool,
+    /// The probes' destination, consumed by the host.
+    pub queue: String,
+    /// One probe per strategy this often.
+    pub every: DurationMs,
+    /// Each probe's delay.
+    pub delay: DurationMs,
+}
+
+impl Default for CanaryConfig {
+    fn default() -> Self {
+        CanaryConfig { enabled: true, queue: "hourglass-canary".into(), every: DurationMs(60_000), delay: DurationMs(5_000) }
+    }
+}
+
+/// `[service.sqs_ingress]`: a standard SQS queue any SQS client sends to, with
+/// the destination and delay in message attributes.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqsIngressConfig {
+    /// On by default when the broker is SQS.
+    pub enabled: bool,
+    pub queue: String,
+    /// Where messages that cannot be scheduled go, with the reason in an attribute.
+    pub invalid_queue: String,
+}
+
+impl Default for SqsIngressConfig {
+    fn default() -> Self {
+        SqsIngressConfig { enabled: true, queue: "hourglass-ingress".into(), invalid_queue: "hourglass-ingress-invalid".into() }
+    }
+}
+
+impl SqsIngressConfig {
+    /// The handler's settings: SQS hands out at most ten messages at a time.
+    pub fn as_ingress(&self) -> IngressConfig {
+        IngressConfig { enabled: self.enabled, queue: self.queue.clone(), invalid_queue: self.invalid_queue.clone(), prefetch: 10 }
+    }
+}
+
 /// The `[service]` values serde cannot check: (key, complaint).
 fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> {
     let ingress = &service.ingress;
@@ -198,6 +271,38 @@ fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> 
         && wait.ms() > 20_000
     {
         return Err(("pump_wait", format!("service.pump_wait: {} ms is above SQS's 20 s long-poll limit", wait.ms())));
+    }
+    let sqs_ingress = &service.sqs_ingress;
+    for (key, name) in [("queue", &sqs_ingress.queue), ("invalid_queue", &sqs_ingress.invalid_queue)] {
+        if name.is_empty() || name.len() > 80 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err((key, format!("service.sqs_ingress.{key}: {name:?} must be 1 to 80 letters, digits, '-' or '_' (a standard SQS queue)")));
+        }
+    }
+    if sqs_ingress.queue == sqs_ingress.invalid_queue {
+        return Err(("invalid_queue", format!("service.sqs_ingress.invalid_queue: {:?} is also the ingress queue", sqs_ingress.queue)));
+    }
+    if let Some(visibility) = service.pump_visibility
+        && !(1_000..=43_200_000).contains(&visibility.ms())
+    {
+        return Err(("pump_visibility", format!("service.pump_visibility: {} ms must be between 1 s and SQS's 12 hours", visibility.ms())));
+    }
+    if service.pump_discovery.is_some_and(|d| d.ms() == 0) {
+        return Err(("pump_discovery", "service.pump_discovery: must be above zero".into()));
+    }
+    if service.depth_poll.is_some_and(|d| d.ms() < 100) {
+        return Err(("depth_poll", "service.depth_poll: must be at least 100ms".into()));
+    }
+    if service.canary.every.ms() < 100 {
+        return Err(("every", "service.canary.every: must be at least 100ms".into()));
+    }
+    if service.canary.queue.is_empty() || service.canary.queue.len() > 255 {
+        return Err(("queue", "service.canary.queue: must be 1 to 255 bytes".into()));
+    }
+    if service.pump_linger.is_some_and(|d| d.ms() > 5_000) {
+        return Err(("pump_linger", "service.pump_linger: must be at most 5s (a longer pause only delays messages)".into()));
+    }
+    if service.pump_max_receives.is_some_and(|n| !(1..=1_000).contains(&n)) {
+        return Err(("pump_max_receives", "service.pump_max_receives: must be between 1 and SQS's 1000".into()));
     }
     if service.token.as_deref() == Some("") {
         return Err(("token", "service.token: empty; an empty token would lock every client out. Remove the key for no token, or set one".into()));
@@ -234,6 +339,7 @@ impl ServiceConfig {
 #[serde(deny_unknown_fields)]
 struct RawPlannerSettings {
     call_timeout: Option<DurationMs>,
+    start_timeout: Option<DurationMs>,
     memory_limit_mib: Option<u32>,
     cache: Option<bool>,
     cache_dir: Option<PathBuf>,
@@ -378,6 +484,12 @@ impl Config {
             let message = format!("publish_channels: {channels} is not between 1 and {MAX_PUBLISH_CHANNELS}");
             return Err(invalid(key_offset(&text, "publish_channels"), message));
         }
+        if let BrokerConfig::Sqs { send_batch_window: Some(window), .. } = raw.broker
+            && window.ms() > MAX_SEND_BATCH_WINDOW_MS
+        {
+            let message = format!("send_batch_window: {} ms is above {MAX_SEND_BATCH_WINDOW_MS} ms; every first send may wait this long", window.ms());
+            return Err(invalid(key_offset(&text, "send_batch_window"), message));
+        }
 
         let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
         for entry in raw.redelivery {
@@ -422,6 +534,10 @@ impl Config {
         if call_timeout.is_zero() {
             return Err(invalid(0..0, "planners.call_timeout: must be above zero".into()));
         }
+        let start_timeout = settings.start_timeout.map_or(defaults.start_timeout, |d| Duration::from_millis(d.ms()));
+        if start_timeout.is_zero() {
+            return Err(invalid(0..0, "planners.start_timeout: must be above zero".into()));
+        }
         let cache_dir = match settings.cache {
             Some(false) => None,
             _ => settings.cache_dir.map(|dir| base_dir.join(dir)).or_else(default_cache_dir),
@@ -433,7 +549,7 @@ impl Config {
             default_strategy,
             broker: raw.broker,
             service: raw.service,
-            planner_limits: PlannerLimits { call_timeout, memory_bytes: (memory_mib as usize) << 20 },
+            planner_limits: PlannerLimits { call_timeout, start_timeout, memory_bytes: (memory_mib as usize) << 20 },
             cache_dir,
             strategies,
             destinations,
@@ -535,6 +651,9 @@ mod tests {
             ("[service]\nmax_connections = 0\n", "delay.toml:2:", "at least 1"),
             ("[service]\nheader_read_timeout = \"0s\"\n", "delay.toml:2:", "header_read_timeout: must be above zero"),
             ("[service]\nidle_timeout = \"0ms\"\n", "delay.toml:2:", "idle_timeout: must be above zero"),
+            ("[service]\npump_linger = \"6s\"\n", "delay.toml:2:", "pump_linger: must be at most 5s"),
+            ("[service]\ndepth_poll = \"10ms\"\n", "delay.toml:2:", "depth_poll: must be at least 100ms"),
+            ("[service.canary]\nevery = \"10ms\"\n", "delay.toml:2:", "canary.every: must be at least 100ms"),
         ];
         for (service, location, message) in bad {
             let err = parse(&format!("{service}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();
@@ -551,6 +670,23 @@ mod tests {
             let err = broker(bad).unwrap_err().to_string();
             assert!(err.starts_with("delay.toml:3:") && err.contains("publish_channels"), "{err}");
         }
+    }
+
+    #[test]
+    fn send_batch_window_is_read_and_bounded() {
+        let broker = |window: &str| parse(&format!("[broker]\nkind = \"sqs\"\nsend_batch_window = {window}\n[strategies.a]\nplanner = \"sqs-cycles\"\n"));
+        let window = |text: &str| match broker(text).unwrap().broker {
+            BrokerConfig::Sqs { send_batch_window, .. } => send_batch_window.map(|d| d.ms()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(window("\"0ms\""), Some(0));
+        assert_eq!(window("\"5ms\""), Some(5));
+        assert_eq!(window("\"1s\""), Some(1_000));
+        let err = broker("\"2s\"").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:3:") && err.contains("send_batch_window: 2000 ms is above 1000 ms"), "{err}");
+        // Inside the tagged `[broker]` table serde keeps no span, so only the value is named.
+        let err = broker("\"soon\"").unwrap_err().to_string();
+        assert!(err.contains("duration \"soon\""), "{err}");
     }
 
     #[test]

@@ -15,8 +15,11 @@ pub const DUE_AT_HEADER: &str = "hourglass-due-at";
 // Read at the AMQP ingress.
 /// The destination queue (required).
 pub const DESTINATION_HEADER: &str = "hourglass-destination";
-/// The delay: a duration string ("90s", "1h 30m") or whole milliseconds (required).
+/// The delay: a duration string ("90s", "1h 30m") or whole milliseconds
+/// (this or [`DELIVER_AT_HEADER`] is required).
 pub const REQUESTED_DELAY_HEADER: &str = "hourglass-delay";
+/// The due time instead of a delay: RFC 3339 text or whole Unix milliseconds.
+pub const DELIVER_AT_HEADER: &str = "hourglass-deliver-at";
 /// A strategy other than the destination's (optional).
 pub const STRATEGY_HEADER: &str = "hourglass-strategy";
 /// On invalid messages: why the message could not be scheduled.

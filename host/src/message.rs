@@ -3,14 +3,17 @@
 //! broker. `broker::rabbitmq` converts them to and from AMQP; `broker::sqs`
 //! to and from message attributes.
 //!
-//! [`Delivery`], [`Outcome`] and [`Settled`] are the consumer's side: what a
-//! handler (the AMQP ingress, redelivery) receives and what it asks for.
+//! [`Handler`], [`Delivery`], [`Outcome`] and [`Settled`] are the consumer's
+//! side: what a handler (the ingress, redelivery) receives and what it asks for,
+//! whichever broker's consumer carries it out.
 //!
 //! Two AMQP properties are deliberately absent: `expiration` (a per-message
 //! TTL would cut a delay short in the first delay queue, so it is never
 //! forwarded) and `delivery-mode` (hourglass always publishes persistent).
 
 use std::collections::BTreeMap;
+
+use crate::command::Command;
 
 /// Header name → value, in name order.
 pub type Headers = BTreeMap<String, HeaderValue>;
@@ -160,4 +163,26 @@ impl Settled {
             Settled::Requeued | Settled::MoveFailed(_) => "requeued".to_string(),
         }
     }
+}
+
+/// What a consumer (the AMQP one, or the SQS one) does with its queue.
+pub trait Handler: Send + Sync + 'static {
+    /// What `handle` tells `settled` about a delivery (for counts and metrics).
+    type Note: Send;
+
+    /// The queue consumed.
+    fn queue(&self) -> &str;
+    fn prefetch(&self) -> u16;
+    /// The queues (and exchanges, bindings) the handler needs; declared on every connect.
+    fn declarations(&self) -> Vec<Command>;
+    /// A hint added to a refused declaration (which setting would avoid it).
+    fn declaration_hint(&self) -> Option<String> {
+        None
+    }
+    /// Decides what happens to one delivery.
+    fn handle(&self, delivery: &Delivery) -> impl Future<Output = (Outcome, Self::Note)> + Send;
+    /// Where a message goes that made `handle` panic `MAX_PANICS` times.
+    fn poisoned(&self, delivery: &Delivery, reason: &str) -> Outcome;
+    /// How the outcome was carried out: once per delivery, `note` is `None` when `handle` panicked.
+    fn settled(&self, note: Option<Self::Note>, outcome: &Outcome, settled: &Settled);
 }

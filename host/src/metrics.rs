@@ -35,6 +35,12 @@ struct Strategy {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Level {
+    strategy: String,
+    level: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Kind {
     kind: String,
 }
@@ -87,8 +93,24 @@ struct Mirrored {
     channels: Vec<ChannelCounts>,
 }
 
+/// A registry that remembers the names it was given, so tests (and the
+/// dashboard check) can list every family, sampled or not.
+struct Named {
+    registry: Registry,
+    families: Vec<String>,
+}
+
+impl Named {
+    fn register(&mut self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        self.families.push(format!("hourglass_{name}"));
+        self.registry.register(name, help, metric);
+    }
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// Every registered family's full name.
+    families: Vec<String>,
     mirrored: Mutex<Mirrored>,
     scheduled: Family<Route, Counter>,
     failed: Family<Route, Counter>,
@@ -98,6 +120,8 @@ pub struct Metrics {
     confirm_seconds: Histogram,
     sqs_requests: Family<Kind, Counter>,
     pump_cycles: Family<Queue, Counter>,
+    pump_parked: Family<Queue, Counter>,
+    pump_empty_polls: Family<Queue, Counter>,
     ingress: Family<Outcome, Counter>,
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
@@ -105,7 +129,20 @@ pub struct Metrics {
     task_restarts: Family<TaskLabel, Counter>,
     open_channels: Family<ConnectionLabel, Gauge>,
     parked: Family<Strategy, Gauge>,
+    pending: Family<Level, Gauge>,
+    lateness: Family<Strategy, Histogram>,
+    /// The newest canary lateness samples per strategy, in ms, for the status page's percentiles.
+    recent_lateness: Mutex<std::collections::BTreeMap<String, std::collections::VecDeque<u64>>>,
+    early: Family<Strategy, Counter>,
     bounds: std::sync::RwLock<LabelBounds>,
+}
+
+/// Canary samples kept per strategy for [`Metrics::recent_lateness`].
+const RECENT_LATENESS: usize = 200;
+
+fn lateness_histogram() -> Histogram {
+    // 1 ms to ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
 fn latency_histogram() -> Histogram {
@@ -115,9 +152,10 @@ fn latency_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("hourglass");
-        let metrics = Metrics {
+        let mut registry = Named { registry: Registry::with_prefix("hourglass"), families: Vec::new() };
+        let mut metrics = Metrics {
             registry: Mutex::new(Registry::default()),
+            families: Vec::new(),
             mirrored: Mutex::default(),
             scheduled: Family::default(),
             failed: Family::default(),
@@ -127,6 +165,8 @@ impl Default for Metrics {
             confirm_seconds: latency_histogram(),
             sqs_requests: Family::default(),
             pump_cycles: Family::default(),
+            pump_parked: Family::default(),
+            pump_empty_polls: Family::default(),
             ingress: Family::default(),
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
@@ -134,6 +174,10 @@ impl Default for Metrics {
             task_restarts: Family::default(),
             open_channels: Family::default(),
             parked: Family::default(),
+            pending: Family::default(),
+            lateness: Family::new_with_constructor(lateness_histogram),
+            recent_lateness: Mutex::default(),
+            early: Family::default(),
             bounds: Default::default(),
         };
         registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
@@ -144,7 +188,17 @@ impl Default for Metrics {
         registry.register("broker_confirm_seconds", "From first publish to the broker's last confirm, per message", metrics.confirm_seconds.clone());
         registry.register("sqs_requests", "SQS API requests by kind", metrics.sqs_requests.clone());
         registry.register("pump_cycles", "Messages a pump received and sent on (around again or to the destination)", metrics.pump_cycles.clone());
-        registry.register("ingress_messages", "AMQP ingress messages by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
+        registry.register(
+            "pump_parked",
+            "Messages a pump moved to its queue's dead-letter queue, with the reason, because they could not go on",
+            metrics.pump_parked.clone(),
+        );
+        registry.register(
+            "pump_empty_polls",
+            "Long polls of a pump that came back empty: what an idle pumped queue costs in SQS requests",
+            metrics.pump_empty_polls.clone(),
+        );
+        registry.register("ingress_messages", "Ingress messages (AMQP or SQS ingress queue) by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
         registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
         registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
         registry.register("redeliveries", "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued", metrics.redeliveries.clone());
@@ -159,12 +213,25 @@ impl Default for Metrics {
             "Messages waiting in a strategy's parking queue: their destination was gone when their delay ended",
             metrics.parked.clone(),
         );
-        *metrics.registry.lock().expect("fresh mutex") = registry;
+        registry.register(
+            "pending_messages",
+            "Messages waiting in each queue (level) of a strategy's topology, read from the broker every 5 s",
+            metrics.pending.clone(),
+        );
+        registry.register("delivery_lateness_seconds", "Canary probes: arrival minus due time, per strategy (service.canary)", metrics.lateness.clone());
+        registry.register("delivery_early", "Canary probes that arrived before their due time, per strategy", metrics.early.clone());
+        *metrics.registry.lock().expect("fresh mutex") = registry.registry;
+        metrics.families = registry.families;
         metrics
     }
 }
 
 impl Metrics {
+    /// The full name of every metric family, whether sampled yet or not.
+    pub fn families(&self) -> &[String] {
+        &self.families
+    }
+
     /// The strategy and destination names labels may carry from now on (the
     /// config's); any other name is counted as `other`.
     pub fn bound_labels<'a>(&self, strategies: impl IntoIterator<Item = &'a String>, destinations: impl IntoIterator<Item = &'a String>) {
@@ -187,6 +254,40 @@ impl Metrics {
 
     pub fn failed(&self, strategy: &str, destination: &str) {
         self.failed.get_or_create(&self.route(strategy, destination)).inc();
+    }
+
+    /// Messages in one of `strategy`'s queues, as last read from the broker.
+    /// The queue names come from the strategy's static topology: a bounded set.
+    pub fn set_pending(&self, strategy: &str, level: &str, messages: u64) {
+        let strategy = self.route(strategy, "").strategy;
+        self.pending.get_or_create(&Level { strategy, level: level.into() }).set(messages as i64);
+    }
+
+    /// A canary probe arrived `late` after its due time.
+    pub fn observe_lateness(&self, strategy: &str, late: Duration) {
+        let strategy = self.route(strategy, "").strategy;
+        self.lateness.get_or_create(&Strategy { strategy: strategy.clone() }).observe(late.as_secs_f64());
+        let mut recent = self.recent_lateness.lock().unwrap_or_else(|p| p.into_inner());
+        let samples = recent.entry(strategy).or_default();
+        if samples.len() == RECENT_LATENESS {
+            samples.pop_front();
+        }
+        samples.push_back(late.as_millis() as u64);
+    }
+
+    /// p50 and p99 of the newest canary probes through `strategy` (ms), and how many.
+    pub fn recent_lateness(&self, strategy: &str) -> Option<(u64, u64, usize)> {
+        let recent = self.recent_lateness.lock().unwrap_or_else(|p| p.into_inner());
+        let mut samples: Vec<u64> = recent.get(strategy)?.iter().copied().collect();
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+        (!samples.is_empty()).then(|| (at(0.5), at(0.99), samples.len()))
+    }
+
+    /// A canary probe arrived before its due time.
+    pub fn delivered_early(&self, strategy: &str) {
+        let strategy = self.route(strategy, "").strategy;
+        self.early.get_or_create(&Strategy { strategy }).inc();
     }
 
     /// A supervised background task was restarted.
@@ -265,13 +366,19 @@ impl Metrics {
         for (kind, value) in by_kind {
             raise(&self.sqs_requests.get_or_create(&Kind { kind: kind.into() }), value);
         }
-        let mut by_queue = std::collections::BTreeMap::<&str, u64>::new();
+        // Per queue: (cycles, parked, empty polls), summed over its pumps.
+        let mut by_queue = std::collections::BTreeMap::<&str, (u64, u64, u64)>::new();
         for (queue, counters) in &mirrored.pumps {
             let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-            *by_queue.entry(queue).or_default() += get(&counters.recycled) + get(&counters.handed_over);
+            let sums = by_queue.entry(queue).or_default();
+            sums.0 += get(&counters.recycled) + get(&counters.handed_over);
+            sums.1 += get(&counters.parked);
+            sums.2 += get(&counters.empty_polls);
         }
-        for (queue, value) in by_queue {
-            raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), value);
+        for (queue, (cycles, parked, empty_polls)) in by_queue {
+            raise(&self.pump_empty_polls.get_or_create(&Queue { queue: queue.into() }), empty_polls);
+            raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), cycles);
+            raise(&self.pump_parked.get_or_create(&Queue { queue: queue.into() }), parked);
         }
         for counts in &mirrored.channels {
             for (connection, open) in counts() {
@@ -299,6 +406,11 @@ pub struct RequestCounts {
     pub send_message_batch: AtomicU64,
     pub receive_message: AtomicU64,
     pub delete_message_batch: AtomicU64,
+    pub change_message_visibility_batch: AtomicU64,
+    pub list_queues: AtomicU64,
+    pub list_queue_tags: AtomicU64,
+    pub tag_queue: AtomicU64,
+    pub set_queue_attributes: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -310,12 +422,35 @@ pub struct RequestSnapshot {
     pub send_message_batch: u64,
     pub receive_message: u64,
     pub delete_message_batch: u64,
+    pub change_message_visibility_batch: u64,
+    pub list_queues: u64,
+    pub list_queue_tags: u64,
+    pub tag_queue: u64,
+    pub set_queue_attributes: u64,
 }
 
 impl RequestSnapshot {
     /// Requests that move messages (what a steady state pays for).
     pub fn message_requests(&self) -> u64 {
         self.send_message + self.send_message_batch + self.receive_message + self.delete_message_batch
+    }
+
+    /// The requests made since `earlier` was taken.
+    pub fn since(&self, earlier: &RequestSnapshot) -> RequestSnapshot {
+        RequestSnapshot {
+            get_queue_url: self.get_queue_url - earlier.get_queue_url,
+            create_queue: self.create_queue - earlier.create_queue,
+            get_queue_attributes: self.get_queue_attributes - earlier.get_queue_attributes,
+            send_message: self.send_message - earlier.send_message,
+            send_message_batch: self.send_message_batch - earlier.send_message_batch,
+            receive_message: self.receive_message - earlier.receive_message,
+            delete_message_batch: self.delete_message_batch - earlier.delete_message_batch,
+            change_message_visibility_batch: self.change_message_visibility_batch - earlier.change_message_visibility_batch,
+            list_queues: self.list_queues - earlier.list_queues,
+            list_queue_tags: self.list_queue_tags - earlier.list_queue_tags,
+            tag_queue: self.tag_queue - earlier.tag_queue,
+            set_queue_attributes: self.set_queue_attributes - earlier.set_queue_attributes,
+        }
     }
 }
 
@@ -330,13 +465,18 @@ impl RequestCounts {
             send_message_batch: get(&self.send_message_batch),
             receive_message: get(&self.receive_message),
             delete_message_batch: get(&self.delete_message_batch),
+            change_message_visibility_batch: get(&self.change_message_visibility_batch),
+            list_queues: get(&self.list_queues),
+            list_queue_tags: get(&self.list_queue_tags),
+            tag_queue: get(&self.tag_queue),
+            set_queue_attributes: get(&self.set_queue_attributes),
         }
     }
 }
 
 impl RequestCounts {
     /// Each request kind by its SQS API name, for metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 12] {
         let s = self.snapshot();
         [
             ("GetQueueUrl", s.get_queue_url),
@@ -346,6 +486,11 @@ impl RequestCounts {
             ("SendMessageBatch", s.send_message_batch),
             ("ReceiveMessage", s.receive_message),
             ("DeleteMessageBatch", s.delete_message_batch),
+            ("ChangeMessageVisibilityBatch", s.change_message_visibility_batch),
+            ("ListQueues", s.list_queues),
+            ("ListQueueTags", s.list_queue_tags),
+            ("TagQueue", s.tag_queue),
+            ("SetQueueAttributes", s.set_queue_attributes),
         ]
     }
 }
@@ -358,6 +503,10 @@ pub struct PumpCounters {
     /// Messages received more than once (a pump died, or a delete failed).
     pub redelivered: AtomicU64,
     pub failed: AtomicU64,
+    /// Messages moved to the queue's dead-letter queue with the reason they could not go on.
+    pub parked: AtomicU64,
+    /// Long polls that found nothing: the pump's idle cost.
+    pub empty_polls: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -367,6 +516,8 @@ pub struct PumpStats {
     pub handed_over: u64,
     pub redelivered: u64,
     pub failed: u64,
+    pub parked: u64,
+    pub empty_polls: u64,
 }
 
 impl PumpCounters {
@@ -378,6 +529,8 @@ impl PumpCounters {
             handed_over: get(&self.handed_over),
             redelivered: get(&self.redelivered),
             failed: get(&self.failed),
+            parked: get(&self.parked),
+            empty_polls: get(&self.empty_polls),
         }
     }
 }

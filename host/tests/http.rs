@@ -119,6 +119,11 @@ fn every_refusal_names_its_field_and_valid_requests_beside_them_are_accepted() {
         (json!({ "destination": "orders", "delay": -5 }), 400, "delay"),
         (json!({ "destination": "orders", "delay": "soon" }), 400, "delay"),
         (json!({ "destination": "orders", "delay": true }), 400, "delay"),
+        (json!({ "destination": "orders", "deliver_at": "tomorrow" }), 400, "deliver_at"),
+        (json!({ "destination": "orders", "deliver_at": 1_795_456_800_000u64 }), 400, "deliver_at"),
+        (json!({ "destination": "orders", "delay": "1s", "deliver_at": "2026-11-23T18:00:00Z" }), 400, "deliver_at"),
+        // Past the strategy's longest delay (binary levels: about 8.5 years): the planner refuses it.
+        (json!({ "destination": "orders", "deliver_at": "2100-01-01T00:00:00Z" }), 400, "deliver_at"),
         (json!({ "destination": "orders", "delay": "1s", "body": 7 }), 400, "body"),
         (json!({ "destination": "orders", "delay": "1s", "body": "%%%", "encoding": "base64" }), 400, "body"),
         (json!({ "destination": "orders", "delay": "1s", "encoding": "rot13" }), 400, "encoding"),
@@ -193,6 +198,57 @@ fn metrics_need_the_token_when_one_is_set_and_labels_stay_bounded() {
     // Without a token configured, /metrics is open like the rest.
     let open = Served::start("", None);
     assert_eq!(open.call("GET", "/metrics", None, None).0, 200);
+}
+
+/// The Grafana dashboard in examples/grafana names only metrics `serve`
+/// registers: a renamed metric fails here, not silently in a panel.
+#[test]
+fn the_grafana_dashboard_names_only_metrics_serve_exports() {
+    let metrics = hourglass::metrics::Metrics::default();
+    let registered = metrics.families();
+    let dashboard = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/grafana/hourglass.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    let mut named = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("hourglass_") {
+                let name: String = expr[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                named.push(name);
+            }
+        }
+    }
+    assert!(named.len() >= 10, "{named:?}");
+    for name in named {
+        // A counter is declared `foo` and sampled `foo_total`; a histogram `foo`, sampled `foo_bucket`.
+        let family = ["_total", "_bucket", "_sum", "_count"].iter().find_map(|suffix| name.strip_suffix(suffix)).unwrap_or(&name);
+        assert!(registered.iter().any(|r| r == family), "the dashboard names {name}, which serve does not export; registered: {registered:?}");
+    }
+}
+
+/// A browser cannot send a bearer token: with a token set, the status page
+/// asks for it as HTTP Basic's password; without the token nothing is shown.
+#[test]
+fn the_status_page_is_behind_the_token_and_a_browser_can_give_it() {
+    use base64::Engine;
+    let served = Served::start("", Some(TOKEN));
+    let (status, body) = served.call("GET", "/", None, None);
+    assert_eq!(status, 401);
+    assert!(!body.to_string().contains("<table"), "nothing of the page without the token: {body}");
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let url = format!("http://{}/", served.address);
+    let refused = agent.get(&url).call().unwrap();
+    let challenge = refused.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert!(challenge.starts_with("Basic realm=\"hourglass\""), "{challenge}");
+    let wrong = base64::engine::general_purpose::STANDARD.encode("admin:nope");
+    assert_eq!(agent.get(&url).header("Authorization", format!("Basic {wrong}")).call().unwrap().status().as_u16(), 401);
+    let right = base64::engine::general_purpose::STANDARD.encode(format!("anyone:{TOKEN}"));
+    let mut page = agent.get(&url).header("Authorization", format!("Basic {right}")).call().unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    let html = page.body_mut().read_to_string().unwrap();
+    assert!(html.contains("<tr data-strategy=\"main\">") && html.contains("graph TD"), "{html}");
+    let (status, _) = served.call("GET", "/", Some(TOKEN), None);
+    assert_eq!(status, 200, "the API's bearer token opens it too");
 }
 
 #[test]

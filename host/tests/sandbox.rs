@@ -16,7 +16,7 @@ fn request(destination: &str) -> PlanRequest {
 }
 
 fn misbehaving() -> (PlannerRuntime, hourglass::planner::LoadedPlanner) {
-    let limits = PlannerLimits { call_timeout: Duration::from_millis(50), memory_bytes: 8 << 20 };
+    let limits = PlannerLimits { call_timeout: Duration::from_millis(50), memory_bytes: 8 << 20, ..PlannerLimits::default() };
     let runtime = PlannerRuntime::new(limits, None).unwrap();
     let planner = runtime.load(&PlannerSource::File(common::wasm("misbehaving")), "{}".into()).unwrap();
     (runtime, planner)
@@ -42,6 +42,22 @@ fn an_endless_loop_is_stopped_by_the_time_budget_as_a_timeout() {
     let err = assert_fails_then_recovers("loop", "ran past its time budget of 50ms");
     assert!(err.is_timeout(), "{err:?}");
     assert!(matches!(&err, PlannerError::Timeout { function: "plan", budget, .. } if *budget == Duration::from_millis(50)), "{err:?}");
+}
+
+/// Starting an instance has a budget of its own, wider than a call's (a
+/// loaded machine must not fail a load), and a planner that loops while
+/// being configured is still stopped by it.
+#[test]
+fn a_planner_that_loops_while_configured_is_stopped_by_the_start_budget() {
+    let limits = PlannerLimits { call_timeout: Duration::from_millis(20), start_timeout: Duration::from_millis(300), memory_bytes: 8 << 20 };
+    let runtime = PlannerRuntime::new(limits, None).unwrap();
+    let started = std::time::Instant::now();
+    let err = runtime.load(&PlannerSource::File(common::wasm("misbehaving")), r#"{"configure": "loop"}"#.into()).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(&err, PlannerError::Timeout { function: "configure", budget, .. } if *budget == Duration::from_millis(300)), "{err:?}");
+    assert!(err.to_string().contains("misbehaving.wasm"), "{err}");
+    assert!(took >= Duration::from_millis(300), "stopped by the start budget, not the call budget: {took:?}");
+    runtime.load(&PlannerSource::File(common::wasm("misbehaving")), "{}".into()).expect("a well-configured load still works");
 }
 
 #[test]
@@ -234,6 +250,6 @@ async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
     let err = scheduler.schedule(ScheduleRequest { destination: "nothing".into(), ..Default::default() }).await.unwrap_err();
     assert!(matches!(err, ScheduleError::Unplannable(_)), "{err}");
     assert!(err.to_string().contains("odd"), "names the strategy: {err}");
-    assert!(scheduler.executor().arrivals().is_empty());
+    assert!(scheduler.executor().delivered("nothing").is_empty());
     scheduler.schedule(ScheduleRequest { destination: "fine".into(), ..Default::default() }).await.expect("an ordinary plan still schedules");
 }

@@ -87,12 +87,14 @@ pub fn config_text(strategy_table: &str, more: &str) -> String {
 }
 
 /// [`config_text`] on another broker URL (a [`vhost::PrivateVhost`]'s, say).
-/// Unless `more` configures `[service.ingress]`, the ingress is off: its
-/// default queues have fixed names (`hourglass.ingress`), which a test must
-/// never declare or consume on a shared broker.
+/// Unless `more` configures `[service.ingress]` or `[service.canary]`, they
+/// are off: their default queues have fixed names (`hourglass.ingress`,
+/// `hourglass-canary`), which a test must never declare or consume on a
+/// shared broker.
 pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
     let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
-    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}")
+    let canary = if more.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}")
 }
 
 /// [`config`] with more TOML after the strategy.

@@ -123,12 +123,59 @@ impl Drop for SqsDestination {
     }
 }
 
-/// A pump for `queue` running in a task until the returned sender says stop.
+/// A pump for `queue` (the config's default strategy) running in a task until the returned sender says stop.
 pub async fn spawn_pump(config: &Config, executor: Arc<SqsExecutor>, queue: &str) -> (watch::Sender<bool>, Arc<PumpCounters>) {
-    let planner = Strategies::load_one(config, "main").unwrap();
+    let planner = Strategies::load_one(config, &config.default_strategy).unwrap();
     let pump = Pump::new(executor, Box::new(planner), queue, 1).await.unwrap();
     let counters = pump.counters.clone();
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(pump.run(stopped));
     (stop, counters)
+}
+
+/// A config for `serve` on the local SQS server whose one strategy has a name
+/// of its own: other tests' pumped queues (tagged with their strategy's name)
+/// are never found and pumped by this one.
+pub fn pumps_config(strategy_table: &str, service: &str) -> (Config, String) {
+    let (text, strategy) = pumps_config_text(strategy_table, service);
+    (Config::parse(std::path::Path::new("e2e-sqs-pumps.toml"), text).expect("test config"), strategy)
+}
+
+/// The text of a [`pumps_config`], for a `serve` child process; and its strategy's name.
+pub fn pumps_config_text(strategy_table: &str, service: &str) -> (String, String) {
+    let strategy = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    // The SQS ingress's default queues have fixed names: off unless the test names its own.
+    let ingress = if service.contains("[service.sqs_ingress]") { "" } else { "\n[service.sqs_ingress]\nenabled = false\n" };
+    let canary = if service.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
+    let text = format!(
+        "default_strategy = \"{strategy}\"\n\n[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[service]\n{service}\n{ingress}{canary}\n[strategies.{strategy}]\n{strategy_table}\n",
+        endpoint()
+    );
+    (text, strategy)
+}
+
+/// Receives up to ten messages from `queue` with all their attributes (and deletes them).
+pub async fn take_messages(executor: &SqsExecutor, queue: &str) -> Vec<aws_sdk_sqs::types::Message> {
+    let url = executor.url(queue).await.unwrap().unwrap_or_else(|| panic!("{queue} does not exist"));
+    let output = executor
+        .client()
+        .receive_message()
+        .queue_url(&url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .message_attribute_names("All")
+        .send()
+        .await
+        .unwrap();
+    for message in output.messages() {
+        executor.client().delete_message().queue_url(&url).receipt_handle(message.receipt_handle().unwrap()).send().await.unwrap();
+    }
+    output.messages.unwrap_or_default()
+}
+
+/// A queue's attributes by name.
+pub async fn queue_attributes(executor: &SqsExecutor, queue: &str) -> std::collections::HashMap<String, String> {
+    let url = executor.url(queue).await.unwrap().unwrap_or_else(|| panic!("{queue} does not exist"));
+    let output = executor.client().get_queue_attributes().queue_url(url).attribute_names(QueueAttributeName::All).send().await.unwrap();
+    output.attributes().map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect()).unwrap_or_default()
 }

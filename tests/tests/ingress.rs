@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hourglass::broker::rabbitmq::consume::{Consumer, Handler, MAX_PANICS, long_string};
 use hourglass::command::Command;
-use hourglass::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
+use hourglass::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
 use hourglass::message::{Outcome, Settled};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
@@ -123,6 +123,106 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
         VALID as f64 + 1.0,
         "one plan per forwarded message, plus the absent destination's"
     );
+
+    served.stop().await;
+    for queue in [&ingress_queue, &invalid_queue] {
+        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// How late a message given a due time may arrive: binary levels count
+/// whole seconds, so up to 1 s by design, plus the 100 ms on-time window
+/// measured for the levels (tests/tests/early.rs).
+const DUE_TIME_WINDOW_MS: u64 = 1_100;
+
+fn rfc3339(unix_ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+}
+
+/// A due time instead of a delay, through the ingress (RFC 3339 with an
+/// offset, and Unix ms) and through HTTP: each arrives at or after it, never
+/// before; a time already past goes out at once; a bad one beside them is set
+/// aside naming the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_time_instead_of_a_delay_is_kept_through_the_ingress_and_http() {
+    let connection = connect().await;
+    let prefix = unique("deliver-at");
+    let ingress_queue = unique("deliver-at-in");
+    let invalid_queue = unique("deliver-at-invalid");
+    let config = config_with(
+        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\""),
+    );
+    let mut destination = Destination::declare(&connection, "deliver-at-dest").await;
+    let dest = destination.name.clone();
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+
+    let now = hourglass::clock::unix_now_ms();
+    let mut wanted: Vec<(&str, u64)> = Vec::new();
+    // 19:00 at +01:00 is 18:00 UTC: written an hour on, with the offset.
+    let with_offset = rfc3339(now + 1_500 + 3_600_000).replace('Z', "+01:00");
+    publish(
+        &channel,
+        &ingress_queue,
+        "ingress-offset",
+        vec![(DESTINATION_HEADER, long_string(&dest)), (DELIVER_AT_HEADER, long_string(&with_offset))],
+        BasicProperties::default(),
+    )
+    .await;
+    wanted.push(("ingress-offset", now + 1_500));
+    let unix_ms = now + 2_300;
+    publish(
+        &channel,
+        &ingress_queue,
+        "ingress-unix-ms",
+        vec![(DESTINATION_HEADER, long_string(&dest)), (DELIVER_AT_HEADER, AMQPValue::LongLongInt(unix_ms as i64))],
+        BasicProperties::default(),
+    )
+    .await;
+    wanted.push(("ingress-unix-ms", unix_ms));
+    publish(
+        &channel,
+        &ingress_queue,
+        "ingress-past",
+        vec![(DESTINATION_HEADER, long_string(&dest)), (DELIVER_AT_HEADER, long_string(&rfc3339(now - 60_000)))],
+        BasicProperties::default(),
+    )
+    .await;
+    wanted.push(("ingress-past", now));
+    publish(
+        &channel,
+        &ingress_queue,
+        "ingress-bad",
+        vec![(DESTINATION_HEADER, long_string(&dest)), (DELIVER_AT_HEADER, long_string("at noon"))],
+        BasicProperties::default(),
+    )
+    .await;
+    let at = now + 1_800;
+    let (status, answer) = served.http.schedule(None, serde_json::json!({ "destination": dest, "deliver_at": rfc3339(at), "body": "http" })).await;
+    assert_eq!(status, 202, "{answer}");
+    assert!(answer["due_at"].as_u64().is_some_and(|due| due >= at), "due_at is never before deliver_at: {answer}");
+    wanted.push(("http", at));
+
+    let received = destination.receive(wanted.len(), Duration::from_secs(10)).await;
+    for got in &received {
+        let body = String::from_utf8_lossy(&got.delivery.data).to_string();
+        let (_, due) = wanted.iter().find(|(name, _)| *name == body).unwrap_or_else(|| panic!("unexpected {body}"));
+        assert!(got.at_ms >= *due, "{body} arrived {} ms before its due time", due - got.at_ms);
+        assert!(got.at_ms <= due + DUE_TIME_WINDOW_MS, "{body} arrived {} ms after its due time (window {DUE_TIME_WINDOW_MS} ms)", got.at_ms - due);
+    }
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    let (status, _) = served.http.call("GET", &format!("/v1/delivered?destination={dest}"), None, None).await;
+    assert_eq!(status, 404, "RabbitMQ keeps no deliveries for hourglass to show");
+    let reader = connection.create_channel().await.unwrap();
+    let set_aside = get_at_least(&reader, &invalid_queue, 1, Duration::from_secs(10)).await;
+    assert_eq!(set_aside.len(), 1);
+    let reason = header_text(&set_aside[0], INVALID_REASON_HEADER).unwrap_or_default();
+    assert!(reason.contains("hourglass-deliver-at") && reason.contains("RFC 3339"), "{reason}");
 
     served.stop().await;
     for queue in [&ingress_queue, &invalid_queue] {

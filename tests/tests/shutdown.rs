@@ -13,7 +13,7 @@ use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::{FieldTable, ShortString};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,6 +53,8 @@ async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
     for queue in [ingress.clone(), format!("{ingress}.invalid"), input.clone(), format!("{input}.unknown"), work.clone(), format!("{work}.error")] {
         channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
     }
+    // The redelivery input is an exchange as well as a queue.
+    channel.exchange_delete(input.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
 }

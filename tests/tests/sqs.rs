@@ -2,10 +2,13 @@
 //! 2-second cycle so many cycles pass in seconds.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
+use hourglass::broker::sqs::SqsExecutor;
 use hourglass::broker::sqs::pump::{Interrupt, Pump};
 use hourglass::command::FieldValue;
+use hourglass::config::Config;
 use hourglass::scheduler::strategies::Strategies;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::sqs::*;
@@ -34,6 +37,8 @@ async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
         let scheduled = scheduler.schedule(request(&destination.name, delay, i)).await.expect("schedule");
         sent.insert(format!("body-{i}"), (i, scheduled));
     }
+    // Scheduled one after another, each first send is a batch of its own.
+    let first_sends = executor.requests.snapshot();
     let delay_queue = format!("{}-delay.fifo", destination.name);
     let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
 
@@ -50,9 +55,10 @@ async fn delays_below_at_and_across_many_cycles_arrive_on_time() {
     let stats = counters.snapshot();
     assert!(stats.recycled > 4, "the 7 s and 11 s messages cycled: {stats:?}");
     assert_eq!(stats.handed_over, 2, "{stats:?}");
+    assert_eq!((first_sends.send_message, first_sends.send_message_batch), (0, delays.len() as u64), "one batch request per first send: {first_sends:?}");
     let requests = executor.requests.snapshot();
-    assert_eq!(requests.send_message, delays.len() as u64, "one send per scheduled message: {requests:?}");
-    assert!(requests.send_message_batch >= 1, "the pump forwards in batches: {requests:?}");
+    assert_eq!(requests.send_message, 0, "{requests:?}");
+    assert!(requests.send_message_batch > first_sends.send_message_batch, "the pump forwards in batches: {requests:?}");
     assert!(requests.delete_message_batch >= 1, "and deletes in batches: {requests:?}");
     stop.send(true).unwrap();
 }
@@ -80,8 +86,8 @@ async fn invalid_inputs_fail_before_anything_is_sent() {
     let err = scheduler.schedule(request(&wrong.name, 5_000, 2)).await.unwrap_err().to_string();
     assert!(err.contains(&format!("SQS queue \"{wrong_delay_queue}\" cannot be used: DelaySeconds is 5, hourglass needs 2")), "{err}");
 
-    let sends_before = executor.requests.snapshot().send_message;
-    assert_eq!(sends_before, 0, "nothing was sent for any invalid input");
+    let requests = executor.requests.snapshot();
+    assert_eq!((requests.send_message, requests.send_message_batch), (0, 0), "nothing was sent for any invalid input: {requests:?}");
     assert!(destination.drain(Duration::from_millis(1_500)).await.is_empty());
 }
 
@@ -95,6 +101,9 @@ async fn a_pump_dying_between_send_and_delete_loses_nothing() {
     create_queue(&executor, &delay_queue, &[("FifoQueue", "true"), ("DelaySeconds", "2"), ("MessageRetentionPeriod", "345600"), ("VisibilityTimeout", "2")])
         .await;
     let scheduled = scheduler.schedule(request(&destination.name, 5_000, 0)).await.unwrap();
+    // A queue made without the high-throughput FIFO attributes (as by an earlier version) gets them.
+    let attributes = queue_attributes(&executor, &delay_queue).await;
+    assert_eq!(attributes.get("FifoThroughputLimit").map(String::as_str), Some("perMessageGroupId"), "{attributes:?}");
 
     let planner = Strategies::load_one(&config, "main").unwrap();
     let mut dying = Pump::new(executor.clone(), Box::new(planner), &delay_queue, 1).await.unwrap();
@@ -178,8 +187,8 @@ async fn the_http_api_schedules_on_sqs_and_serve_runs_the_pumps_itself() {
     use hourglass_e2e::serve::Served;
     use serde_json::json;
 
-    let text = format!("[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\n\n[service]\npump_wait = \"1s\"\n\n[strategies.main]\n{CYCLE_TABLE}\n", endpoint());
-    let config = hourglass::config::Config::parse(std::path::Path::new("e2e-sqs-serve.toml"), text).unwrap();
+    // A strategy name of its own: the service pumps every queue tagged with one of its strategies.
+    let (config, _) = pumps_config(CYCLE_TABLE, "pump_wait = \"1s\"");
     let (_, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor, "serve").await;
     let served = Served::start(Service::start(config).await.expect("service starts on SQS")).await;
@@ -201,9 +210,11 @@ async fn the_http_api_schedules_on_sqs_and_serve_runs_the_pumps_itself() {
     assert!(destination.drain(Duration::from_millis(500)).await.is_empty(), "the bad request published nothing");
 
     assert_eq!(http.metric("hourglass_messages_scheduled_total").await, 1.0);
-    assert_eq!(http.metric("hourglass_sqs_requests_total{kind=\"SendMessage\"}").await, 1.0, "one send per scheduled message");
+    assert_eq!(http.metric("hourglass_sqs_requests_total{kind=\"SendMessage\"}").await, 0.0, "first sends go in batches");
+    let batches = http.metric("hourglass_sqs_requests_total{kind=\"SendMessageBatch\"}").await;
     let cycles = http.metric("hourglass_pump_cycles_total").await;
     assert!(cycles >= 2.0, "5 s on a 2 s cycle: at least one recycle and the hand-over, counted {cycles}");
+    assert!(batches >= 1.0 + cycles, "the first send and one per cycle: {batches} batches for {cycles} cycles");
     served.stop().await;
 }
 
@@ -240,4 +251,71 @@ async fn content_type_and_custom_properties_survive_a_multi_cycle_delay() {
     assert_eq!(from_attributes(&plain.attributes).unwrap(), Properties::default(), "no properties invented");
     assert!(counters.snapshot().recycled >= 2, "the messages went around at least once: {:?}", counters.snapshot());
     stop.send(true).unwrap();
+}
+
+/// A fresh destination and `count` messages scheduled to it at once, whose
+/// first sends took at most `most_requests` batch requests; returns them by body.
+async fn burst(
+    stem: &str,
+    count: usize,
+    delay_ms: impl Fn(usize) -> u64,
+    most_requests: u64,
+) -> (Config, Arc<SqsExecutor>, SqsDestination, HashMap<String, Scheduled>) {
+    let config = sqs_config(CYCLE_TABLE);
+    let (scheduler, executor) = sqs_scheduler(&config).await;
+    let destination = SqsDestination::create(executor.clone(), stem).await;
+    let requests = (0..count).map(|i| scheduler.schedule(request(&destination.name, delay_ms(i), i)));
+    let results = futures_util::future::join_all(requests).await;
+    let first_sends = executor.requests.snapshot();
+    println!("{count} concurrent first sends: {first_sends:?}");
+    assert_eq!(first_sends.send_message, 0, "{first_sends:?}");
+    assert!(first_sends.send_message_batch <= most_requests, "{count} first sends in at most {most_requests} requests: {first_sends:?}");
+    let sent = results.into_iter().enumerate().map(|(i, result)| (format!("body-{i}"), result.unwrap_or_else(|e| panic!("schedule {i}: {e}")))).collect();
+    (config, executor, destination, sent)
+}
+
+/// Every message arrived once, none before it was due, with its attributes.
+fn assert_all_on_time(received: &[SqsReceived], sent: &HashMap<String, Scheduled>) {
+    let bodies: HashSet<&str> = received.iter().map(|r| r.body.as_str()).collect();
+    assert_eq!((received.len(), bodies.len()), (sent.len(), sent.len()), "each message exactly once");
+    for message in received {
+        let scheduled = &sent[&message.body];
+        assert!(message.at_ms >= scheduled.due_at_ms, "{} arrived {} ms early", message.body, scheduled.due_at_ms - message.at_ms);
+        let i = message.body.trim_start_matches("body-");
+        assert_eq!(message.attribute("tenant"), Some(format!("t-{i}")), "attributes intact");
+    }
+}
+
+#[tokio::test]
+async fn a_burst_of_direct_sends_to_one_destination_goes_out_in_batches() {
+    // 1 to 2 s, below the 2 s cycle: plain sends with DelaySeconds.
+    let (_, _, mut destination, sent) = burst("burst", 50, |i| 1_000 + (i as u64 % 2) * 1_000, 10).await;
+    let received = destination.receive(50, Duration::from_secs(20)).await;
+    assert_all_on_time(&received, &sent);
+    assert!(destination.drain(Duration::from_secs(1)).await.is_empty(), "nothing twice");
+}
+
+#[tokio::test]
+async fn a_burst_of_first_sends_to_a_delay_queue_goes_out_in_batches_and_keeps_fifo_ids() {
+    // 3 to 6 s, above the 2 s cycle: first sends to `<destination>-delay.fifo`. Distinct
+    // deduplication ids matter here: a batch sharing one would lose messages.
+    let (config, executor, mut destination, sent) = burst("fifoburst", 30, |i| 3_000 + (i as u64 % 4) * 1_000, 6).await;
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+    let received = destination.receive(30, Duration::from_secs(25)).await;
+    assert_all_on_time(&received, &sent);
+    assert!(counters.snapshot().handed_over >= 30, "{:?}", counters.snapshot());
+    stop.send(true).unwrap();
+}
+
+#[tokio::test]
+async fn a_destination_deleted_after_it_was_looked_up_is_reported_missing() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (scheduler, executor) = sqs_scheduler(&config).await;
+    let name = unique_queue("deleted");
+    let url = create_queue(&executor, &name, &[]).await;
+    scheduler.schedule(request(&name, 1_000, 0)).await.expect("the first send, which remembers the queue's URL");
+    executor.client().delete_queue().queue_url(&url).send().await.unwrap();
+    let err = scheduler.schedule(request(&name, 1_000, 1)).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("SQS queue {name:?} does not exist")), "{err}");
 }

@@ -148,6 +148,7 @@ pub async fn publish_to_ingress(channel: &lapin::Channel, queue: &str, destinati
 pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &str, broker: &str) -> String {
     format!(
         "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{broker}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n{strategy}\n\
-         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
+         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n\
+         [service.canary]\nenabled = false\n"
     )
 }

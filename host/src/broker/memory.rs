@@ -1,15 +1,55 @@
 //! The embedded in-memory broker: the simulator on the wall clock.
+//!
+//! It keeps what a first-time user needs to see a delay happen: each message
+//! reaching a destination is logged (destination, id, lateness) and the
+//! newest [`KEPT_PER_DESTINATION`] per destination are kept, with their
+//! bodies, for `GET /v1/delivered`. [`MemoryExecutor::run_clock`] moves the
+//! simulator along the wall clock so deliveries happen when they fall due,
+//! not when someone next looks.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
 
 use crate::clock::unix_now_ms;
-use crate::command::Command;
+use crate::command::{Command, FieldValue};
+use crate::headers::DUE_AT_HEADER;
 use crate::sim::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
 
 use super::{Envelope, Executor, ExecutorError};
+
+/// Deliveries kept per destination; older ones are dropped, so a long-running
+/// `serve` on the memory broker does not grow.
+pub const KEPT_PER_DESTINATION: usize = 100;
+
+/// A message that reached its destination on the memory broker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Delivered {
+    pub id: String,
+    pub destination: String,
+    /// Unix ms.
+    pub arrived_at_ms: u64,
+    /// From `hourglass-due-at`, when the message carries it.
+    pub due_at_ms: Option<u64>,
+    #[serde(skip)]
+    pub body: Vec<u8>,
+}
+
+impl Delivered {
+    /// Arrival minus due time; negative would be early.
+    pub fn late_ms(&self) -> Option<i64> {
+        self.due_at_ms.map(|due| self.arrived_at_ms as i64 - due as i64)
+    }
+}
 
 /// The embedded in-memory broker, on the wall clock.
 #[derive(Default)]
 pub struct MemoryExecutor {
     state: std::sync::Mutex<MemoryState>,
+    /// Told when a send may have brought the next event closer.
+    sent: Notify,
 }
 
 struct MemoryState {
@@ -17,11 +57,53 @@ struct MemoryState {
     epoch_ms: u64,
     /// Messages that fell due on pumped queues, waiting for the pump.
     due: Vec<DueSqsMessage>,
+    /// Bodies of messages in flight, by id: the simulator carries none.
+    bodies: HashMap<String, Vec<u8>>,
+    delivered: HashMap<String, VecDeque<Delivered>>,
 }
 
 impl Default for MemoryState {
     fn default() -> Self {
-        MemoryState { simulator: Simulator::new(), epoch_ms: unix_now_ms(), due: Vec::new() }
+        MemoryState { simulator: Simulator::new(), epoch_ms: unix_now_ms(), due: Vec::new(), bodies: HashMap::new(), delivered: HashMap::new() }
+    }
+}
+
+impl MemoryState {
+    /// Logs and keeps what reached a destination; forgets the bodies of what was lost.
+    fn settle(&mut self) {
+        for arrival in self.simulator.take_arrivals() {
+            let delivered = self.delivered_from(arrival);
+            match delivered.late_ms() {
+                Some(late) if late < 0 => {
+                    tracing::warn!(destination = %delivered.destination, id = %delivered.id, early_ms = -late, "delivered EARLY")
+                }
+                Some(late_ms) => tracing::info!(destination = %delivered.destination, id = %delivered.id, late_ms, "delivered"),
+                None => tracing::info!(destination = %delivered.destination, id = %delivered.id, "delivered"),
+            }
+            let kept = self.delivered.entry(delivered.destination.clone()).or_default();
+            if kept.len() == KEPT_PER_DESTINATION {
+                kept.pop_front();
+            }
+            kept.push_back(delivered);
+        }
+        for lost in self.simulator.take_lost() {
+            self.bodies.remove(&lost.message.id);
+            tracing::warn!(id = %lost.message.id, reason = %lost.reason, "message lost on the memory broker");
+        }
+    }
+
+    fn delivered_from(&mut self, arrival: Arrival) -> Delivered {
+        let due_at_ms = match arrival.message.headers.get(DUE_AT_HEADER) {
+            Some(FieldValue::Int(due)) => u64::try_from(*due).ok(),
+            _ => None,
+        };
+        Delivered {
+            body: self.bodies.remove(&arrival.message.id).unwrap_or_default(),
+            id: arrival.message.id,
+            destination: arrival.queue,
+            arrived_at_ms: self.epoch_ms + arrival.at_ms,
+            due_at_ms,
+        }
     }
 }
 
@@ -32,6 +114,7 @@ impl MemoryExecutor {
         let at = unix_now_ms().saturating_sub(state.epoch_ms);
         let due = state.simulator.advance_to(at);
         state.due.extend(due);
+        state.settle();
         state
     }
 
@@ -40,16 +123,35 @@ impl MemoryExecutor {
         std::mem::take(&mut self.now().due)
     }
 
-    /// A destination queue whose arrivals are kept for [`Self::arrivals`].
+    /// A destination queue whose arrivals are kept for [`Self::delivered`].
     pub fn declare_destination(&self, name: &str) {
         let mut state = self.now();
         state.simulator.declare_destination_queue(name);
         state.simulator.declare_destination_sqs_queue(name);
     }
 
-    /// Messages that reached destinations so far.
-    pub fn arrivals(&self) -> Vec<Arrival> {
-        self.now().simulator.arrivals().to_vec()
+    /// The newest messages that reached `destination`, oldest first.
+    pub fn delivered(&self, destination: &str) -> Vec<Delivered> {
+        self.now().delivered.get(destination).map_or_else(Vec::new, |kept| kept.iter().cloned().collect())
+    }
+
+    /// Moves the simulator along the wall clock until `stop` turns true, so
+    /// each delivery is logged when it falls due.
+    pub async fn run_clock(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        // An idle broker still looks now and then; a send wakes it at once.
+        const IDLE: Duration = Duration::from_secs(1);
+        while !*stop.borrow() {
+            let wait = {
+                let state = self.now();
+                let now = unix_now_ms().saturating_sub(state.epoch_ms);
+                state.simulator.next_event_ms().map_or(IDLE, |next| Duration::from_millis(next.saturating_sub(now)).min(IDLE))
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.sent.notified() => {}
+                _ = stop.changed() => {}
+            }
+        }
     }
 }
 
@@ -75,7 +177,16 @@ impl Executor for MemoryExecutor {
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let mut state = self.now();
         let message = SimMessage::new(&envelope.id, envelope.headers.clone());
-        commands.iter().try_for_each(|c| state.simulator.execute(c, message.clone())).map_err(to_executor_error)
+        state.bodies.insert(envelope.id.clone(), envelope.body.clone());
+        let sent = commands.iter().try_for_each(|c| state.simulator.execute(c, message.clone())).map_err(to_executor_error);
+        if sent.is_err() {
+            state.bodies.remove(&envelope.id);
+        }
+        // A delay of none arrives within the send.
+        state.settle();
+        drop(state);
+        self.sent.notify_one();
+        sent
     }
 }
 
@@ -94,7 +205,25 @@ mod tests {
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
         let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default(), stamp_message_id: true };
         broker.send(&[publish], &envelope).await.unwrap();
-        assert_eq!(broker.arrivals()[0].message.id, "m1");
+        let delivered = broker.delivered("dest");
+        assert_eq!((delivered[0].id.as_str(), delivered[0].body.as_slice()), ("m1", b"hi".as_slice()));
         assert!(broker.take_due().is_empty());
+    }
+
+    #[tokio::test]
+    async fn only_the_newest_deliveries_are_kept_and_bodies_are_not_held_after() {
+        let broker = MemoryExecutor::default();
+        broker.declare_destination("dest");
+        let publish =
+            Command::Publish { exchange: String::new(), routing_key: "dest".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
+        for n in 0..KEPT_PER_DESTINATION + 5 {
+            let envelope =
+                Envelope { id: format!("m{n}"), body: vec![b'x'; 10], headers: FieldTable::new(), properties: Default::default(), stamp_message_id: true };
+            broker.send(std::slice::from_ref(&publish), &envelope).await.unwrap();
+        }
+        let delivered = broker.delivered("dest");
+        assert_eq!(delivered.len(), KEPT_PER_DESTINATION);
+        assert_eq!(delivered[0].id, "m5", "the oldest five were dropped");
+        assert!(broker.state.lock().unwrap().bodies.is_empty(), "no body outlives its delivery");
     }
 }

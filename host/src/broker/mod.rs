@@ -75,6 +75,11 @@ pub trait Executor {
     fn queue_depth(&self, _queue: &str) -> impl Future<Output = Option<u64>> + Send {
         async { None }
     }
+    /// Marks `queue` as pumped by `strategy` on the broker itself, so any host
+    /// finds and pumps it after a restart (brokers with pumped queues only).
+    fn mark_pumped(&self, _queue: &str, _strategy: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
@@ -105,8 +110,9 @@ impl Broker {
                 let channels = publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS);
                 Ok(Broker::RabbitMq(RabbitMqExecutor::connect_with(&url, channels).await?))
             }
-            BrokerConfig::Sqs { region, endpoint_url } => {
-                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref()).await?;
+            BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
+                let window = send_batch_window.map_or(sqs::batcher::DEFAULT_WINDOW, |d| std::time::Duration::from_millis(d.ms()));
+                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), window).await?;
                 Ok(Broker::Sqs(std::sync::Arc::new(executor)))
             }
         }
@@ -139,11 +145,18 @@ impl Executor for Broker {
 
     async fn queue_depth(&self, queue: &str) -> Option<u64> {
         match self {
-            Broker::Memory(_) | Broker::Sqs(_) => None,
+            Broker::Memory(_) => None,
             Broker::RabbitMq(r) => r.queue_depth(queue).await,
+            Broker::Sqs(s) => s.queue_depth(queue).await,
         }
     }
 
+    async fn mark_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
+        match self {
+            Broker::Memory(_) | Broker::RabbitMq(_) => Ok(()),
+            Broker::Sqs(s) => s.tag_pumped(queue, strategy).await,
+        }
+    }
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         match self {
             Broker::Memory(m) => m.apply(commands).await,

@@ -13,6 +13,7 @@ use hourglass::scheduler::strategies::Strategies;
 use hourglass_planner_sdk::parse_duration_ms;
 
 mod check_planner;
+mod inspect;
 mod plan;
 mod progress;
 mod pump;
@@ -74,16 +75,32 @@ enum Commands {
     Redelivery(redelivery::Args),
     /// List the configured strategies and their planners.
     Strategies(strategies::Args),
+    /// Show how many messages wait in each strategy's queues on RabbitMQ now.
+    Inspect(inspect::Args),
 }
 
-/// `--to DEST --delay DUR`, as `plan` and `schedule` take them.
+/// `--to DEST` and `--delay DUR` or `--at TIME`, as `plan` and `schedule` take them.
 #[derive(clap::Args)]
 struct DelayedMessage {
     #[arg(long = "to", value_name = "DEST")]
     destination: String,
     /// `10s`, `1500ms`, `2h 5m` or milliseconds.
-    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
-    delay: u64,
+    #[arg(long, value_parser = duration_arg, value_name = "DUR", required_unless_present = "at", conflicts_with = "at")]
+    delay: Option<u64>,
+    /// The due time instead of a delay, RFC 3339: `2026-11-23T18:00:00Z`, `2026-11-23T19:00:00+01:00`.
+    #[arg(long, value_parser = hourglass::clock::parse_rfc3339_ms, value_name = "TIME")]
+    at: Option<u64>,
+}
+
+impl DelayedMessage {
+    /// The delay asked for, or what is left until `--at` now (none once it has passed).
+    fn delay_ms_from_now(&self) -> u64 {
+        match (self.delay, self.at) {
+            (Some(delay), _) => delay,
+            (None, Some(at)) => at.saturating_sub(hourglass::clock::unix_now_ms()),
+            (None, None) => unreachable!("clap requires --delay or --at"),
+        }
+    }
 }
 
 fn duration_arg(text: &str) -> Result<u64, String> {
@@ -124,7 +141,9 @@ fn init_logging(format: LogFormat, default_filter: &str) {
         Ok("human") => LogFormat::Human,
         _ => format,
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: escape codes in a journal or a log file are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Human => builder.init(),
@@ -164,5 +183,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Serve(args) => serve::run(&cli, args),
         Commands::Redelivery(args) => redelivery::run(&cli, args),
         Commands::Strategies(args) => strategies::run(&cli, args),
+        Commands::Inspect(args) => inspect::run(&cli, args),
     }
 }

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use hourglass::planner::{BrokerFamily, PlanRequest};
 use hourglass::render;
+use hourglass::sim::cost::SqsCost;
 use hourglass::sim::simulation::Simulation;
-use hourglass::sim::{Hop, HopStep};
 
 use super::{Cli, DelayedMessage, TextOrJson, load, pick, print_json};
 
@@ -22,14 +22,15 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
-    let Args { message: DelayedMessage { destination, delay }, format, price_per_million } = args;
+    let Args { message, format, price_per_million } = args;
+    let (destination, delay) = (&message.destination, &message.delay_ms_from_now());
     let (config, mut strategies) = load(cli)?;
     let (name, planner) = pick(cli, &config, &mut strategies, Some(destination))?;
     let request = PlanRequest { destination: destination.clone(), delay_ms: *delay, message_id: "plan-preview".into(), routing_key: None };
     let plan = planner.plan(&request)?;
     let info = planner.info().clone();
     let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);
-    let cost = (info.family == BrokerFamily::Sqs).then(|| sqs_cost(&simulated.hops, *price_per_million));
+    let cost = (info.family == BrokerFamily::Sqs).then(|| SqsCost::of_route(&simulated.hops, *price_per_million));
     match format {
         TextOrJson::Json => print_json(&serde_json::json!({
             "strategy": name,
@@ -57,27 +58,11 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             }
             if let Some(cost) = cost {
                 println!(
-                    "SQS requests: {} (1 send + {} pump visits x 3: receive, send, delete); ${:.7} at ${} per million",
-                    cost.requests, cost.pump_visits, cost.cost_usd, cost.price_per_million_usd
+                    "SQS requests: {} alone (1 send + {} pump visits x 3: receive, send, delete), {:.1} in a busy queue (ten to a request); ${:.7} to ${:.7} at ${} per million",
+                    cost.requests_alone, cost.pump_visits, cost.requests_in_batches, cost.cost_usd_in_batches, cost.cost_usd_alone, cost.price_per_million_usd
                 );
             }
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[derive(serde::Serialize)]
-struct SqsCost {
-    pump_visits: u64,
-    requests: u64,
-    price_per_million_usd: f64,
-    cost_usd: f64,
-}
-
-/// The SQS bill of one message: its first send, then a receive, a send and a
-/// delete each time it surfaces on a pumped queue.
-fn sqs_cost(hops: &[Hop], price_per_million: f64) -> SqsCost {
-    let pump_visits = hops.iter().filter(|h| matches!(h.step, HopStep::Pump { .. })).count() as u64;
-    let requests = 1 + 3 * pump_visits;
-    SqsCost { pump_visits, requests, price_per_million_usd: price_per_million, cost_usd: requests as f64 * price_per_million / 1e6 }
 }

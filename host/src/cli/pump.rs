@@ -49,6 +49,7 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut counters = Vec::new();
+    let settings = hourglass::service::pump_settings(config);
     for destination in destinations {
         scheduler.prepare_destination(strategy, destination).await?;
         let planner = Strategies::load_one(config, strategy)?;
@@ -61,7 +62,9 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
             })
             .collect();
         for queue in pumped {
-            let pump = Pump::new(executor.clone(), Box::new(Strategies::load_one(config, strategy)?), &queue, wait_seconds).await?;
+            let prepared = executor.prepare_pumped(&queue, &settings, true).await?;
+            let pump =
+                Pump::new(executor.clone(), Box::new(Strategies::load_one(config, strategy)?), &queue, wait_seconds).await?.prepared(&prepared, &settings);
             eprintln!("pumping {queue}");
             counters.push(pump.counters.clone());
             tasks.push(tokio::spawn(pump.run(stopped.clone())));

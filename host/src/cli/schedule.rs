@@ -30,13 +30,15 @@ pub struct Args {
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
-    let Args { message: DelayedMessage { destination, delay }, body, body_file, headers, content_type, format } = args;
+    let Args { message, body, body_file, headers, content_type, format } = args;
+    let DelayedMessage { destination, .. } = message;
     let (config, strategies) = load(cli)?;
     let body = read_body(body, body_file)?;
     let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
     let request = ScheduleRequest {
         destination: destination.clone(),
-        delay_ms: *delay,
+        delay_ms: message.delay.unwrap_or_default(),
+        deliver_at_ms: message.at,
         body,
         headers: headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))).collect(),
         properties,
@@ -60,7 +62,8 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             "delivers_after_ms": scheduled.delivers_after_ms,
         }))?,
         TextOrJson::Table => {
-            println!("scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(*delay))
+            let due_in = message.delay.unwrap_or_else(|| scheduled.due_at_ms.saturating_sub(hourglass::clock::unix_now_ms()));
+            println!("scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(due_in))
         }
     }
     Ok(ExitCode::SUCCESS)

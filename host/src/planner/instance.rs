@@ -9,7 +9,7 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use super::PlannerError;
 use super::bindings::hourglass::planner::{diagnostics, types as wit};
 use super::bindings::{PlannerWorld, PlannerWorldPre};
-use super::runtime::PlannerLimits;
+use super::runtime::{PlannerLimits, deadline_ticks};
 use crate::command::{Command, DueAction, DueMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -284,7 +284,7 @@ impl LoadedPlanner {
             StoreState { limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(), panic_message: None };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
-        store.set_epoch_deadline(self.limits.deadline_ticks());
+        store.set_epoch_deadline(deadline_ticks(self.limits.start_timeout));
         let world = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiate", e, None))?;
         // `plan` is called with `PlanRequestRef` (see `PlannerInstance::plan`): check once that it fits.
         world
@@ -307,7 +307,8 @@ impl LoadedPlanner {
         let reason = if let Some(message) = panic {
             format!("panicked: {message}")
         } else if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            return PlannerError::Timeout { planner, function, budget: self.limits.call_timeout };
+            let budget = if matches!(function, "instantiate" | "configure") { self.limits.start_timeout } else { self.limits.call_timeout };
+            return PlannerError::Timeout { planner, function, budget };
         } else if format!("{err:?}").contains("forcing trap when growing memory") {
             format!("ran out of its memory limit of {} bytes", self.limits.memory_bytes)
         } else {
@@ -366,7 +367,7 @@ impl PlannerInstance<'_> {
             self.live = Some(planner.instantiate()?.0);
         }
         let live = self.live.as_mut().expect("just made live");
-        live.store.set_epoch_deadline(planner.limits.deadline_ticks());
+        live.store.set_epoch_deadline(deadline_ticks(planner.limits.call_timeout));
         match f(&live.world, &mut live.store) {
             Ok(result) => Ok(result),
             Err(err) => {

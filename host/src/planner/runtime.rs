@@ -27,20 +27,24 @@ pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
 pub struct PlannerLimits {
     /// Wall-clock budget of one call.
     pub call_timeout: Duration,
+    /// Wall-clock budget to instantiate and configure one instance. It is
+    /// spent once per instance (at load, and after a trap discards one), so
+    /// it is wider than a call's: a busy host or a large component must not
+    /// fail a load that a quiet machine passes.
+    pub start_timeout: Duration,
     /// Linear memory a planner may grow to. A Rust planner needs about 1.1 MiB to start.
     pub memory_bytes: usize,
 }
 
 impl Default for PlannerLimits {
     fn default() -> Self {
-        PlannerLimits { call_timeout: Duration::from_millis(100), memory_bytes: 16 << 20 }
+        PlannerLimits { call_timeout: Duration::from_millis(100), start_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }
     }
 }
 
-impl PlannerLimits {
-    pub(crate) fn deadline_ticks(&self) -> u64 {
-        (self.call_timeout.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
-    }
+/// Epoch ticks for a wall-clock budget (one more, so a call never gets less).
+pub(crate) fn deadline_ticks(budget: Duration) -> u64 {
+    (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
 }
 
 /// Where a planner's component comes from: the binary, or a file.

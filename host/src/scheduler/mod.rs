@@ -54,6 +54,9 @@ pub enum ScheduleError {
 pub struct ScheduleRequest {
     pub destination: String,
     pub delay_ms: u64,
+    /// Deliver at this Unix ms instead of after `delay_ms`: the delay is what
+    /// is left of it when the request is planned (none once it has passed).
+    pub deliver_at_ms: Option<u64>,
     pub body: Vec<u8>,
     pub headers: FieldTable,
     /// The producer's properties, carried untouched (their own headers included, of any type).
@@ -255,6 +258,18 @@ impl<E: Executor> Scheduler<E> {
         prepared.reconnects == self.executor.reconnects() && prepared.topology.contains(strategy)
     }
 
+    /// Per strategy, the queues of its static topology where messages wait,
+    /// with their TTL; strategies with none (SQS ones) are left out.
+    pub fn waiting_queues(&self) -> BTreeMap<String, Vec<(String, Option<u64>)>> {
+        self.strategy_names()
+            .into_iter()
+            .filter_map(|strategy| {
+                let queues = crate::command::waiting_queues(&self.topology_of(&strategy).unwrap_or_default());
+                (!queues.is_empty()).then_some((strategy, queues))
+            })
+            .collect()
+    }
+
     /// Per strategy, its parking queues (where messages whose destination vanished wait).
     pub fn parking_queues(&self) -> BTreeMap<String, Vec<String>> {
         self.queues_per_strategy(crate::command::parking_queues)
@@ -338,11 +353,15 @@ impl<E: Executor> Scheduler<E> {
         if self.declaring {
             self.executor.apply(&setup).await?;
         }
-        if let Some(report) = self.pumped_queues.get() {
-            for command in &setup {
-                if let Command::SqsEnsureQueue { name, pumped: true, .. } = command {
-                    let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.clone(), config: generation.config.clone() });
-                }
+        for command in &setup {
+            let Command::SqsEnsureQueue { name, pumped: true, .. } = command else { continue };
+            // Tagged before any message is accepted, so a host that dies right
+            // after still leaves the queue where the next one will find it.
+            if self.declaring {
+                self.executor.mark_pumped(name, strategy).await?;
+            }
+            if let Some(report) = self.pumped_queues.get() {
+                let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.clone(), config: generation.config.clone() });
             }
         }
         prepared.destinations.insert((strategy.to_string(), destination.to_string()));
@@ -383,6 +402,10 @@ impl<E: Executor> Scheduler<E> {
     /// Everything up to the publish: preparation on first use, the plan, the envelope.
     async fn plan(&self, mut request: ScheduleRequest) -> Result<(Scheduled, Vec<Command>, Envelope), ScheduleError> {
         let generation = self.generation();
+        if let Some(at) = request.deliver_at_ms {
+            // Counted from before the declares and the publish, so it can only come out later.
+            request.delay_ms = at.saturating_sub(unix_now_ms());
+        }
         validate::check(&mut request, &generation.reserved).map_err(ScheduleError::Invalid)?;
         let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(&request.destination));
         generation.check_strategy(&strategy)?;

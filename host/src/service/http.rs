@@ -19,7 +19,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Service;
-use crate::broker::ExecutorError;
+use crate::broker::memory::KEPT_PER_DESTINATION;
+use crate::broker::{Broker, ExecutorError};
 use crate::command::FieldValue;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
@@ -81,8 +82,18 @@ fn parse_delay(value: &Value) -> Result<u64, ApiError> {
     match value {
         Value::String(text) => hourglass_planner_sdk::parse_duration_ms(text).map_err(|e| ApiError::bad("delay", e)),
         Value::Number(n) => n.as_u64().ok_or_else(|| ApiError::bad("delay", format!("{n} is not a non-negative whole number of milliseconds"))),
-        Value::Null => Err(ApiError::bad("delay", "missing: give \"10s\" or milliseconds")),
+        Value::Null => Err(ApiError::bad("delay", "missing: give \"10s\" or milliseconds (or deliver_at, an RFC 3339 time)")),
         other => Err(ApiError::bad("delay", format!("{other} is neither a duration string nor milliseconds"))),
+    }
+}
+
+/// When the message is due: after `delay`, or at `deliver_at` (RFC 3339); exactly one.
+fn parse_timing(object: &serde_json::Map<String, Value>) -> Result<(u64, Option<u64>), ApiError> {
+    match (object.get("delay"), object.get("deliver_at")) {
+        (Some(_), Some(_)) => Err(ApiError::bad("deliver_at", "give either delay or deliver_at, not both")),
+        (None, Some(Value::String(text))) => Ok((0, Some(crate::clock::parse_rfc3339_ms(text).map_err(|e| ApiError::bad("deliver_at", e))?))),
+        (None, Some(_)) => Err(ApiError::bad("deliver_at", "must be an RFC 3339 string such as \"2026-11-23T18:00:00Z\"")),
+        (delay, None) => Ok((parse_delay(delay.unwrap_or(&Value::Null))?, None)),
     }
 }
 
@@ -90,7 +101,7 @@ fn parse_delay(value: &Value) -> Result<u64, ApiError> {
 fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
     let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object"))?;
-    const FIELDS: [&str; 6] = ["destination", "delay", "body", "encoding", "headers", "strategy"];
+    const FIELDS: [&str; 7] = ["destination", "delay", "deliver_at", "body", "encoding", "headers", "strategy"];
     if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: {}", FIELDS.join(", "))));
     }
@@ -99,7 +110,7 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
         Some(_) => return Err(ApiError::bad("destination", "must be a non-empty string")),
         None => return Err(ApiError::bad("destination", "missing")),
     };
-    let delay_ms = parse_delay(object.get("delay").unwrap_or(&Value::Null))?;
+    let (delay_ms, deliver_at_ms) = parse_timing(object)?;
     let text = match object.get("body") {
         Some(Value::String(b)) => b.as_str(),
         None => "",
@@ -133,7 +144,7 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(ApiError::bad("strategy", "must be a string")),
     };
-    Ok(ScheduleRequest { destination, delay_ms, body, headers, strategy, ..Default::default() })
+    Ok(ScheduleRequest { destination, delay_ms, deliver_at_ms, body, headers, strategy, ..Default::default() })
 }
 
 /// Largest `POST /v1/messages` request read; base64 makes a 256 KiB body
@@ -204,6 +215,7 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
         return ApiError::bad("strategy", format!("unknown strategy {strategy:?}")).into_response();
     }
     let strategy = request.strategy.clone().unwrap_or_else(|| scheduler.strategy_for(&destination));
+    let timed_by_deliver_at = request.deliver_at_ms.is_some();
     let started = Instant::now();
     let result = scheduler.schedule(request).await;
     service.metrics.observe_schedule(started.elapsed());
@@ -215,7 +227,12 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
         }
         Err(err) => {
             service.metrics.failed(&strategy, &destination);
-            schedule_error(err).into_response()
+            let mut err = schedule_error(err);
+            if timed_by_deliver_at && err.field == Some("delay") {
+                // The delay was worked out from deliver_at: name what the client sent.
+                err.field = Some("deliver_at");
+            }
+            err.into_response()
         }
     }
 }
@@ -265,6 +282,75 @@ async fn get_redelivery(State(service): State<Arc<Service>>, headers: HeaderMap)
     axum::Json(json!({ "input": input, "queues": service.redelivery_status() })).into_response()
 }
 
+/// The memory broker's newest deliveries to a destination: what a first-time
+/// user reads to see a delay happen. Other brokers keep none (consume the queue).
+async fn get_delivered(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let Some(destination) = query.get("destination").filter(|d| !d.is_empty()) else {
+        return ApiError::bad("destination", "missing").into_response();
+    };
+    let Broker::Memory(memory) = service.scheduler.executor() else {
+        let message = "only the embedded memory broker keeps delivered messages; on RabbitMQ or SQS, consume the destination queue";
+        return ApiError { status: StatusCode::NOT_FOUND, field: None, message: message.into() }.into_response();
+    };
+    let messages: Vec<Value> = memory
+        .delivered(destination)
+        .into_iter()
+        .map(|delivered| {
+            let (body, encoding) = match String::from_utf8(delivered.body.clone()) {
+                Ok(text) => (text, "text"),
+                Err(_) => (base64::engine::general_purpose::STANDARD.encode(&delivered.body), "base64"),
+            };
+            json!({
+                "id": delivered.id,
+                "arrived_at": delivered.arrived_at_ms,
+                "due_at": delivered.due_at_ms,
+                "late_ms": delivered.late_ms(),
+                "body": body,
+                "encoding": encoding,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "destination": destination, "kept_at_most": KEPT_PER_DESTINATION, "messages": messages })).into_response()
+}
+
+/// Every strategy's queue depths, from the last reading (every 5 s), never
+/// read per request: `?strategy=` narrows it to one.
+async fn get_delays(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let mut strategies = service.pending();
+    if let Some(wanted) = query.get("strategy") {
+        if !service.scheduler.strategy_names().contains(wanted) {
+            return ApiError::bad("strategy", format!("unknown strategy {wanted:?}")).into_response();
+        }
+        strategies.retain(|s| &s.strategy == wanted);
+    }
+    axum::Json(json!({ "strategies": strategies })).into_response()
+}
+
+/// The status page. With a token set, a browser is asked for it as the
+/// password of HTTP Basic (any user name); the API's bearer token works too.
+async fn status_page(State(service): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    if let Some(token) = &service.token {
+        let basic = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Basic "))
+            .and_then(|encoded| base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok())
+            .and_then(|decoded| String::from_utf8(decoded).ok())
+            .and_then(|pair| pair.split_once(':').map(|(_, password)| password == token));
+        if basic != Some(true) && authorize(&service, &headers).is_err() {
+            let challenge = [(axum::http::header::WWW_AUTHENTICATE, "Basic realm=\"hourglass\", charset=\"UTF-8\"")];
+            return (StatusCode::UNAUTHORIZED, challenge, "the status page needs the token: any user name, the token as password").into_response();
+        }
+    }
+    ([(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")], super::status::page(&service).await).into_response()
+}
+
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -297,11 +383,14 @@ async fn get_metrics(State(service): State<Arc<Service>>, headers: HeaderMap) ->
 
 pub fn router(service: Arc<Service>) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/v1/messages", post(post_message))
         .route("/v1/plan", get(get_plan))
         .route("/v1/topology", get(get_topology))
         .route("/v1/reload", post(post_reload))
         .route("/v1/redelivery", get(get_redelivery))
+        .route("/v1/delivered", get(get_delivered))
+        .route("/v1/delays", get(get_delays))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(get_metrics))

@@ -1,5 +1,6 @@
 //! AMQP ingress: any AMQP client hands hourglass a message to delay by
-//! publishing it to one queue, with the destination and delay in headers.
+//! publishing it to one queue, with the destination and the delay (or the
+//! due time, `hourglass-deliver-at`) in headers.
 //!
 //! Each message is planned and forwarded through the scheduler, and acked only
 //! after the broker confirmed the forward. A message that cannot be scheduled
@@ -14,27 +15,38 @@
 //! bounds the messages in flight. The [`Consumer`] carries out each
 //! [`Outcome`] and sets aside a message this handler keeps panicking on.
 //!
+//! The same handler runs under the SQS consumer for the SQS ingress queue
+//! ([`Ingress::for_sqs`]): there the producer's plain attributes stay plain
+//! attributes on the way to the destination.
+//!
 //! [`Consumer`]: crate::broker::rabbitmq::consume::Consumer
 
 use std::sync::Arc;
 
-use crate::broker::rabbitmq::consume::Handler;
 use crate::broker::{Broker, ExecutorError};
-use crate::command::Command;
+use crate::clock::parse_rfc3339_ms;
+use crate::command::{Command, FieldValue};
 use crate::config::IngressConfig;
-use crate::headers::{DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
-use crate::message::{Delivery, Outcome, Properties, Settled};
+use crate::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
+use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 /// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Ingress {
     config: IngressConfig,
     scheduler: Arc<Scheduler<Broker>>,
+    /// Text and whole-number headers travel as plain headers (SQS attributes), not typed properties.
+    plain_headers: bool,
 }
 
 impl Ingress {
     pub fn new(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
-        Arc::new(Ingress { config, scheduler })
+        Arc::new(Ingress { config, scheduler, plain_headers: false })
+    }
+
+    /// The handler of the SQS ingress queue.
+    pub fn for_sqs(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
+        Arc::new(Ingress { config, scheduler, plain_headers: true })
     }
 
     fn set_aside(&self, reason: &str) -> Outcome {
@@ -100,10 +112,20 @@ impl Handler for Ingress {
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {
         self.scheduler.metrics().ingress_started();
-        let request = match parse(delivery) {
+        let mut request = match parse(delivery) {
             Ok(request) => request,
             Err(reason) => return (self.set_aside(&reason), ()),
         };
+        if self.plain_headers {
+            let typed = std::mem::take(&mut request.properties.headers);
+            for (name, value) in typed {
+                match (value.as_text(), &value) {
+                    (Some(text), _) => _ = request.headers.insert(name, FieldValue::Text(text)),
+                    (None, HeaderValue::I64(number)) => _ = request.headers.insert(name, FieldValue::Int(*number)),
+                    _ => _ = request.properties.headers.insert(name, value),
+                }
+            }
+        }
         let destination = request.destination.clone();
         let strategy = request.strategy.clone().unwrap_or_else(|| self.scheduler.strategy_for(&destination));
         let metrics = self.scheduler.metrics();
@@ -149,14 +171,27 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
         None => return Err(format!("missing header {DESTINATION_HEADER}")),
         Some(value) => value.as_text().filter(|d| !d.is_empty()).ok_or_else(|| format!("header {DESTINATION_HEADER}: must be a non-empty string"))?,
     };
-    let delay_ms = match headers.remove(REQUESTED_DELAY_HEADER) {
-        None => return Err(format!("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds)")),
-        Some(value) => match (value.as_text(), value.as_whole_number()) {
-            (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {REQUESTED_DELAY_HEADER}: {e}"))?,
-            (None, Some(ms)) if ms >= 0 && ms <= u64::MAX as i128 => ms as u64,
-            (None, Some(ms)) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {ms} is negative")),
-            (None, None) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {value:?} is neither a duration string nor whole milliseconds")),
-        },
+    let (delay_ms, deliver_at_ms) = match (headers.remove(REQUESTED_DELAY_HEADER), headers.remove(DELIVER_AT_HEADER)) {
+        (None, None) => {
+            return Err(format!("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds) or {DELIVER_AT_HEADER} (an RFC 3339 time)"));
+        }
+        (Some(_), Some(_)) => return Err(format!("headers {REQUESTED_DELAY_HEADER} and {DELIVER_AT_HEADER}: give one, not both")),
+        (Some(value), None) => (
+            match (value.as_text(), value.as_whole_number()) {
+                (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {REQUESTED_DELAY_HEADER}: {e}"))?,
+                (None, Some(ms)) => whole_ms(REQUESTED_DELAY_HEADER, ms)?,
+                (None, None) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {value:?} is neither a duration string nor whole milliseconds")),
+            },
+            None,
+        ),
+        (None, Some(value)) => (
+            0,
+            Some(match (value.as_text(), value.as_whole_number()) {
+                (Some(text), _) => parse_rfc3339_ms(&text).map_err(|e| format!("header {DELIVER_AT_HEADER}: {e}"))?,
+                (None, Some(ms)) => whole_ms(DELIVER_AT_HEADER, ms)?,
+                (None, None) => return Err(format!("header {DELIVER_AT_HEADER}: {value:?} is neither an RFC 3339 time nor whole Unix milliseconds")),
+            }),
+        ),
     };
     let strategy = match headers.remove(STRATEGY_HEADER) {
         None => None,
@@ -164,10 +199,15 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
     };
     if let Some(reserved) = headers.keys().find(|k| is_reserved(k)) {
         return Err(format!(
-            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER} and {STRATEGY_HEADER} may be set by a producer"
+            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER}, {DELIVER_AT_HEADER} and {STRATEGY_HEADER} may be set by a producer"
         ));
     }
-    Ok(ScheduleRequest { destination, delay_ms, body: body.to_vec(), headers: Default::default(), properties, strategy, ..Default::default() })
+    Ok(ScheduleRequest { destination, delay_ms, deliver_at_ms, body: body.to_vec(), headers: Default::default(), properties, strategy, ..Default::default() })
+}
+
+/// A header's whole number as milliseconds: a delay, or a Unix time.
+fn whole_ms(header: &str, number: i128) -> Result<u64, String> {
+    u64::try_from(number).map_err(|_| format!("header {header}: {number} is not a whole number of milliseconds from 0 up"))
 }
 
 #[cfg(test)]
@@ -237,6 +277,15 @@ mod tests {
     }
 
     #[test]
+    fn a_due_time_is_read_as_rfc_3339_or_unix_milliseconds() {
+        let text = properties(&[(DESTINATION_HEADER, HeaderValue::text("d")), (DELIVER_AT_HEADER, HeaderValue::text("2026-11-23T19:00:00.5+01:00"))]);
+        let request = parse_parts(text, b"").unwrap();
+        assert_eq!((request.deliver_at_ms, request.delay_ms), (Some(1_795_456_800_500), 0));
+        let number = properties(&[(DESTINATION_HEADER, HeaderValue::text("d")), (DELIVER_AT_HEADER, HeaderValue::I64(1_795_456_800_500))]);
+        assert_eq!(parse_parts(number, b"").unwrap().deliver_at_ms, Some(1_795_456_800_500));
+    }
+
+    #[test]
     fn each_bad_message_is_refused_with_a_reason_naming_the_header() {
         let cases: Vec<(Vec<(&str, HeaderValue)>, &str)> = vec![
             (vec![(REQUESTED_DELAY_HEADER, HeaderValue::text("1s"))], "missing header hourglass-destination"),
@@ -246,7 +295,20 @@ mod tests {
                 "hourglass-destination: must be a non-empty",
             ),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::text("soon"))], "hourglass-delay:"),
-            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(-5))], "is negative"),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::I32(-5))], "-5 is not a whole number"),
+            (
+                vec![(DESTINATION_HEADER, HeaderValue::text("d")), (DELIVER_AT_HEADER, HeaderValue::text("at noon"))],
+                "hourglass-deliver-at: \"at noon\" is not an RFC 3339",
+            ),
+            (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (DELIVER_AT_HEADER, HeaderValue::I64(-1))], "hourglass-deliver-at: -1 is not"),
+            (
+                vec![
+                    (DESTINATION_HEADER, HeaderValue::text("d")),
+                    (REQUESTED_DELAY_HEADER, HeaderValue::text("1s")),
+                    (DELIVER_AT_HEADER, HeaderValue::text("2026-11-23T18:00:00Z")),
+                ],
+                "give one, not both",
+            ),
             (vec![(DESTINATION_HEADER, HeaderValue::text("d")), (REQUESTED_DELAY_HEADER, HeaderValue::Bool(true))], "neither a duration"),
             (
                 vec![

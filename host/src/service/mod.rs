@@ -6,9 +6,11 @@
 //!   nothing is published; a broker that cannot be reached gives `503`.
 //! * [`startup`]: what [`Service::start`] runs for a config — planners,
 //!   broker, topology, and the background tasks: the AMQP [`ingress`] and
-//!   [`redelivery`] consumers on RabbitMQ, a pump for every pumped queue on SQS,
-//!   each run by the [`supervise`] supervisor, which restarts a task that
-//!   panicked or failed and tells readiness which task is down.
+//!   [`redelivery`] consumers and the lateness [`canary`] on RabbitMQ, a pump
+//!   for every pumped queue on SQS, the wall clock of the memory broker, each
+//!   run by the [`supervise`] supervisor, which restarts a task that panicked
+//!   or failed and tells readiness which task is down.
+//! * [`pending`]: the queue depths read every 5 s, and [`status`]: the page at `/`.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -16,7 +18,7 @@
 //! `run(listener, service, shutdown)` serves until `shutdown` resolves, then
 //! stops taking work and finishes what is in flight, so tests bind port 0.
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,15 +27,19 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod canary;
 pub mod connections;
 pub mod http;
 pub mod ingress;
+pub mod pending;
 pub mod redelivery;
 mod startup;
+pub mod status;
 pub mod supervise;
 
 pub use crate::metrics::Metrics;
 pub use http::{MAX_BODY_BYTES, router, run};
+pub use startup::pump_settings;
 
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::{Broker, Executor, ExecutorError};
@@ -72,7 +78,8 @@ struct Background {
     ingress: Option<Arc<Consumer<Ingress>>>,
     redelivery: Option<Arc<Consumer<Redelivery>>>,
     /// Pumped queues that have a pump.
-    pumps: std::sync::Mutex<HashSet<String>>,
+    /// Pumped queues with a pump, and the strategy each belongs to.
+    pumps: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Background {
@@ -111,6 +118,10 @@ pub struct Service {
     background: Background,
     /// Connection limits of the HTTP API.
     limits: connections::Limits,
+    /// How often queue depths are read (`service.depth_poll`); else [`pending`]'s defaults.
+    depth_poll: Option<Duration>,
+    /// The last reading of every strategy's queue depths ([`pending`]).
+    pending: std::sync::Mutex<Vec<pending::StrategyDepths>>,
 }
 
 /// The HTTP connection limits a config asks for.
@@ -150,7 +161,14 @@ impl Service {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             reloading: Default::default(),
             limits: http_limits(&config.service),
+            depth_poll: None,
+            pending: Default::default(),
         })
+    }
+
+    /// Every strategy's queue depths as last read (every `service.depth_poll`).
+    pub fn pending(&self) -> Vec<pending::StrategyDepths> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn spawn(&self, task: JoinHandle<()>) {

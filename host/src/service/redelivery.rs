@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::broker::rabbitmq::consume::Handler;
 use crate::broker::{Broker, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
 use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
+use crate::message::Handler;
 use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
 use crate::planner::RedeliveryDecision;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
@@ -195,6 +195,7 @@ impl Redelivery {
         let request = ScheduleRequest {
             destination: entry.queue.clone(),
             delay_ms,
+            deliver_at_ms: None,
             body: delivery.body.clone(),
             headers: Default::default(),
             properties: for_redelivery(&delivery.properties, next_attempt),

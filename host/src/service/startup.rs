@@ -10,18 +10,20 @@ use tokio::sync::mpsc;
 
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
 use crate::broker::rabbitmq::consume::Consumer;
+use crate::broker::sqs::consume::SqsConsumer;
 use crate::broker::sqs::pump::Pump;
-use crate::broker::{Broker, Executor, amqp_url};
+use crate::broker::sqs::pumped::{Discovery, PumpSettings};
+use crate::broker::{Broker, amqp_url};
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::planner::BrokerFamily;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
+use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
-/// How often the parked-messages gauge is read from the broker.
-const PARKING_POLL: Duration = Duration::from_secs(5);
+const DEFAULT_PUMP_DISCOVERY: Duration = Duration::from_secs(60);
 
 impl Service {
     /// Everything `serve` runs for a config: loads the planners, connects to
@@ -46,8 +48,8 @@ impl Service {
             scheduler.metrics().watch_sqs(sqs.requests.clone());
         }
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
-        scheduler.report_pumped_queues(pumped_tx);
-        let (mut ingress, mut redelivery) = (None, None);
+        scheduler.report_pumped_queues(pumped_tx.clone());
+        let (mut ingress, mut redelivery, mut canary) = (None, None, None);
         if let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             if config.service.ingress.enabled {
@@ -59,6 +61,13 @@ impl Service {
             }
             if !config.redelivery.is_empty() {
                 redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
+            }
+            if config.service.canary.enabled {
+                let consumer = Consumer::new(&amqp, Canary::new(config.service.canary.clone(), scheduler.clone()));
+                if topology == TopologyAtStart::Apply {
+                    consumer.declare().await?;
+                }
+                canary = Some(consumer);
             }
         }
         let metrics = scheduler.metrics().clone();
@@ -73,17 +82,65 @@ impl Service {
             shutdown_timeout: config.service.shutdown_timeout.map_or(DEFAULT_SHUTDOWN_TIMEOUT, |d| Duration::from_millis(d.ms())),
             reloading: Default::default(),
             limits: super::http_limits(&config.service),
+            depth_poll: config.service.depth_poll.map(|d| Duration::from_millis(d.ms())),
+            pending: Default::default(),
         });
         watch_the_broker(&service);
-        let pump_wait = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
-        let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pump_wait));
+        super::pending::spawn_poll(&service);
+        if matches!(service.scheduler.executor(), Broker::Memory(_)) {
+            let (clocked, stop) = (service.clone(), service.background.stop.subscribe());
+            service.background.supervisor.spawn("memory-clock", None, move || {
+                let (service, stop) = (clocked.clone(), stop.clone());
+                async move {
+                    if let Broker::Memory(memory) = service.scheduler.executor() {
+                        memory.run_clock(stop).await;
+                    }
+                    Ok(())
+                }
+            });
+        }
+        let pumps = PumpStart {
+            wait_seconds: config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32),
+            settings: pump_settings(&config),
+            declaring: topology == TopologyAtStart::Apply,
+        };
+        let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pumps));
         service.spawn(pump_starter);
+        if matches!(service.scheduler.executor(), Broker::Sqs(_)) {
+            let every = config.service.pump_discovery.map_or(DEFAULT_PUMP_DISCOVERY, |d| Duration::from_millis(d.ms()));
+            let discoverer = tokio::spawn(discover_pumped_queues(service.clone(), pumped_tx, every));
+            service.spawn(discoverer);
+        }
         let background = &service.background;
         if let Some(ingress) = &background.ingress {
             supervise_consumer(background, "ingress", ingress.clone());
         }
         if let Some(redelivery) = &background.redelivery {
             supervise_consumer(background, "redelivery", redelivery.clone());
+        }
+        if let Some(canary) = canary {
+            supervise_consumer(background, "canary", canary);
+            supervise_canary_probes(&service, &config);
+        }
+        if let Broker::Sqs(sqs) = service.scheduler.executor()
+            && config.service.sqs_ingress.enabled
+        {
+            let ingress = Ingress::for_sqs(config.service.sqs_ingress.as_ingress(), service.scheduler.clone());
+            let consumer = SqsConsumer::new(sqs.clone(), ingress, pumps.wait_seconds);
+            if topology == TopologyAtStart::Apply {
+                consumer.declare().await?;
+            }
+            supervise_consumer(&service.background, "sqs-ingress", consumer);
+        }
+        if let Broker::Sqs(sqs) = service.scheduler.executor()
+            && config.service.canary.enabled
+        {
+            let consumer = SqsConsumer::new(sqs.clone(), Canary::new(config.service.canary.clone(), service.scheduler.clone()), pumps.wait_seconds);
+            if topology == TopologyAtStart::Apply {
+                consumer.declare().await?;
+            }
+            supervise_consumer(&service.background, "canary", consumer);
+            supervise_canary_probes(&service, &config);
         }
         service.prepare_configured_destinations(&config).await;
         Ok(service)
@@ -103,7 +160,7 @@ impl Service {
 }
 
 /// On RabbitMQ: warns about queues that can lose messages in a broker crash,
-/// reports open channels, and keeps the parked-messages gauge current.
+/// and reports open channels.
 fn watch_the_broker(service: &Arc<Service>) {
     let scheduler = &service.scheduler;
     if !matches!(scheduler.executor(), Broker::RabbitMq(_)) {
@@ -121,34 +178,47 @@ fn watch_the_broker(service: &Arc<Service>) {
         Some(Broker::RabbitMq(rabbitmq)) => vec![("publishing", rabbitmq.open_channels() as i64)],
         _ => Vec::new(),
     }));
-    let parking = scheduler.parking_queues();
-    if parking.is_empty() {
-        return;
-    }
-    let (scheduler, metrics, mut stop) = (scheduler.clone(), service.metrics.clone(), service.background.stop.subscribe());
-    service.spawn(tokio::spawn(async move {
-        loop {
-            for (strategy, queues) in &parking {
-                // A queue that was never declared would cost a channel error per look.
-                if !scheduler.topology_applied(strategy).await {
-                    continue;
-                }
-                let mut parked = 0;
-                for queue in queues {
-                    parked += scheduler.executor().queue_depth(queue).await.unwrap_or(0);
-                }
-                metrics.set_parked(strategy, parked);
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(PARKING_POLL) => {}
-                _ = stop.changed() => return,
-            }
-        }
-    }));
 }
 
-/// Runs a consumer under the supervisor; it is up while attached to its queue.
-fn supervise_consumer<H: crate::broker::rabbitmq::consume::Handler>(background: &Background, name: &str, consumer: Arc<Consumer<H>>) {
+/// The canary's probes, sent every `service.canary.every` while the service runs.
+fn supervise_canary_probes(service: &Arc<Service>, config: &Config) {
+    let (scheduler, settings, stop) = (service.scheduler.clone(), config.service.canary.clone(), service.background.stop.subscribe());
+    service.background.supervisor.spawn("canary-probes", None, move || {
+        let probes = Canary::send_probes(scheduler.clone(), settings.clone(), stop.clone());
+        async move {
+            probes.await;
+            Ok(())
+        }
+    });
+}
+
+/// A queue consumer of either broker, as the supervisor runs it.
+trait QueueConsumer: Send + Sync + 'static {
+    /// Attached to its queue (AMQP) or reaching it (SQS).
+    fn is_consuming(&self) -> bool;
+    fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()> + Send;
+}
+
+impl<H: crate::message::Handler> QueueConsumer for Consumer<H> {
+    fn is_consuming(&self) -> bool {
+        Consumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        Consumer::run(self, stop).await
+    }
+}
+
+impl<H: crate::message::Handler> QueueConsumer for SqsConsumer<H> {
+    fn is_consuming(&self) -> bool {
+        SqsConsumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        SqsConsumer::run(&self, stop).await
+    }
+}
+
+/// Runs a consumer under the supervisor; it is up while it consumes.
+fn supervise_consumer(background: &Background, name: &str, consumer: Arc<impl QueueConsumer>) {
     let stop = background.stop.subscribe();
     let probe = consumer.clone();
     background.supervisor.spawn(name, Some(Box::new(move || probe.is_consuming())), move || {
@@ -160,15 +230,34 @@ fn supervise_consumer<H: crate::broker::rabbitmq::consume::Handler>(background: 
     });
 }
 
+/// How `serve` starts each pump.
+#[derive(Clone, Copy)]
+struct PumpStart {
+    wait_seconds: i32,
+    settings: PumpSettings,
+    /// Whether the host may create each queue's dead-letter queue and set its attributes.
+    declaring: bool,
+}
+
+/// The pump settings `[service]` asks for.
+pub fn pump_settings(config: &Config) -> PumpSettings {
+    let defaults = PumpSettings::default();
+    PumpSettings {
+        visibility: config.service.pump_visibility.map_or(defaults.visibility, |d| Duration::from_secs(d.ms().div_ceil(1000))),
+        max_receives: config.service.pump_max_receives.unwrap_or(defaults.max_receives),
+        linger: config.service.pump_linger.map_or(defaults.linger, |d| Duration::from_millis(d.ms())),
+    }
+}
+
 /// Starts a supervised pump (`pump:<queue>`) for each pumped queue reported, once per queue.
-async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, wait_seconds: i32) {
+async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, start: PumpStart) {
     let mut stop = service.background.stop.subscribe();
     loop {
         let pumped = tokio::select! {
             next = reported.recv() => match next { Some(p) => p, None => return },
             _ = stop.changed() => return,
         };
-        if !service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(pumped.queue.clone()) {
+        if service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(pumped.queue.clone(), pumped.strategy.clone()).is_some() {
             continue;
         }
         let Broker::Sqs(sqs) = service.scheduler.executor() else {
@@ -185,12 +274,46 @@ async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceive
                     .await
                     .map_err(|e| format!("loading the pump's planner: {e}"))?
                     .map_err(|e| format!("loading the pump's planner: {e}"))?;
-                let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, wait_seconds).await.map_err(|e| format!("starting the pump: {e}"))?;
-                tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, "pumping");
+                let prepared =
+                    sqs.prepare_pumped(&pumped.queue, &start.settings, start.declaring).await.map_err(|e| format!("preparing the pumped queue: {e}"))?;
+                let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, start.wait_seconds)
+                    .await
+                    .map_err(|e| format!("starting the pump: {e}"))?
+                    .prepared(&prepared, &start.settings);
+                tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
                 metrics.watch_pump(&pumped.queue, pump.counters.clone());
                 pump.run(stop).await.map_err(|e| format!("pump stopped: {e}"))
             }
         });
+    }
+}
+
+/// Lists the account's queues now and every `every`, and reports each queue
+/// tagged as pumped, so messages still cycling toward a destination no longer
+/// configured (or only ever scheduled through the API) are pumped after a restart.
+async fn discover_pumped_queues(service: Arc<Service>, report: mpsc::UnboundedSender<PumpedQueue>, every: Duration) {
+    let Broker::Sqs(sqs) = service.scheduler.executor() else { return };
+    let mut stop = service.background.stop.subscribe();
+    let mut discovery = Discovery::default();
+    loop {
+        match sqs.discover_pumped(&mut discovery).await {
+            Ok(found) => {
+                let config = service.scheduler.config();
+                for (queue, strategy) in found {
+                    if !config.strategies.contains_key(&strategy) {
+                        tracing::error!(%queue, %strategy, "a pumped queue names a strategy this config lacks; its messages wait until a host with that strategy pumps it");
+                        continue;
+                    }
+                    tracing::info!(%queue, %strategy, "found a pumped queue");
+                    let _ = report.send(PumpedQueue { strategy, queue, config: config.clone() });
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "listing the pumped queues failed; trying again later"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
     }
 }
 

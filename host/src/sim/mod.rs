@@ -14,6 +14,7 @@
 
 mod amqp;
 pub mod conformance;
+pub mod cost;
 pub mod simulation;
 mod sqs;
 

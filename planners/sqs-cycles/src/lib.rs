@@ -148,6 +148,10 @@ impl Planner for SqsCycles {
             sqs_attribute("FifoQueue", "true"),
             sqs_attribute("DelaySeconds", (self.cycle_ms / 1_000).to_string()),
             sqs_attribute("MessageRetentionPeriod", self.retention_s.to_string()),
+            // High-throughput FIFO: every message is its own group, so
+            // throughput scales with them instead of one queue-wide limit.
+            sqs_attribute("DeduplicationScope", "messageGroup"),
+            sqs_attribute("FifoThroughputLimit", "perMessageGroupId"),
         ];
         Ok(vec![sqs_ensure_queue(&self.delay_queue(destination), attributes, true)])
     }
@@ -233,6 +237,16 @@ mod tests {
         let second = p.handle_due(&due(send.attributes.clone(), 904_100, 1_806_000)).unwrap();
         // due = 1_000 + 1_925_000 = 1_926_000; now 1_806_000 -> 120 s left.
         assert_eq!(second, DueAction::HandOver(vec![sqs_send("orders", 120, vec![])]));
+    }
+
+    #[test]
+    fn delay_queues_are_high_throughput_fifo_queues() {
+        let setup = planner().destination_setup("orders").unwrap();
+        let [Command::SqsEnsureQueue(queue)] = setup.as_slice() else { panic!("one delay queue: {setup:?}") };
+        assert!(queue.pumped);
+        for (name, value) in [("FifoQueue", "true"), ("DeduplicationScope", "messageGroup"), ("FifoThroughputLimit", "perMessageGroupId")] {
+            assert!(queue.attributes.contains(&sqs_attribute(name, value)), "{name} = {value} missing: {:?}", queue.attributes);
+        }
     }
 
     #[test]

@@ -134,10 +134,14 @@ async fn work(pool: Arc<PublishPool>, queue: Arc<Mutex<mpsc::Receiver<Job>>>) {
         }
         let outgoing: Vec<&Outgoing> = batch.iter().map(|job| &job.outgoing).collect();
         let mut answers = publish_batch(&pool, &outgoing).await;
-        let refused: Vec<usize> = (0..answers.len()).filter(|&i| matches!(&answers[i], Answer::Failed(e) if e.is_amqp_soft_error())).collect();
-        if refused.len() > 1 {
-            tracing::debug!(publishes = refused.len(), "the broker closed a publish channel; sending each unanswered publish alone");
-            for i in refused {
+        // A channel the broker closed fails its culprit with the close's soft
+        // error, and the publishes beside it with that or with the channel's
+        // state (closing, closed): all of those go again alone.
+        let closed_by_broker = answers.iter().any(|answer| matches!(answer, Answer::Failed(e) if e.is_amqp_soft_error()));
+        let unanswered: Vec<usize> = (0..answers.len()).filter(|&i| matches!(&answers[i], Answer::Failed(_))).collect();
+        if closed_by_broker && unanswered.len() > 1 {
+            tracing::debug!(publishes = unanswered.len(), "the broker closed a publish channel; sending each unanswered publish alone");
+            for i in unanswered {
                 answers[i] = publish_batch(&pool, &[outgoing[i]]).await.pop().expect("one answer per publish");
             }
         }

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
 use crate::headers::is_routing_header;
+pub use crate::message::Handler;
 use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::convert::from_amqp_delivery;
@@ -49,28 +50,6 @@ const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
 pub const MAX_PANICS: u32 = 3;
 /// Messages whose panics are remembered at once; the oldest is forgotten first.
 const PANICS_REMEMBERED: usize = 1_024;
-
-/// What a consumer does with its queue. Neutral: no lapin type appears here.
-pub trait Handler: Send + Sync + 'static {
-    /// What `handle` tells `settled` about a delivery (for counts and metrics).
-    type Note: Send;
-
-    /// The queue consumed.
-    fn queue(&self) -> &str;
-    fn prefetch(&self) -> u16;
-    /// The queues (and exchanges, bindings) the handler needs; declared on every connect.
-    fn declarations(&self) -> Vec<Command>;
-    /// A hint added to a refused declaration (which setting would avoid it).
-    fn declaration_hint(&self) -> Option<String> {
-        None
-    }
-    /// Decides what happens to one delivery.
-    fn handle(&self, delivery: &Delivery) -> impl Future<Output = (Outcome, Self::Note)> + Send;
-    /// Where a message goes that made `handle` panic [`MAX_PANICS`] times.
-    fn poisoned(&self, delivery: &Delivery, reason: &str) -> Outcome;
-    /// How the outcome was carried out: once per delivery, `note` is `None` when `handle` panicked.
-    fn settled(&self, note: Option<Self::Note>, outcome: &Outcome, settled: &Settled);
-}
 
 pub struct Consumer<H> {
     url: String,

@@ -1,13 +1,22 @@
 //! SQS through aws-sdk-sqs: the only place that speaks to SQS.
 //!
 //! * [`send`]: the executor — checks queues and sends with their delays.
+//! * [`batcher`]: coalesces concurrent first sends to one queue into
+//!   `SendMessageBatch` requests.
 //! * [`pump`]: receives messages that fell due on a pumped queue and sends
 //!   them on as their strategy decides.
+//! * [`pumped`]: finds pumped queues by their tag and gives each its
+//!   dead-letter queue and visibility timeout.
+//! * [`consume`]: the consumer under the SQS ingress queue, carrying out a
+//!   [`Handler`](crate::message::Handler)'s outcomes as deletes and moves.
 //! * [`properties`]: a message's neutral properties as message attributes
 //!   (`content-type` and one JSON `hourglass-properties`), and back.
 
+pub mod batcher;
+pub mod consume;
 pub mod properties;
 pub mod pump;
+pub mod pumped;
 pub mod send;
 
 pub use send::SqsExecutor;

@@ -1,19 +1,33 @@
 //! The SQS executor: queue setup checked against what the strategy needs,
-//! sends with SQS's limits checked up front, and a count of every request.
+//! sends with SQS's limits checked up front (then batched, see
+//! [`super::batcher`]), and a count of every request.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{BatchResultErrorEntry, Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry};
 use tokio::sync::Mutex;
 
+use super::batcher::{Batcher, SendBatch};
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
 use crate::metrics::RequestCounts;
 
-/// SQS refuses a message (body plus attributes) above 256 KiB.
+/// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
 pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
+/// Entries in one `SendMessageBatch` at the most.
+pub const SQS_MAX_BATCH_ENTRIES: usize = 10;
+
+/// Whether a batch of `entries` entries and `bytes` bytes can take one of `next` bytes.
+pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
+    entries < SQS_MAX_BATCH_ENTRIES && bytes + next <= SQS_MAX_MESSAGE_BYTES
+}
+
+/// Queue attributes `ensure_queue` sets when they differ instead of refusing the queue.
+const SETTABLE_ATTRIBUTES: [&str; 2] = ["DeduplicationScope", "FifoThroughputLimit"];
 /// The delay queue keeps messages at least this long (4 days).
 pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
 
@@ -24,10 +38,35 @@ pub fn count(counter: &AtomicU64) {
 pub struct SqsExecutor {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
-    pub requests: std::sync::Arc<RequestCounts>,
+    pub requests: Arc<RequestCounts>,
+    batch_requests: BatchRequests,
+    /// First sends, coalesced per target queue.
+    batcher: Batcher<BatchRequests>,
 }
 
-fn unavailable(what: impl std::fmt::Display, err: impl std::error::Error) -> ExecutorError {
+/// `SendMessageBatch` through the SDK, counted: the pump's onward sends and the batcher's first sends.
+#[derive(Clone)]
+struct BatchRequests {
+    client: Client,
+    requests: Arc<RequestCounts>,
+}
+
+impl SendBatch for BatchRequests {
+    async fn send_batch(&self, queue: &str, url: &str, entries: Vec<SendMessageBatchRequestEntry>) -> Result<Vec<BatchResultErrorEntry>, ExecutorError> {
+        count(&self.requests.send_message_batch);
+        match self.client.send_message_batch().queue_url(url).set_entries(Some(entries)).send().await {
+            Ok(output) => Ok(output.failed),
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_queue_does_not_exist()) => Err(queue_does_not_exist(queue)),
+            Err(err) => Err(unavailable(format!("SendMessageBatch to {queue}"), err)),
+        }
+    }
+}
+
+fn queue_does_not_exist(queue: &str) -> ExecutorError {
+    ExecutorError::Refused(format!("SQS queue {queue:?} does not exist; create it before sending to it"))
+}
+
+pub(super) fn unavailable(what: impl std::fmt::Display, err: impl std::error::Error) -> ExecutorError {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
@@ -107,10 +146,35 @@ fn checked_send<'c>(
     Ok((SendParts { queue, delay_seconds, group_id, dedup_id }, message_attributes, size))
 }
 
+/// A checked batch entry for one send, with its target queue and its size.
+fn checked_entry<'c>(
+    id: &str,
+    command: &'c Command,
+    body: &str,
+    base: &BTreeMap<String, FieldValue>,
+    properties: &PropertyAttributes,
+) -> Result<(&'c str, SendMessageBatchRequestEntry, usize), ExecutorError> {
+    let (send, message_attributes, size) = checked_send(command, body, base, properties)?;
+    let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
+    let mut entry = SendMessageBatchRequestEntry::builder()
+        .id(id)
+        .message_body(body)
+        .set_message_attributes(Some(message_attributes))
+        .set_message_group_id(group_id.clone())
+        .set_message_deduplication_id(dedup_id.clone());
+    // A FIFO queue's delay is the queue's own; SQS refuses a per-message one.
+    if !queue.ends_with(".fifo") {
+        entry = entry.delay_seconds(*delay_seconds as i32);
+    }
+    let entry = entry.build().map_err(|e| ExecutorError::Refused(format!("batch entry: {e}")))?;
+    Ok((queue, entry, size))
+}
+
 impl SqsExecutor {
     /// Region, endpoint and credentials come from the standard AWS chain
     /// (environment, profile, instance role); `region` and `endpoint_url` override it.
-    pub async fn connect(region: Option<&str>, endpoint_url: Option<&str>) -> Result<Self, ExecutorError> {
+    /// `send_batch_window`: how long a first send waits for others to the same queue to share its request.
+    pub async fn connect(region: Option<&str>, endpoint_url: Option<&str>, send_batch_window: Duration) -> Result<Self, ExecutorError> {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
         if let Some(region) = region {
             loader = loader.region(aws_config::Region::new(region.to_string()));
@@ -122,7 +186,11 @@ impl SqsExecutor {
         if config.region().is_none() {
             return Err(ExecutorError::Unavailable("SQS: no region: set broker.region or AWS_REGION".into()));
         }
-        Ok(SqsExecutor { client: Client::new(&config), urls: Mutex::new(HashMap::new()), requests: Default::default() })
+        let client = Client::new(&config);
+        let requests = Arc::<RequestCounts>::default();
+        let batch_requests = BatchRequests { client: client.clone(), requests: requests.clone() };
+        let batcher = Batcher::new(batch_requests.clone(), send_batch_window);
+        Ok(SqsExecutor { client, urls: Mutex::new(HashMap::new()), requests, batch_requests, batcher })
     }
 
     pub fn client(&self) -> &Client {
@@ -147,7 +215,7 @@ impl SqsExecutor {
     }
 
     async fn existing_url(&self, queue: &str) -> Result<String, ExecutorError> {
-        self.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("SQS queue {queue:?} does not exist; create it before sending to it")))
+        self.url(queue).await?.ok_or_else(|| queue_does_not_exist(queue))
     }
 
     /// Creates the queue if missing, then refuses to go on unless its
@@ -182,8 +250,20 @@ impl SqsExecutor {
             .map_err(|e| unavailable(format!("GetQueueAttributes {name}"), e))?;
         let found: HashMap<String, String> =
             found.attributes().map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect()).unwrap_or_default();
+        // Attributes that only raise a FIFO queue's throughput are set where they
+        // differ (queues made by an earlier version), never refused.
+        let settable: Vec<(&String, &String)> =
+            wanted.iter().filter(|(key, value)| SETTABLE_ATTRIBUTES.contains(&key.as_str()) && found.get(*key) != Some(*value)).collect();
+        if !settable.is_empty() {
+            count(&self.requests.set_queue_attributes);
+            let mut request = self.client.set_queue_attributes().queue_url(&url);
+            for (key, value) in &settable {
+                request = request.attributes(QueueAttributeName::from(key.as_str()), value.as_str());
+            }
+            request.send().await.map_err(|e| unavailable(format!("SetQueueAttributes {name}"), e))?;
+        }
         let mut wrong = Vec::new();
-        for (key, value) in wanted {
+        for (key, value) in wanted.iter().filter(|(key, _)| !SETTABLE_ATTRIBUTES.contains(&key.as_str())) {
             let actual = found.get(key).map(String::as_str);
             let fine = match key.as_str() {
                 // Longer retention than required is fine.
@@ -194,8 +274,10 @@ impl SqsExecutor {
                 wrong.push(format!("{key} is {}, hourglass needs {value}", actual.unwrap_or("unset")));
             }
         }
-        if found.contains_key("RedrivePolicy") {
-            wrong.push("RedrivePolicy is set; a delay queue must not move messages to a dead-letter queue".into());
+        if let Some(policy) = found.get("RedrivePolicy")
+            && !super::pumped::redrives_to_own_dead_letters(name, policy)
+        {
+            wrong.push(format!("RedrivePolicy sends to another queue than {}: only the pump may park messages", super::pumped::dead_letter_queue(name)));
         }
         if !wrong.is_empty() {
             return Err(ExecutorError::Refused(format!("SQS queue {name:?} cannot be used: {}", wrong.join("; "))));
@@ -212,23 +294,30 @@ impl SqsExecutor {
         base: &BTreeMap<String, FieldValue>,
         properties: &PropertyAttributes,
     ) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-        let (send, message_attributes, size) = checked_send(command, body, base, properties)?;
-        let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
-        let mut entry = SendMessageBatchRequestEntry::builder()
-            .id(id)
-            .message_body(body)
-            .set_message_attributes(Some(message_attributes))
-            .set_message_group_id(group_id.clone())
-            .set_message_deduplication_id(dedup_id.clone());
-        if !queue.ends_with(".fifo") {
-            entry = entry.delay_seconds(*delay_seconds as i32);
-        }
-        let entry = entry.build().map_err(|e| ExecutorError::Refused(format!("batch entry: {e}")))?;
-        Ok((entry, size))
+        checked_entry(id, command, body, base, properties).map(|(_, entry, size)| (entry, size))
+    }
+
+    /// One receive of up to ten messages from `queue` at `url`, with every
+    /// message and system attribute, long-polling `wait_seconds`.
+    pub async fn receive_ten(&self, queue: &str, url: &str, wait_seconds: i32) -> Result<Vec<Message>, ExecutorError> {
+        count(&self.requests.receive_message);
+        let output = self
+            .client
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait_seconds)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("ReceiveMessage on {queue}"), e))?;
+        Ok(output.messages.unwrap_or_default())
     }
 
     /// Sends entries to one queue in batches of at most 10 and 256 KiB.
-    /// Returns the ids of entries SQS did not accept.
+    /// Returns the ids of entries SQS did not accept; a queue that does not
+    /// exist (or no longer does) is an error, `Refused`.
     pub async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Result<Vec<String>, ExecutorError> {
         let url = self.existing_url(queue).await?;
         let mut failed = Vec::new();
@@ -238,14 +327,17 @@ impl SqsExecutor {
         while let Some((entry, size)) = entries.next() {
             batch_bytes += size;
             batch.push(entry);
-            let next_fits = entries.peek().is_some_and(|(_, next)| batch.len() < 10 && batch_bytes + next <= SQS_MAX_MESSAGE_BYTES);
-            if next_fits {
+            if entries.peek().is_some_and(|(_, next)| fits_in_batch(batch.len(), batch_bytes, *next)) {
                 continue;
             }
-            count(&self.requests.send_message_batch);
             let ids: Vec<String> = batch.iter().map(|e| e.id().to_string()).collect();
-            match self.client.send_message_batch().queue_url(&url).set_entries(Some(std::mem::take(&mut batch))).send().await {
-                Ok(output) => failed.extend(output.failed().iter().map(|f| f.id().to_string())),
+            match self.batch_requests.send_batch(queue, &url, std::mem::take(&mut batch)).await {
+                Ok(refused) => failed.extend(refused.iter().map(|f| f.id().to_string())),
+                // The queue is gone (deleted since its URL was looked up): no entry can go there.
+                Err(err @ ExecutorError::Refused(_)) => {
+                    self.urls.lock().await.remove(queue);
+                    return Err(err);
+                }
                 Err(err) => {
                     tracing::warn!(queue, error = %err, "SendMessageBatch failed");
                     failed.extend(ids);
@@ -254,33 +346,6 @@ impl SqsExecutor {
             batch_bytes = 0;
         }
         Ok(failed)
-    }
-
-    /// Sends one message as a command describes; the body must be text (SQS bodies are).
-    pub async fn send_one(
-        &self,
-        command: &Command,
-        body: &str,
-        base: &BTreeMap<String, FieldValue>,
-        properties: &PropertyAttributes,
-    ) -> Result<(), ExecutorError> {
-        let (send, message_attributes, _) = checked_send(command, body, base, properties)?;
-        let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
-        let url = self.existing_url(queue).await?;
-        let mut request = self
-            .client
-            .send_message()
-            .queue_url(url)
-            .message_body(body)
-            .set_message_attributes(Some(message_attributes))
-            .set_message_group_id(group_id.clone())
-            .set_message_deduplication_id(dedup_id.clone());
-        if !queue.ends_with(".fifo") {
-            request = request.delay_seconds(*delay_seconds as i32);
-        }
-        count(&self.requests.send_message);
-        request.send().await.map_err(|e| unavailable(format!("SendMessage to {queue}"), e))?;
-        Ok(())
     }
 }
 
@@ -304,8 +369,16 @@ impl Executor for SqsExecutor {
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let body = std::str::from_utf8(&envelope.body).map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
         let properties = super::properties::to_attributes(&envelope.properties)?;
+        // Every send checked and its queue found before any is queued: an invalid message never joins a batch.
+        let mut sends = Vec::with_capacity(commands.len());
         for command in commands {
-            self.send_one(command, body, &envelope.headers, &properties).await?;
+            // The batcher gives the entry an id unique within its request.
+            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties)?;
+            let url = self.existing_url(queue).await?;
+            sends.push((queue, url, entry, size));
+        }
+        for (queue, url, entry, size) in sends {
+            self.batcher.send(queue, &url, entry, size).await?;
         }
         Ok(())
     }

@@ -5,14 +5,27 @@ use hourglass_planner_sdk::*;
 
 struct Misbehaving;
 
+/// `{"configure": "loop"}` loops while being configured.
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    configure: Option<String>,
+}
+
 impl Planner for Misbehaving {
-    type Config = NoConfig;
+    type Config = Settings;
 
     fn info() -> Info {
         Info::new("misbehaving", env!("CARGO_PKG_VERSION"), BrokerFamily::Amqp)
     }
 
-    fn new(_: NoConfig) -> Result<Self, String> {
+    fn new(settings: Settings) -> Result<Self, String> {
+        if settings.configure.as_deref() == Some("loop") {
+            let mut n: u64 = 0;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
         Ok(Misbehaving)
     }
 

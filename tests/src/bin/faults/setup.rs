@@ -28,6 +28,7 @@ impl Setup {
         let text = format!(
             "default_strategy = \"main\"\n\n[broker]\nkind = \"rabbitmq\"\nurl = \"{amqp_url}\"\n\n\
              [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{invalid}\"\nprefetch = 16\n\n\
+             [service.canary]\nenabled = false\n\n\
              [strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n\n{more}\n"
         );
         let config = dir.join("hourglass.toml");

@@ -1,0 +1,247 @@
+//! Pumped queues: found by a tag rather than configured, each with a
+//! dead-letter queue beside it.
+//!
+//! Every pumped queue is tagged `hourglass-pumped-by = <strategy>` when a host
+//! first sets it up for a destination, so after a restart (or on another
+//! host) every queue with messages still cycling is found by listing the
+//! account's queues, whether or not its destination is configured anywhere.
+//!
+//! Before pumping, the host gives the queue a visibility timeout that covers
+//! a batch and a redrive policy to `<stem>-dlq.fifo`: a message received
+//! `max_receives` times without being forwarded lands there instead of
+//! cycling until its retention ends, and the pump moves there itself, with
+//! the reason, what it knows it cannot forward.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use super::send::{SqsExecutor, count, unavailable};
+use crate::broker::ExecutorError;
+
+/// The tag naming the strategy whose planner pumps a queue.
+pub const PUMPED_BY_TAG: &str = "hourglass-pumped-by";
+/// The message attribute that says why a message was parked in a dead-letter queue.
+pub const PARKED_REASON_ATTRIBUTE: &str = "hourglass-parked-reason";
+/// Dead letters are kept as long as SQS allows: someone has to look at them.
+const DEAD_LETTER_RETENTION_SECONDS: u64 = 14 * 86_400;
+const SQS_MAX_QUEUE_NAME: usize = 80;
+/// A queue found untagged is looked at again after this long: another host
+/// may have tagged it since (it tags right after creating it).
+const RECHECK_UNTAGGED: Duration = Duration::from_secs(600);
+
+/// How a pump treats its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PumpSettings {
+    /// Set on the queue, and extended while a batch is still in hand.
+    pub visibility: Duration,
+    /// Receives before SQS moves an unforwarded message to the dead-letter queue.
+    pub max_receives: u32,
+    /// After a receive brought fewer than ten, the pump waits this long before
+    /// the next, so the queue fills the next batch. A later visit leaves less
+    /// of the delay to go, so only a message due within the linger arrives later.
+    pub linger: Duration,
+}
+
+impl Default for PumpSettings {
+    fn default() -> Self {
+        PumpSettings { visibility: Duration::from_secs(60), max_receives: 10, linger: Duration::from_millis(250) }
+    }
+}
+
+/// The dead-letter queue of a pumped queue: `orders-delay.fifo` → `orders-delay-dlq.fifo`.
+/// A name that would pass SQS's 80 characters keeps a prefix and a hash of the whole.
+pub fn dead_letter_queue(queue: &str) -> String {
+    let (stem, fifo) = match queue.strip_suffix(".fifo") {
+        Some(stem) => (stem, ".fifo"),
+        None => (queue, ""),
+    };
+    let name = format!("{stem}-dlq{fifo}");
+    if name.len() <= SQS_MAX_QUEUE_NAME {
+        return name;
+    }
+    // FNV-1a: stable across hosts and versions, unlike std's hasher.
+    let hash = queue.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let tail = format!("-{:08x}-dlq{fifo}", hash as u32);
+    format!("{}{tail}", &stem[..SQS_MAX_QUEUE_NAME - tail.len()])
+}
+
+/// Whether a queue's `RedrivePolicy` sends to the dead-letter queue hourglass gives it.
+pub fn redrives_to_own_dead_letters(queue: &str, policy: &str) -> bool {
+    let target = serde_json::from_str::<serde_json::Value>(policy).ok().and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_string));
+    target.is_some_and(|arn| arn.rsplit(':').next() == Some(dead_letter_queue(queue).as_str()))
+}
+
+/// What the listing remembers between rounds: queues already reported, and
+/// untagged ones with when they were looked at.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    reported: std::collections::HashSet<String>,
+    untagged: HashMap<String, Instant>,
+}
+
+/// A pumped queue, ready: its URL and its dead-letter queue's name (none when
+/// the host may not create one and none exists).
+#[derive(Clone, Debug)]
+pub struct PreparedQueue {
+    pub url: String,
+    pub dead_letters: Option<String>,
+}
+
+impl SqsExecutor {
+    /// Tags `queue` as pumped by `strategy`, so listing finds it after a restart.
+    pub async fn tag_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
+        let url = self.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist")))?;
+        count(&self.requests.tag_queue);
+        self.client().tag_queue().queue_url(url).tags(PUMPED_BY_TAG, strategy).send().await.map_err(|e| unavailable(format!("TagQueue {queue}"), e))?;
+        Ok(())
+    }
+
+    /// Messages in `queue` by SQS's approximate counts: visible, in flight and
+    /// delayed (a cycling message is delayed most of its time). `None` when
+    /// the queue is missing or SQS does not answer.
+    pub async fn queue_depth(&self, queue: &str) -> Option<u64> {
+        let url = self.url(queue).await.ok()??;
+        count(&self.requests.get_queue_attributes);
+        let counts = [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ];
+        let output = self.client().get_queue_attributes().queue_url(url).set_attribute_names(Some(counts.to_vec())).send().await.ok()?;
+        let attributes = output.attributes()?;
+        Some(counts.iter().filter_map(|name| attributes.get(name)?.parse::<u64>().ok()).sum())
+    }
+
+    /// Gives `queue` its dead-letter queue, redrive policy and visibility
+    /// timeout. With `declaring` off nothing is created or changed: an
+    /// existing dead-letter queue is used, and the queue is pumped as it is.
+    pub async fn prepare_pumped(&self, queue: &str, settings: &PumpSettings, declaring: bool) -> Result<PreparedQueue, ExecutorError> {
+        let url = self.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist")))?;
+        let dead_letters = dead_letter_queue(queue);
+        if !declaring {
+            let exists = self.url(&dead_letters).await?.is_some();
+            return Ok(PreparedQueue { url, dead_letters: exists.then_some(dead_letters) });
+        }
+        let mut attributes = HashMap::from([(QueueAttributeName::MessageRetentionPeriod, DEAD_LETTER_RETENTION_SECONDS.to_string())]);
+        if queue.ends_with(".fifo") {
+            attributes.insert(QueueAttributeName::FifoQueue, "true".into());
+        }
+        let dead_letters_url = match self.url(&dead_letters).await? {
+            Some(url) => url,
+            None => {
+                count(&self.requests.create_queue);
+                let created = self
+                    .client()
+                    .create_queue()
+                    .queue_name(&dead_letters)
+                    .set_attributes(Some(attributes))
+                    .tags("hourglass-dead-letters-of", queue)
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(format!("CreateQueue {dead_letters}"), e))?;
+                created.queue_url().unwrap_or_default().to_string()
+            }
+        };
+        count(&self.requests.get_queue_attributes);
+        let arn = self
+            .client()
+            .get_queue_attributes()
+            .queue_url(&dead_letters_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("GetQueueAttributes {dead_letters}"), e))?
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+            .ok_or_else(|| ExecutorError::Unavailable(format!("SQS did not say the ARN of {dead_letters}")))?;
+        let policy = serde_json::json!({ "deadLetterTargetArn": arn, "maxReceiveCount": settings.max_receives }).to_string();
+        count(&self.requests.set_queue_attributes);
+        self.client()
+            .set_queue_attributes()
+            .queue_url(&url)
+            .attributes(QueueAttributeName::RedrivePolicy, policy)
+            .attributes(QueueAttributeName::VisibilityTimeout, settings.visibility.as_secs().max(1).to_string())
+            .send()
+            .await
+            .map_err(|e| unavailable(format!("SetQueueAttributes {queue}"), e))?;
+        Ok(PreparedQueue { url, dead_letters: Some(dead_letters) })
+    }
+
+    /// Lists the account's queues and returns the pumped ones not reported
+    /// before, with the strategy each is tagged for.
+    pub async fn discover_pumped(&self, discovery: &mut Discovery) -> Result<Vec<(String, String)>, ExecutorError> {
+        let mut urls = Vec::new();
+        let mut next_token = None;
+        loop {
+            count(&self.requests.list_queues);
+            let page = self.client().list_queues().max_results(1_000).set_next_token(next_token).send().await.map_err(|e| unavailable("ListQueues", e))?;
+            urls.extend(page.queue_urls().iter().cloned());
+            next_token = page.next_token().map(str::to_string);
+            if next_token.is_none() {
+                break;
+            }
+        }
+        let mut found = Vec::new();
+        let now = Instant::now();
+        for url in urls {
+            let name = url.rsplit('/').next().unwrap_or_default().to_string();
+            let recently_untagged = discovery.untagged.get(&name).is_some_and(|at| now.duration_since(*at) < RECHECK_UNTAGGED);
+            if discovery.reported.contains(&name) || recently_untagged {
+                continue;
+            }
+            count(&self.requests.list_queue_tags);
+            let tags = match self.client().list_queue_tags().queue_url(&url).send().await {
+                Ok(tags) => tags,
+                // Deleted between the listing and now.
+                Err(err)
+                    if err
+                        .as_service_error()
+                        .and_then(|e| e.meta().code())
+                        .is_some_and(|c| c.contains("NonExistentQueue") || c.contains("QueueDoesNotExist")) =>
+                {
+                    continue;
+                }
+                Err(err) => return Err(unavailable(format!("ListQueueTags {name}"), err)),
+            };
+            match tags.tags().and_then(|t| t.get(PUMPED_BY_TAG)) {
+                Some(strategy) => {
+                    discovery.untagged.remove(&name);
+                    discovery.reported.insert(name.clone());
+                    found.push((name, strategy.clone()));
+                }
+                None => {
+                    discovery.untagged.insert(name, now);
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_queues_sit_beside_their_queue_within_the_name_limit() {
+        assert_eq!(dead_letter_queue("orders-delay.fifo"), "orders-delay-dlq.fifo");
+        assert_eq!(dead_letter_queue("plain"), "plain-dlq");
+        let long_a = format!("{}a-delay.fifo", "x".repeat(68));
+        let long_b = format!("{}b-delay.fifo", "x".repeat(68));
+        let (a, b) = (dead_letter_queue(&long_a), dead_letter_queue(&long_b));
+        assert!(a.len() <= 80 && b.len() <= 80 && a.ends_with("-dlq.fifo"), "{a}");
+        assert_ne!(a, b, "two long names keep distinct dead-letter queues");
+        assert_eq!(a, dead_letter_queue(&long_a), "and the same one every time");
+    }
+
+    #[test]
+    fn only_a_redrive_to_its_own_dead_letter_queue_is_accepted() {
+        let own = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:orders-delay-dlq.fifo","maxReceiveCount":10}"#;
+        let other = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:somewhere.fifo","maxReceiveCount":1}"#;
+        assert!(redrives_to_own_dead_letters("orders-delay.fifo", own));
+        assert!(!redrives_to_own_dead_letters("orders-delay.fifo", other));
+        assert!(!redrives_to_own_dead_letters("orders-delay.fifo", "not json"));
+    }
+}

@@ -1,0 +1,103 @@
+//! Lateness you can graph: every `[service.canary] every`, the host sends one
+//! small probe through each strategy to a queue of its own, and consumes that
+//! queue (with the AMQP consumer on RabbitMQ, the SQS one on SQS). Arrival minus the probe's `hourglass-due-at` is observed in
+//! `hourglass_delivery_lateness_seconds{strategy}`; a probe that arrives early
+//! is counted in `hourglass_delivery_early_total{strategy}` and logged, since
+//! early is the one thing a delay must never be.
+//!
+//! The probe's body is the strategy's name, so any host may consume any
+//! host's probes (several hosts share the queue as competing consumers, and a
+//! restarted host reads the probes its predecessor sent). A strategy that
+//! cannot plan the probe's delay (a redelivery-only strategy, say) is left out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::broker::Broker;
+use crate::clock::unix_now_ms;
+use crate::command::Command;
+use crate::config::CanaryConfig;
+use crate::headers::DUE_AT_HEADER;
+use crate::message::{Delivery, Handler, Outcome, Settled};
+use crate::planner::PlannerError;
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+
+/// Consumes the canary queue and times each probe.
+pub struct Canary {
+    config: CanaryConfig,
+    scheduler: Arc<Scheduler<Broker>>,
+}
+
+impl Canary {
+    pub fn new(config: CanaryConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Self> {
+        Arc::new(Canary { config, scheduler })
+    }
+
+    /// Sends one probe through every strategy that can plan its delay, now
+    /// and every `every`, until `stop` turns true. A strategy whose planner
+    /// refuses the delay is left out; any other failure is logged and tried
+    /// again next time: the canary never holds anything up.
+    pub async fn send_probes(scheduler: Arc<Scheduler<Broker>>, config: CanaryConfig, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let every = Duration::from_millis(config.every.ms());
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !*stop.borrow() {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.changed() => return,
+            }
+            for strategy in scheduler.strategy_names() {
+                let request = ScheduleRequest {
+                    destination: config.queue.clone(),
+                    delay_ms: config.delay.ms(),
+                    body: strategy.clone().into_bytes(),
+                    strategy: Some(strategy.clone()),
+                    ..Default::default()
+                };
+                match scheduler.schedule(request).await {
+                    // A strategy that cannot plan the probe's delay (redelivery-only, say) has no canary.
+                    Ok(_) | Err(ScheduleError::Planner(PlannerError::Refused { .. })) => {}
+                    Err(err) => tracing::warn!(%strategy, error = %err, "canary probe not sent; trying again next period"),
+                }
+            }
+        }
+    }
+}
+
+impl Handler for Canary {
+    type Note = ();
+
+    fn queue(&self) -> &str {
+        &self.config.queue
+    }
+
+    fn prefetch(&self) -> u16 {
+        16
+    }
+
+    fn declarations(&self) -> Vec<Command> {
+        vec![Command::DeclareQueue { name: self.config.queue.clone(), durable: true, arguments: Default::default() }]
+    }
+
+    async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {
+        let now = unix_now_ms();
+        let strategy = String::from_utf8_lossy(&delivery.body).into_owned();
+        let due_at = delivery.properties.headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|due| u64::try_from(due).ok());
+        match due_at {
+            Some(due) if now < due => {
+                tracing::error!(%strategy, early_ms = due - now, "canary probe arrived EARLY");
+                self.scheduler.metrics().delivered_early(&strategy);
+            }
+            Some(due) => self.scheduler.metrics().observe_lateness(&strategy, Duration::from_millis(now - due)),
+            None => tracing::warn!(queue = %self.config.queue, "a message without hourglass-due-at on the canary queue; dropped"),
+        }
+        (Outcome::Ack, ())
+    }
+
+    /// A probe is the host's own: one it cannot read is dropped.
+    fn poisoned(&self, _delivery: &Delivery, _reason: &str) -> Outcome {
+        Outcome::Ack
+    }
+
+    fn settled(&self, _note: Option<()>, _outcome: &Outcome, _settled: &Settled) {}
+}

@@ -1,0 +1,124 @@
+//! What waits in each strategy's queues, read from the broker every
+//! `service.depth_poll` ([`POLL`] on RabbitMQ, [`POLL_SQS`] on SQS), never
+//! per request: exported as
+//! `hourglass_pending_messages{strategy,level}` and
+//! `hourglass_parked_messages{strategy}`, and served at `GET /v1/delays` from
+//! the last reading. Messages other clients scheduled through a shared preset
+//! (NServiceBus, Celery) wait in the same queues and are counted too.
+//!
+//! On RabbitMQ the static topology is read: hold-queues' per-delay queues,
+//! made on first use, are not listed. On SQS each pumped queue is read
+//! (`ApproximateNumberOf…` visible, in flight and delayed), with its
+//! dead-letter queue as the parked count.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use std::collections::BTreeMap;
+
+use super::Service;
+use crate::broker::sqs::pumped::dead_letter_queue;
+use crate::broker::{Broker, Executor};
+use crate::clock::unix_now_ms;
+use crate::scheduler::Scheduler;
+
+/// How often the depths are read on RabbitMQ (passive declares are free)...
+pub const POLL: Duration = Duration::from_secs(5);
+/// ...and on SQS, where two requests per pumped queue per reading are billed.
+pub const POLL_SQS: Duration = Duration::from_secs(60);
+
+/// One queue's depth at the last reading.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueueDepth {
+    pub queue: String,
+    /// `None` when the broker could not tell (the queue is missing, or the broker away).
+    pub messages: Option<u64>,
+    /// The queue's message TTL: a message in it waits at most this long here.
+    pub ttl_ms: Option<u64>,
+}
+
+/// A strategy's queues, as last read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StrategyDepths {
+    pub strategy: String,
+    /// Unix ms of the reading.
+    pub read_at_ms: u64,
+    /// Messages in all of its waiting queues that the broker could count.
+    pub waiting: u64,
+    /// Messages in its parking queues (their destination was gone).
+    pub parked: u64,
+    pub queues: Vec<QueueDepth>,
+}
+
+/// Reads every strategy's depths now. A strategy whose topology is not on
+/// the broker (not yet declared since the last reconnect) is read only when
+/// `declared_only` is false: a missing queue costs a channel error per look.
+/// `pumped` (SQS: queue → strategy) adds each pumped queue, with its
+/// dead-letter queue as the parked count.
+pub async fn read(scheduler: &Scheduler<Broker>, declared_only: bool, pumped: &BTreeMap<String, String>) -> Vec<StrategyDepths> {
+    let parking = scheduler.parking_queues();
+    let mut all = Vec::new();
+    let mut by_strategy: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (queue, strategy) in pumped {
+        by_strategy.entry(strategy).or_default().push(queue);
+    }
+    for (strategy, queues) in by_strategy {
+        let mut depths = Vec::with_capacity(queues.len());
+        let mut parked = 0;
+        for queue in queues {
+            let messages = scheduler.executor().queue_depth(queue).await;
+            depths.push(QueueDepth { queue: queue.to_string(), messages, ttl_ms: None });
+            parked += scheduler.executor().queue_depth(&dead_letter_queue(queue)).await.unwrap_or(0);
+        }
+        let waiting = depths.iter().filter_map(|d| d.messages).sum();
+        all.push(StrategyDepths { strategy: strategy.to_string(), read_at_ms: unix_now_ms(), waiting, parked, queues: depths });
+    }
+    for (strategy, queues) in scheduler.waiting_queues() {
+        if declared_only && !scheduler.topology_applied(&strategy).await {
+            continue;
+        }
+        let mut depths = Vec::with_capacity(queues.len());
+        for (queue, ttl_ms) in queues {
+            let messages = scheduler.executor().queue_depth(&queue).await;
+            depths.push(QueueDepth { queue, messages, ttl_ms });
+        }
+        let mut parked = 0;
+        for queue in parking.get(&strategy).into_iter().flatten() {
+            parked += scheduler.executor().queue_depth(queue).await.unwrap_or(0);
+        }
+        let waiting = depths.iter().filter_map(|d| d.messages).sum();
+        all.push(StrategyDepths { strategy, read_at_ms: unix_now_ms(), waiting, parked, queues: depths });
+    }
+    all
+}
+
+/// Reads the depths every [`POLL`] into the metrics and the service's last
+/// reading, until the service stops.
+pub(super) fn spawn_poll(service: &Arc<Service>) {
+    if matches!(service.scheduler.executor(), Broker::Memory(_)) {
+        return;
+    }
+    let every = service.depth_poll.unwrap_or(if matches!(service.scheduler.executor(), Broker::Sqs(_)) { POLL_SQS } else { POLL });
+    let (polled, mut stop) = (service.clone(), service.background.stop.subscribe());
+    service.spawn(tokio::spawn(async move {
+        loop {
+            let pumped = polled.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let depths = read(&polled.scheduler, true, &pumped).await;
+            for strategy in &depths {
+                polled.metrics.set_parked(&strategy.strategy, strategy.parked);
+                for queue in &strategy.queues {
+                    if let Some(messages) = queue.messages {
+                        polled.metrics.set_pending(&strategy.strategy, &queue.queue, messages);
+                    }
+                }
+            }
+            *polled.pending.lock().unwrap_or_else(|p| p.into_inner()) = depths;
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }));
+}
