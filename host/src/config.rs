@@ -112,6 +112,9 @@ pub struct ServiceConfig {
     /// Lateness probes (RabbitMQ brokers).
     #[serde(default)]
     pub canary: CanaryConfig,
+    /// The cancellation log of `cancellable = true` strategies (RabbitMQ brokers).
+    #[serde(default)]
+    pub cancel: CancelConfig,
     /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
     pub redelivery_input: Option<String>,
     /// Most HTTP connections open at once (default 512); more wait in the listen backlog.
@@ -227,6 +230,42 @@ pub struct CanaryConfig {
 impl Default for CanaryConfig {
     fn default() -> Self {
         CanaryConfig { enabled: true, queue: "hourglass-canary".into(), every: DurationMs(60_000), delay: DurationMs(5_000) }
+    }
+}
+
+/// `[service.cancel]`: the log that decides cancels and reschedules of
+/// messages on `cancellable = true` strategies (see `service::cancel`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CancelConfig {
+    /// The RabbitMQ stream every host reads (default `hourglass.cancellations`).
+    pub log: Option<String>,
+    /// Each cancellable strategy's release queue is `<release_prefix>.<strategy>` (default `hourglass.release`).
+    pub release_prefix: Option<String>,
+    /// How long the log keeps events (default 7 days); a cancellable strategy takes no longer delay.
+    pub retention: Option<DurationMs>,
+    /// How long a host remembers a released message, so cancelling it says 409 (default 10m).
+    pub remember_delivered: Option<DurationMs>,
+    /// How long a cancel, reschedule or release waits to read its own event back (default 10s).
+    pub answer_timeout: Option<DurationMs>,
+}
+
+impl CancelConfig {
+    pub fn log(&self) -> &str {
+        self.log.as_deref().unwrap_or("hourglass.cancellations")
+    }
+    /// Where a cancellable strategy ends its delays; the host forwards from there.
+    pub fn release_queue(&self, strategy: &str) -> String {
+        format!("{}.{strategy}", self.release_prefix.as_deref().unwrap_or("hourglass.release"))
+    }
+    pub fn retention_ms(&self) -> u64 {
+        self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())
+    }
+    pub fn remember_delivered_ms(&self) -> u64 {
+        self.remember_delivered.map_or(600_000, |d| d.ms())
+    }
+    pub fn answer_timeout_ms(&self) -> u64 {
+        self.answer_timeout.map_or(10_000, |d| d.ms())
     }
 }
 
@@ -377,8 +416,10 @@ struct RawConfig {
 pub struct StrategyConfig {
     pub name: String,
     pub planner: PlannerSource,
-    /// The table minus `planner`, as handed to the planner.
+    /// The table minus `planner` and `cancellable`, as handed to the planner.
     pub table: serde_json::Value,
+    /// Messages end in the host's release queue, so they can be cancelled and rescheduled.
+    pub cancellable: bool,
     name_span: Range<usize>,
     planner_span: Range<usize>,
     key_spans: BTreeMap<String, Range<usize>>,
@@ -418,6 +459,7 @@ impl Config {
             let name_span = name.span();
             let name = name.into_inner();
             let mut planner = None;
+            let mut cancellable = false;
             let mut key_spans = BTreeMap::new();
             let mut json = serde_json::Map::new();
             for (key, value) in table {
@@ -435,6 +477,19 @@ impl Config {
                     }
                     continue;
                 }
+                if key == "cancellable" {
+                    match value.into_inner() {
+                        toml::Value::Boolean(on) if on && !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) => {
+                            return Err(invalid(
+                                key_span,
+                                format!("strategies.{name}.cancellable: needs broker.kind = \"rabbitmq\" (cancellations are kept in a RabbitMQ stream)"),
+                            ));
+                        }
+                        toml::Value::Boolean(on) => cancellable = on,
+                        other => return Err(invalid(key_span, format!("strategies.{name}.cancellable: expected true or false, found {other}"))),
+                    }
+                    continue;
+                }
                 let value = serde_json::to_value(value.get_ref()).map_err(|e| invalid(value.span(), format!("strategies.{name}.{key}: {e}")))?;
                 json.insert(key.clone(), value);
                 key_spans.insert(key, key_span);
@@ -446,7 +501,10 @@ impl Config {
                 ));
             };
             let planner = PlannerSource::parse(&spec, base_dir);
-            strategies.insert(name.clone(), StrategyConfig { name, planner, table: serde_json::Value::Object(json), name_span, planner_span, key_spans });
+            strategies.insert(
+                name.clone(),
+                StrategyConfig { name, planner, table: serde_json::Value::Object(json), cancellable, name_span, planner_span, key_spans },
+            );
         }
         if strategies.is_empty() {
             return Err(invalid(0..0, "no strategies: add a [strategies.NAME] table with a `planner`".into()));

@@ -79,6 +79,12 @@ struct LabelBounds {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StrategyOutcome {
+    strategy: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueOutcome {
     queue: String,
     outcome: String,
@@ -134,6 +140,8 @@ pub struct Metrics {
     /// The newest canary lateness samples per strategy, in ms, for the status page's percentiles.
     recent_lateness: Mutex<std::collections::BTreeMap<String, std::collections::VecDeque<u64>>>,
     early: Family<Strategy, Counter>,
+    released: Family<StrategyOutcome, Counter>,
+    cancellations: Family<Outcome, Counter>,
     bounds: std::sync::RwLock<LabelBounds>,
 }
 
@@ -178,6 +186,8 @@ impl Default for Metrics {
             lateness: Family::new_with_constructor(lateness_histogram),
             recent_lateness: Mutex::default(),
             early: Family::default(),
+            released: Family::default(),
+            cancellations: Family::default(),
             bounds: Default::default(),
         };
         registry.register("messages_scheduled", "Messages the broker confirmed", metrics.scheduled.clone());
@@ -220,6 +230,16 @@ impl Default for Metrics {
         );
         registry.register("delivery_lateness_seconds", "Canary probes: arrival minus due time, per strategy (service.canary)", metrics.lateness.clone());
         registry.register("delivery_early", "Canary probes that arrived before their due time, per strategy", metrics.early.clone());
+        registry.register(
+            "released_messages",
+            "Messages of cancellable strategies leaving the release queue: forwarded, cancelled, rescheduled, parked, requeued",
+            metrics.released.clone(),
+        );
+        registry.register(
+            "cancellations",
+            "Cancel and reschedule requests by answer: cancelled, rescheduled, already_cancelled, already_released, unanswered, failed",
+            metrics.cancellations.clone(),
+        );
         *metrics.registry.lock().expect("fresh mutex") = registry.registry;
         metrics.families = registry.families;
         metrics
@@ -288,6 +308,17 @@ impl Metrics {
     pub fn delivered_early(&self, strategy: &str) {
         let strategy = self.route(strategy, "").strategy;
         self.early.get_or_create(&Strategy { strategy }).inc();
+    }
+
+    /// A message of a cancellable strategy left its release queue (`outcome` from a fixed set).
+    pub fn released(&self, strategy: &str, outcome: &str) {
+        let strategy = self.route(strategy, "").strategy;
+        self.released.get_or_create(&StrategyOutcome { strategy, outcome: outcome.into() }).inc();
+    }
+
+    /// A cancel or reschedule was answered (`outcome` from a fixed set).
+    pub fn cancellation(&self, outcome: &str) {
+        self.cancellations.get_or_create(&Outcome { outcome: outcome.into() }).inc();
     }
 
     /// A supervised background task was restarted.

@@ -51,21 +51,24 @@ impl Http {
         let agent = self.agent.clone();
         let auth = token.map(|t| format!("Bearer {t}"));
         tokio::task::spawn_blocking(move || {
-            let response = if method == "POST" {
-                let mut request = agent.post(&url);
-                if let Some(auth) = &auth {
-                    request = request.header("Authorization", auth);
+            let response = match method {
+                "POST" | "PATCH" => {
+                    let mut request = if method == "POST" { agent.post(&url) } else { agent.patch(&url) };
+                    if let Some(auth) = &auth {
+                        request = request.header("Authorization", auth);
+                    }
+                    match body {
+                        Some(body) => request.send_json(body),
+                        None => request.send_empty(),
+                    }
                 }
-                match body {
-                    Some(body) => request.send_json(body),
-                    None => request.send_empty(),
+                _ => {
+                    let mut request = if method == "DELETE" { agent.delete(&url) } else { agent.get(&url) };
+                    if let Some(auth) = &auth {
+                        request = request.header("Authorization", auth);
+                    }
+                    request.call()
                 }
-            } else {
-                let mut request = agent.get(&url);
-                if let Some(auth) = &auth {
-                    request = request.header("Authorization", auth);
-                }
-                request.call()
             };
             match response {
                 Ok(mut response) => (response.status().as_u16(), response.body_mut().read_to_string().unwrap_or_default()),

@@ -12,6 +12,7 @@ use hourglass::planner::LoadedPlanner;
 use hourglass::scheduler::strategies::Strategies;
 use hourglass_planner_sdk::parse_duration_ms;
 
+mod cancel;
 mod check_planner;
 mod inspect;
 mod plan;
@@ -77,6 +78,10 @@ enum Commands {
     Strategies(strategies::Args),
     /// Show how many messages wait in each strategy's queues on RabbitMQ now.
     Inspect(inspect::Args),
+    /// Cancel a message of a cancellable strategy: it is never delivered.
+    Cancel(cancel::CancelArgs),
+    /// Give a message of a cancellable strategy a new due time.
+    Reschedule(cancel::RescheduleArgs),
 }
 
 /// `--to DEST` and `--delay DUR` or `--at TIME`, as `plan` and `schedule` take them.
@@ -184,5 +189,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Redelivery(args) => redelivery::run(&cli, args),
         Commands::Strategies(args) => strategies::run(&cli, args),
         Commands::Inspect(args) => inspect::run(&cli, args),
+        Commands::Cancel(args) => cancel::cancel(&cli, args),
+        Commands::Reschedule(args) => cancel::reschedule(&cli, args),
     }
 }

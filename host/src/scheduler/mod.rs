@@ -24,7 +24,7 @@ use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
-use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
+use crate::headers::{DELAY_HEADER, DESTINATION_HEADER, DUE_AT_HEADER, ID_HEADER};
 use crate::message::Properties;
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
@@ -67,6 +67,8 @@ pub struct ScheduleRequest {
     pub routing_key: Option<String>,
     /// Send the properties exactly as given: no message id is stamped on a message without one.
     pub as_is: bool,
+    /// Keep this id instead of a new one (a rescheduled message going round again).
+    pub id: Option<String>,
 }
 
 /// What the broker confirmed.
@@ -89,12 +91,21 @@ pub struct PumpedQueue {
     pub config: Arc<Config>,
 }
 
-/// The queues and exchanges hourglass itself uses: the service's own queues
-/// and every object of every strategy's static topology.
+/// A release queue (where a `cancellable = true` strategy ends its delays):
+/// quorum, so it keeps what it holds through a broker crash.
+pub fn release_queue_declaration(name: &str) -> Command {
+    let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
+    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+}
+
+/// The queues and exchanges hourglass itself uses: the service's own queues,
+/// the release queues and every object of every strategy's static topology.
 fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]) -> HashSet<String> {
     let ingress = &config.service.ingress;
     let input = config.service.redelivery_input();
     let mut reserved: HashSet<String> = [ingress.queue.clone(), ingress.invalid_queue.clone(), input.to_string(), format!("{input}.unknown")].into();
+    reserved.insert(config.service.cancel.log().to_string());
+    reserved.extend(config.strategies.values().filter(|s| s.cancellable).map(|s| config.service.cancel.release_queue(&s.name)));
     for name in names {
         // A planner that cannot say its topology fails its own requests later, with its own error.
         let Ok(commands) = strategies.get_mut(name).map_err(PlannerError::Engine).and_then(|planner| planner.topology()) else { continue };
@@ -147,6 +158,10 @@ impl Generation {
 
     fn strategy_for(&self, destination: &str) -> String {
         self.config.strategy_for(destination).to_string()
+    }
+
+    fn is_cancellable(&self, strategy: &str) -> bool {
+        self.config.strategies.get(strategy).is_some_and(|s| s.cancellable)
     }
 
     fn check_strategy(&self, strategy: &str) -> Result<(), ScheduleError> {
@@ -349,8 +364,14 @@ impl<E: Executor> Scheduler<E> {
             self.apply_topology_in(generation, prepared, strategy).await?;
         }
         self.executor.check_destination(destination).await?;
-        let setup = generation.call(strategy, |planner| planner.destination_setup(destination))?;
+        // A cancellable strategy delivers every message to its release queue; the host forwards it from there.
+        let cancellable = generation.is_cancellable(strategy);
+        let ends_in = if cancellable { generation.config.service.cancel.release_queue(strategy) } else { destination.to_string() };
+        let setup = generation.call(strategy, |planner| planner.destination_setup(&ends_in))?;
         if self.declaring {
+            if cancellable {
+                self.executor.apply(&[release_queue_declaration(&ends_in)]).await?;
+            }
             self.executor.apply(&setup).await?;
         }
         for command in &setup {
@@ -409,12 +430,22 @@ impl<E: Executor> Scheduler<E> {
         validate::check(&mut request, &generation.reserved).map_err(ScheduleError::Invalid)?;
         let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(&request.destination));
         generation.check_strategy(&strategy)?;
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = request.id.take().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let cancellable = generation.is_cancellable(&strategy);
+        if cancellable {
+            let retention_ms = generation.config.service.cancel.retention_ms();
+            if request.delay_ms > retention_ms {
+                let reason =
+                    format!("{} ms is longer than strategy {strategy:?} keeps cancellations (service.cancel.retention = {retention_ms} ms)", request.delay_ms);
+                return Err(ScheduleError::Invalid(validate::Invalid { field: "delay", reason }));
+            }
+        }
         let plan_request = PlanRequest {
-            destination: request.destination.clone(),
+            destination: if cancellable { generation.config.service.cancel.release_queue(&strategy) } else { request.destination.clone() },
             delay_ms: request.delay_ms,
             message_id: id.clone(),
-            routing_key: request.routing_key.clone(),
+            // The release queue is reached by its own name; the host forwards to the destination queue by its name.
+            routing_key: if cancellable { None } else { request.routing_key.clone() },
         };
         let started = Instant::now();
         let plan = generation.call(&strategy, |planner| planner.plan(&plan_request))?;
@@ -433,6 +464,10 @@ impl<E: Executor> Scheduler<E> {
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
+        if cancellable {
+            headers.insert(ID_HEADER.into(), FieldValue::Text(id.clone()));
+            headers.insert(DESTINATION_HEADER.into(), FieldValue::Text(request.destination.clone()));
+        }
         let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties, stamp_message_id: !request.as_is };
         let scheduled = Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms };
         Ok((scheduled, plan.commands, envelope))

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use base64::Engine;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -24,6 +24,7 @@ use crate::broker::{Broker, ExecutorError};
 use crate::command::FieldValue;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
+use crate::service::cancel::{Answer, CancelError, CancelLog};
 
 /// Largest message body accepted, after base64 decoding.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -237,6 +238,92 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
     }
 }
 
+/// The cancellation log, or why this service has none.
+fn cancel_log(service: &Service) -> Result<&Arc<CancelLog>, ApiError> {
+    service.cancel_log().ok_or_else(|| ApiError {
+        status: StatusCode::CONFLICT,
+        field: Some("id"),
+        message: "no strategy has cancellable = true: messages cannot be cancelled or rescheduled".into(),
+    })
+}
+
+fn check_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > 255 {
+        return Err(ApiError::bad("id", format!("must be 1 to 255 bytes, got {}", id.len())));
+    }
+    Ok(())
+}
+
+/// The HTTP answer to a cancel or reschedule, and the metric label.
+fn cancellation_answer(id: &str, answered: Result<Answer, CancelError>, due_at_ms: Option<u64>) -> (&'static str, Response) {
+    let conflict = |message: String| ApiError { status: StatusCode::CONFLICT, field: Some("id"), message }.into_response();
+    match answered {
+        Ok(Answer::Cancelled) => ("cancelled", axum::Json(json!({ "id": id, "status": "cancelled" })).into_response()),
+        Ok(Answer::Rescheduled) => ("rescheduled", axum::Json(json!({ "id": id, "status": "rescheduled", "due_at": due_at_ms })).into_response()),
+        Ok(Answer::AlreadyCancelled) if due_at_ms.is_none() => {
+            ("already_cancelled", axum::Json(json!({ "id": id, "status": "cancelled", "already": true })).into_response())
+        }
+        Ok(Answer::AlreadyCancelled) => ("already_cancelled", conflict(format!("message {id} was cancelled; it cannot be rescheduled"))),
+        Ok(Answer::AlreadyReleased) => ("already_released", conflict(format!("message {id} was already delivered to its destination"))),
+        Ok(other) => {
+            ("failed", ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message: format!("unexpected answer {other:?}") }.into_response())
+        }
+        Err(err) => {
+            let label = if matches!(err, CancelError::Unanswered(_)) { "unanswered" } else { "failed" };
+            (label, ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message: err.to_string() }.into_response())
+        }
+    }
+}
+
+/// `DELETE /v1/messages/{id}`: the message is never delivered (200), or it already was (409).
+async fn delete_message(State(service): State<Arc<Service>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(err) = authorize(&service, &headers).and_then(|()| check_id(&id)) {
+        return err.into_response();
+    }
+    let log = match cancel_log(&service) {
+        Ok(log) => log,
+        Err(err) => return err.into_response(),
+    };
+    let (label, response) = cancellation_answer(&id, log.cancel(&id).await, None);
+    service.metrics.cancellation(label);
+    response
+}
+
+/// `PATCH /v1/messages/{id}` with `{"delay": …}` or `{"deliver_at": …}`: a new due time.
+async fn patch_message(State(service): State<Arc<Service>>, headers: HeaderMap, Path(id): Path<String>, body: Body) -> Response {
+    if let Err(err) = authorize(&service, &headers).and_then(|()| check_id(&id)) {
+        return err.into_response();
+    }
+    let log = match cancel_log(&service) {
+        Ok(log) => log,
+        Err(err) => return err.into_response(),
+    };
+    let due_at_ms = match receive(&headers, body).await.and_then(|bytes| parse_new_due_time(&bytes, log.retention_ms())) {
+        Ok(due) => due,
+        Err(err) => return err.into_response(),
+    };
+    let (label, response) = cancellation_answer(&id, log.reschedule(&id, due_at_ms).await, Some(due_at_ms));
+    service.metrics.cancellation(label);
+    response
+}
+
+/// The new due time (Unix ms) of a `PATCH`: `delay` from now or `deliver_at`, within the log's retention.
+fn parse_new_due_time(bytes: &[u8], retention_ms: u64) -> Result<u64, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
+    let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object with delay or deliver_at"))?;
+    if let Some(unknown) = object.keys().find(|k| !["delay", "deliver_at"].contains(&k.as_str())) {
+        return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: delay, deliver_at")));
+    }
+    let now = crate::clock::unix_now_ms();
+    let (delay_ms, deliver_at_ms) = parse_timing(object)?;
+    let due = deliver_at_ms.unwrap_or(now.saturating_add(delay_ms));
+    if due.saturating_sub(now) > retention_ms {
+        let field = if deliver_at_ms.is_some() { "deliver_at" } else { "delay" };
+        return Err(ApiError::bad(field, format!("more than service.cancel.retention ({retention_ms} ms) from now; the cancellation log would forget it")));
+    }
+    Ok(due)
+}
+
 async fn get_plan(State(service): State<Arc<Service>>, headers: HeaderMap, Query(query): Query<BTreeMap<String, String>>) -> Response {
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
@@ -385,6 +472,7 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/", get(status_page))
         .route("/v1/messages", post(post_message))
+        .route("/v1/messages/{id}", delete(delete_message).patch(patch_message))
         .route("/v1/plan", get(get_plan))
         .route("/v1/topology", get(get_topology))
         .route("/v1/reload", post(post_reload))

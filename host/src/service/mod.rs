@@ -11,6 +11,9 @@
 //!   run by the [`supervise`] supervisor, which restarts a task that panicked
 //!   or failed and tells readiness which task is down.
 //! * [`pending`]: the queue depths read every 5 s, and [`status`]: the page at `/`.
+//! * [`cancel`]: the cancellation log that decides `DELETE`/`PATCH
+//!   /v1/messages/{id}`, and [`release`]: the release queue of each
+//!   `cancellable = true` strategy, which asks it before forwarding.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -28,11 +31,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub mod canary;
+pub mod cancel;
 pub mod connections;
 pub mod http;
 pub mod ingress;
 pub mod pending;
 pub mod redelivery;
+pub mod release;
 mod startup;
 pub mod status;
 pub mod supervise;
@@ -77,6 +82,8 @@ struct Background {
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     ingress: Option<Arc<Consumer<Ingress>>>,
     redelivery: Option<Arc<Consumer<Redelivery>>>,
+    /// The cancellation log, when a strategy is cancellable.
+    cancel: Option<Arc<cancel::CancelLog>>,
     /// Pumped queues that have a pump.
     /// Pumped queues with a pump, and the strategy each belongs to.
     pumps: std::sync::Mutex<BTreeMap<String, String>>,
@@ -91,6 +98,7 @@ impl Background {
             tasks: Default::default(),
             ingress: None,
             redelivery: None,
+            cancel: None,
             pumps: Default::default(),
         }
     }
@@ -175,6 +183,11 @@ impl Service {
         self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
     }
 
+    /// The cancellation log, when a strategy has `cancellable = true`.
+    pub fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
+        self.background.cancel.as_ref()
+    }
+
     pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {
         &self.scheduler
     }
@@ -235,6 +248,16 @@ impl Service {
         }
         if config.redelivery != old.redelivery {
             needs_restart.push("redelivery");
+        }
+        let cancellable = |c: &Config| c.strategies.values().filter(|s| s.cancellable).map(|s| s.name.clone()).collect::<Vec<_>>();
+        if cancellable(&config) != cancellable(&old) {
+            // Each cancellable strategy has a release consumer, started with the service.
+            return Err(ServiceError::Other(format!(
+                "{}: the cancellable strategies changed ({:?} → {:?}); restart to change them",
+                config.path.display(),
+                cancellable(&old),
+                cancellable(&config)
+            )));
         }
         // Redelivery keeps running with the queues it started with: their strategies must stay.
         if let Some(redelivery) = &self.background.redelivery {

@@ -202,6 +202,7 @@ impl Redelivery {
             strategy: Some(self.strategy_of(entry)),
             routing_key: failure.routing_key.clone(),
             as_is: true,
+            id: None,
         };
         match self.scheduler.schedule(request).await {
             Ok(scheduled) => Ok(scheduled.due_at_ms),

@@ -19,8 +19,10 @@ use crate::planner::BrokerFamily;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
 use crate::service::canary::Canary;
+use crate::service::cancel::CancelLog;
 use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
+use crate::service::release::Release;
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
 const DEFAULT_PUMP_DISCOVERY: Duration = Duration::from_secs(60);
@@ -49,7 +51,7 @@ impl Service {
         }
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx.clone());
-        let (mut ingress, mut redelivery, mut canary) = (None, None, None);
+        let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases) = (None, None, None, None, Vec::new());
         if let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             if config.service.ingress.enabled {
@@ -62,6 +64,19 @@ impl Service {
             if !config.redelivery.is_empty() {
                 redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
             }
+            let cancellable: Vec<&str> = config.strategies.values().filter(|s| s.cancellable).map(|s| s.name.as_str()).collect();
+            if !cancellable.is_empty() {
+                let log = CancelLog::new(&amqp, &config.service.cancel, scheduler.clone());
+                for strategy in cancellable {
+                    let queue = config.service.cancel.release_queue(strategy);
+                    let consumer = Consumer::new(&amqp, Release::new(strategy, queue, config.service.ingress.prefetch, log.clone(), scheduler.clone()));
+                    if topology == TopologyAtStart::Apply {
+                        consumer.declare().await?;
+                    }
+                    releases.push((strategy.to_string(), consumer));
+                }
+                cancel = Some(log);
+            }
             if config.service.canary.enabled {
                 let consumer = Consumer::new(&amqp, Canary::new(config.service.canary.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
@@ -73,7 +88,7 @@ impl Service {
         let metrics = scheduler.metrics().clone();
         metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         let service = Arc::new(Service {
-            background: Background { ingress, redelivery, ..Background::new(&metrics) },
+            background: Background { ingress, redelivery, cancel, ..Background::new(&metrics) },
             metrics,
             scheduler,
             token: config.service.token(),
@@ -117,6 +132,13 @@ impl Service {
         }
         if let Some(redelivery) = &background.redelivery {
             supervise_consumer(background, "redelivery", redelivery.clone());
+        }
+        if let Some(log) = &background.cancel {
+            let (reader, probe, stop) = (log.clone(), log.clone(), background.stop.subscribe());
+            background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || reader.clone().read(stop.clone()));
+        }
+        for (strategy, consumer) in releases {
+            supervise_consumer(background, &format!("release:{strategy}"), consumer);
         }
         if let Some(canary) = canary {
             supervise_consumer(background, "canary", canary);

@@ -8,6 +8,7 @@
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`verify`]: compares a broker with a strategy's topology.
+//! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
 
 pub mod batch;
 pub mod channels;
@@ -16,6 +17,7 @@ pub mod convert;
 pub mod link;
 pub mod manage;
 pub mod publish;
+pub mod stream;
 pub mod verify;
 
 pub use channels::DEFAULT_PUBLISH_CHANNELS;

@@ -1,0 +1,81 @@
+//! Reading a RabbitMQ stream in order, from a given offset.
+//!
+//! A stream keeps its messages after they are read, so every host reads the
+//! same log from the start; this is what the cancellation log
+//! (`service::cancel`) is built on. Appending needs nothing special: a
+//! confirmed publish to the default exchange with the stream's name.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable as AmqpTable};
+use lapin::{Connection, ConnectionProperties};
+use tokio::sync::{mpsc, watch};
+
+use crate::broker::ExecutorError;
+use crate::command::{Command, FieldValue};
+
+use super::publish::redact;
+
+/// Entries the broker sends ahead of the reader (streams need a prefetch to be read at all).
+const READ_AHEAD: u16 = 1_000;
+
+/// The declaration of a durable stream that drops whole segments older than `max_age` (`"7D"`, `"12h"`).
+pub fn declare_stream(name: &str, max_age: &str) -> Command {
+    let arguments = [("x-queue-type".to_string(), FieldValue::Text("stream".into())), ("x-max-age".to_string(), FieldValue::Text(max_age.into()))];
+    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+}
+
+/// Sends each entry of `stream` from offset `from` on, as `(offset, body)`,
+/// in the stream's order, until `stop` turns true (`Ok`) or the connection is
+/// lost (`Err`: read again from the offset after the last one received).
+/// `attached` is true while the consumer is attached.
+pub async fn read(
+    url: &str,
+    stream: &str,
+    from: u64,
+    entries: mpsc::Sender<(u64, Vec<u8>)>,
+    mut stop: watch::Receiver<bool>,
+    attached: &AtomicBool,
+) -> Result<(), ExecutorError> {
+    let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
+    let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(lost)?;
+    let channel = connection.create_channel().await.map_err(lost)?;
+    channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await.map_err(lost)?;
+    let mut arguments = AmqpTable::default();
+    arguments.insert("x-stream-offset".into(), AMQPValue::LongLongInt(from as i64));
+    let tag = format!("hourglass-read-{}", uuid::Uuid::new_v4());
+    let mut consumer = channel.basic_consume(stream.into(), tag.as_str().into(), BasicConsumeOptions::default(), arguments).await.map_err(lost)?;
+    attached.store(true, Ordering::Relaxed);
+    let result = loop {
+        let delivery = tokio::select! {
+            next = consumer.next() => next,
+            _ = stop.changed() => break Ok(()),
+        };
+        let delivery = match delivery {
+            Some(Ok(delivery)) => delivery,
+            Some(Err(err)) => break Err(lost(err)),
+            None => break Err(ExecutorError::Unavailable(format!("reading stream {stream}: the broker ended the consumer"))),
+        };
+        let offset = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .map(super::convert::from_amqp_headers)
+            .and_then(|headers| headers.get("x-stream-offset").and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()));
+        let Some(offset) = offset else {
+            break Err(ExecutorError::Refused(format!("stream {stream}: an entry came without its x-stream-offset (is it a stream?)")));
+        };
+        // On a stream an ack only grants credit for more; it removes nothing.
+        if let Err(err) = delivery.acker.ack(BasicAckOptions::default()).await {
+            break Err(lost(err));
+        }
+        if entries.send((offset, delivery.data)).await.is_err() {
+            break Ok(());
+        }
+    };
+    attached.store(false, Ordering::Relaxed);
+    connection.close(200, "hourglass stopped reading".into()).await.ok();
+    result
+}

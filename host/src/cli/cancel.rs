@@ -1,0 +1,92 @@
+//! `hourglass cancel ID` and `hourglass reschedule ID`: the same cancellation
+//! log as `DELETE` and `PATCH /v1/messages/{id}` of a running `serve`, written
+//! and read straight on RabbitMQ. The answer comes once this process has read
+//! the log up to its own event, so a long log takes a while (`--wait`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Result, bail};
+use hourglass::broker::{Broker, amqp_url};
+use hourglass::config::BrokerConfig;
+use hourglass::scheduler::Scheduler;
+use hourglass::service::cancel::{Answer, CancelLog};
+use hourglass_planner_sdk::DurationMs;
+
+use super::{Cli, duration_arg, load, tokio_runtime};
+
+#[derive(clap::Args)]
+pub struct CancelArgs {
+    /// The id `POST /v1/messages` or `schedule` answered with.
+    pub id: String,
+    /// How long to wait for the log to be read up to this cancel.
+    #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "60s")]
+    pub wait: u64,
+}
+
+#[derive(clap::Args)]
+pub struct RescheduleArgs {
+    pub id: String,
+    /// The new delay, from now.
+    #[arg(long, value_parser = duration_arg, value_name = "DUR", required_unless_present = "at", conflicts_with = "at")]
+    pub delay: Option<u64>,
+    /// The new due time, RFC 3339.
+    #[arg(long, value_parser = hourglass::clock::parse_rfc3339_ms, value_name = "TIME")]
+    pub at: Option<u64>,
+    #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "60s")]
+    pub wait: u64,
+}
+
+/// What the log answered, as an exit: 0 when done (or already so), 1 when too late.
+fn report(id: &str, answer: Answer) -> ExitCode {
+    let (line, ok) = match answer {
+        Answer::Cancelled => (format!("cancelled {id}: it will not be delivered"), true),
+        Answer::AlreadyCancelled => (format!("{id} was already cancelled"), true),
+        Answer::Rescheduled => (format!("rescheduled {id}"), true),
+        Answer::AlreadyReleased => (format!("{id} was already delivered to its destination"), false),
+        other => (format!("unexpected answer from the cancellation log: {other:?}"), false),
+    };
+    if ok {
+        println!("{line}");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("{line}");
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs `ask` against the log while a reader reads it.
+fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&CancelLog) -> Result<Answer>) -> Result<Answer> {
+    let (mut config, strategies) = load(cli)?;
+    let BrokerConfig::Rabbitmq { url, url_env, .. } = &config.broker else {
+        bail!("cancellation needs broker.kind = \"rabbitmq\" (the log is a RabbitMQ stream)");
+    };
+    let url = amqp_url(url.as_deref(), url_env.as_deref());
+    config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
+    tokio_runtime()?.block_on(async {
+        let broker = Broker::connect(&config.broker).await?;
+        let log = CancelLog::new(&url, &config.service.cancel, Arc::new(Scheduler::new(&config, strategies, broker)));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let reader = tokio::spawn(log.clone().read(stopped));
+        let answer = ask(&log).await;
+        let _ = stop.send(true);
+        let _ = reader.await;
+        answer
+    })
+}
+
+pub fn cancel(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
+    let answer = with_log(cli, args.wait, async |log: &CancelLog| Ok(log.cancel(&args.id).await?))?;
+    Ok(report(&args.id, answer))
+}
+
+pub fn reschedule(cli: &Cli, args: &RescheduleArgs) -> Result<ExitCode> {
+    let due_at_ms = args.at.unwrap_or_else(|| hourglass::clock::unix_now_ms() + args.delay.unwrap_or_default());
+    let answer = with_log(cli, args.wait, async |log: &CancelLog| {
+        if due_at_ms.saturating_sub(hourglass::clock::unix_now_ms()) > log.retention_ms() {
+            bail!("the new due time is more than service.cancel.retention ({} ms) away; the log would forget it", log.retention_ms());
+        }
+        Ok(log.reschedule(&args.id, due_at_ms).await?)
+    })?;
+    Ok(report(&args.id, answer))
+}
