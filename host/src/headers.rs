@@ -12,10 +12,12 @@ pub const DELAY_HEADER: &str = "hourglass-delay-ms";
 /// The absolute due time (Unix ms), so a consumer can measure lateness.
 pub const DUE_AT_HEADER: &str = "hourglass-due-at";
 
-// On messages of cancellable strategies, read when they reach the release queue.
-/// The id the message was scheduled under (what `DELETE /v1/messages/{id}` names).
+/// On every delayed message too: [`DESTINATION_HEADER`], its destination
+/// (what the release queue forwards by, and `transfer` moves by).
+///
+/// On messages of cancellable strategies: the id the message was scheduled
+/// under (what `DELETE /v1/messages/{id}` names).
 pub const ID_HEADER: &str = "hourglass-id";
-// … and [`DESTINATION_HEADER`]: where the release queue forwards it.
 
 /// On parked messages: why they could not go on.
 pub const PARKED_REASON_HEADER: &str = "hourglass-parked-reason";

@@ -27,6 +27,10 @@
 //!   pumps, reload and shutdown.
 //! * [`sim`] is the in-memory broker with a virtual clock, the simulation of a
 //!   strategy on it, and the planner conformance check built on both.
+//! * [`parked`] lists, replays and drops the messages set aside
+//!   (`hourglass parked`).
+//! * [`transfer`] moves waiting messages from one strategy's queues to
+//!   another's, keeping their due times (`hourglass transfer`).
 //! * [`metrics`] are shared by all of the above; [`render`] prints plans,
 //!   topologies and traces as tables, JSON, Mermaid or DOT.
 //!
@@ -39,8 +43,10 @@ pub mod config;
 pub mod headers;
 pub mod message;
 pub mod metrics;
+pub mod parked;
 pub mod planner;
 pub mod render;
 pub mod scheduler;
 pub mod service;
 pub mod sim;
+pub mod transfer;

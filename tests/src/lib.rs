@@ -133,8 +133,13 @@ pub struct Destination {
 
 impl Destination {
     pub async fn declare(connection: &Connection, stem: &str) -> Destination {
+        Destination::named(connection, &unique(stem)).await
+    }
+
+    /// A destination of this exact name (declared if missing), consumed.
+    pub async fn named(connection: &Connection, name: &str) -> Destination {
         let channel = connection.create_channel().await.unwrap();
-        let name = unique(stem);
+        let name = name.to_string();
         channel.queue_declare(name.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
         let mut consumer = channel.basic_consume(name.as_str().into(), "e2e".into(), BasicConsumeOptions::default(), FieldTable::default()).await.unwrap();
         let (sender, received) = mpsc::unbounded_channel();

@@ -81,3 +81,36 @@ async fn celery_preset_shares_a_broker_with_celery() {
     // Celery declares quorum levels by default (broker_native_delayed_delivery_queue_type), as hourglass does.
     round_trip("celery", |level| format!("celery_delayed_{level}"), true).await;
 }
+
+/// `hourglass inspect` counts what waits in a shared preset's levels, the
+/// other client's messages included, per level.
+#[tokio::test]
+async fn inspect_counts_celery_clients_messages_in_the_shared_levels() {
+    let vhost = vhost::PrivateVhost::create("inspect-celery");
+    let connection = connect_to(&vhost.url).await;
+    let text = config_text_on(&vhost.url, "planner = \"binary-levels\"\npreset = \"celery\"", "");
+    let config = hourglass::config::Config::parse(std::path::Path::new("interop.toml"), text.clone()).expect("test config");
+    let destination = Destination::declare(&connection, "celery-inspect").await;
+    let scheduler = scheduler(&config).await;
+    // 100 s waits first at level 6 (64 s); the other client's 60 s, published at the top as kombu does, at level 5 (32 s).
+    for _ in 0..2 {
+        let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 100_000, body: b"ours".to_vec(), ..Default::default() };
+        scheduler.schedule(request).await.expect("scheduled");
+    }
+    for _ in 0..3 {
+        publish_like_the_other_client(&connection, "celery_delayed_27", &foreign_key(60, &destination.name), b"theirs").await;
+    }
+
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("inspect-celery")));
+    std::fs::write(&path, &text).unwrap();
+    let output = std::process::Command::new(hourglass_binary()).args(["--config", path.to_str().unwrap(), "inspect", "--format", "json"]).output().unwrap();
+    std::fs::remove_file(&path).ok();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let strategies: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let main = &strategies[0];
+    assert_eq!(main["waiting"].as_u64(), Some(5), "{main}");
+    let level = |name: &str| main["queues"].as_array().unwrap().iter().find(|q| q["queue"] == name).and_then(|q| q["messages"].as_u64());
+    assert_eq!((level("celery_delayed_6"), level("celery_delayed_5")), (Some(2), Some(3)), "{main}");
+    destination.delete().await;
+    drop(vhost);
+}

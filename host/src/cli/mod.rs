@@ -15,6 +15,7 @@ use hourglass_planner_sdk::parse_duration_ms;
 mod cancel;
 mod check_planner;
 mod inspect;
+mod parked;
 mod plan;
 mod progress;
 mod pump;
@@ -24,6 +25,7 @@ mod serve;
 mod simulate;
 mod strategies;
 mod topology;
+mod transfer;
 mod verify;
 
 #[derive(Parser)]
@@ -82,6 +84,10 @@ enum Commands {
     Cancel(cancel::CancelArgs),
     /// Give a message of a cancellable strategy a new due time.
     Reschedule(cancel::RescheduleArgs),
+    /// List, replay or drop the messages hourglass set aside (parked and invalid).
+    Parked(parked::Args),
+    /// Move the messages waiting in one strategy's queues into another strategy, keeping their due times.
+    Transfer(transfer::Args),
 }
 
 /// `--to DEST` and `--delay DUR` or `--at TIME`, as `plan` and `schedule` take them.
@@ -191,5 +197,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Inspect(args) => inspect::run(&cli, args),
         Commands::Cancel(args) => cancel::cancel(&cli, args),
         Commands::Reschedule(args) => cancel::reschedule(&cli, args),
+        Commands::Transfer(args) => transfer::run(&cli, args),
+        Commands::Parked(args) => parked::run(&cli, args),
     }
 }

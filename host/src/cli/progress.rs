@@ -40,6 +40,18 @@ impl Progress {
         }
     }
 
+    /// `steps` more finished at once (a batch); a plain line names `item`.
+    pub fn advance(&mut self, steps: u64, item: &str) {
+        self.done += steps;
+        match &self.bar {
+            Some(bar) => {
+                bar.set_message(item.to_string());
+                bar.inc(steps);
+            }
+            None => eprintln!("[{}/{}] {item}", self.done, self.total),
+        }
+    }
+
     /// Clears the bar; the caller prints its summary after.
     pub fn finish(self) -> Duration {
         if let Some(bar) = self.bar {

@@ -464,9 +464,10 @@ impl<E: Executor> Scheduler<E> {
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
+        // Where it is going travels with it: the release queue forwards by it, and `transfer` moves by it.
+        headers.insert(DESTINATION_HEADER.into(), FieldValue::Text(request.destination.clone()));
         if cancellable {
             headers.insert(ID_HEADER.into(), FieldValue::Text(id.clone()));
-            headers.insert(DESTINATION_HEADER.into(), FieldValue::Text(request.destination.clone()));
         }
         let envelope = Envelope { id: id.clone(), body: request.body, headers, properties: request.properties, stamp_message_id: !request.as_is };
         let scheduled = Scheduled { id, strategy, due_at_ms, delivers_after_ms: plan.delivers_after_ms };

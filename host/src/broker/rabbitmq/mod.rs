@@ -9,6 +9,7 @@
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`verify`]: compares a broker with a strategy's topology.
 //! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
+//! * [`take`]: takes messages off a queue unacked, one `basic.get` at a time (transfer).
 
 pub mod batch;
 pub mod channels;
@@ -18,6 +19,7 @@ pub mod link;
 pub mod manage;
 pub mod publish;
 pub mod stream;
+pub mod take;
 pub mod verify;
 
 pub use channels::DEFAULT_PUBLISH_CHANNELS;

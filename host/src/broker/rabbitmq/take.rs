@@ -1,0 +1,74 @@
+//! Taking messages off a queue one `basic.get` at a time, holding each until
+//! it is acked (done with) or given back: what `hourglass transfer` moves
+//! messages with. A taken message sits unacked, so it neither expires into
+//! the next queue nor is lost if this process dies: the broker puts it back.
+
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::types::FieldTable as AmqpTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use crate::broker::ExecutorError;
+use crate::message::Delivery;
+
+use super::convert::from_amqp_delivery;
+use super::publish::redact;
+
+/// One connection and channel to take messages with.
+pub struct Taker {
+    url: String,
+    connection: Connection,
+    channel: Channel,
+}
+
+/// A message taken and not yet acked or given back.
+pub struct Taken {
+    pub delivery: Delivery,
+    acker: lapin::Acker,
+}
+
+impl Taker {
+    pub async fn open(url: &str) -> Result<Taker, ExecutorError> {
+        let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url)));
+        let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(lost)?;
+        let channel = connection.create_channel().await.map_err(lost)?;
+        Ok(Taker { url: url.to_string(), connection, channel })
+    }
+
+    fn lost(&self, e: lapin::Error) -> ExecutorError {
+        ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(&self.url)))
+    }
+
+    /// Messages ready in `queue` now (a passive declare); `None` when the queue does not exist.
+    pub async fn depth(&self, queue: &str) -> Result<Option<u32>, ExecutorError> {
+        // A passive declare of a missing queue closes the channel: use one of its own.
+        let channel = self.connection.create_channel().await.map_err(|e| self.lost(e))?;
+        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+        let depth = channel.queue_declare(queue.into(), passive, AmqpTable::default()).await.ok().map(|q| q.message_count());
+        channel.close(200, "done".into()).await.ok();
+        Ok(depth)
+    }
+
+    /// Up to `max` messages from `queue`, fewer when it runs empty.
+    pub async fn take(&self, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
+        let mut taken = Vec::new();
+        while taken.len() < max {
+            let Some(got) = self.channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await.map_err(|e| self.lost(e))? else { break };
+            taken.push(Taken { delivery: from_amqp_delivery(queue, &got.delivery), acker: got.delivery.acker });
+        }
+        Ok(taken)
+    }
+
+    /// Done with it: the broker forgets it.
+    pub async fn ack(&self, taken: Taken) -> Result<(), ExecutorError> {
+        taken.acker.ack(BasicAckOptions::default()).await.map(|_| ()).map_err(|e| self.lost(e))
+    }
+
+    /// Back where it was, as it was.
+    pub async fn give_back(&self, taken: Taken) -> Result<(), ExecutorError> {
+        taken.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.map(|_| ()).map_err(|e| self.lost(e))
+    }
+
+    pub async fn close(self) {
+        self.connection.close(200, "hourglass transfer done".into()).await.ok();
+    }
+}

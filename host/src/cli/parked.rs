@@ -1,0 +1,135 @@
+//! `hourglass parked list|replay|drop`: the messages hourglass set aside
+//! (parking queues, release queues' `.parked`, the ingress's invalid queue).
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use hourglass::broker::rabbitmq::take::Taker;
+use hourglass::broker::{Broker, amqp_url};
+use hourglass::config::BrokerConfig;
+use hourglass::parked::{self, Handled, ParkingQueue};
+use hourglass::scheduler::Scheduler;
+
+use super::{Cli, TextOrJson, load, print_json, tokio_runtime};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// Show set-aside messages and why (nothing moves).
+    List {
+        /// One queue (default: every parking and invalid queue of this config).
+        #[arg(long)]
+        queue: Option<String>,
+        /// At most this many per queue.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long, value_enum, default_value = "table")]
+        format: TextOrJson,
+    },
+    /// Publish them again: to their destination (or the ingress), then remove them.
+    Replay {
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only the message with this message id.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Remove them for good (needs --id or --all).
+    Drop {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, conflicts_with = "all")]
+        id: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
+    let (config, strategies) = load(cli)?;
+    let BrokerConfig::Rabbitmq { url, url_env, .. } = &config.broker else {
+        bail!("parked reads RabbitMQ queues; broker.kind is not \"rabbitmq\"");
+    };
+    let url = amqp_url(url.as_deref(), url_env.as_deref());
+    tokio_runtime()?.block_on(async {
+        let scheduler = Scheduler::new(&config, strategies, Broker::connect(&config.broker).await?);
+        let mut queues = parked::parking_queues(&config, &scheduler);
+        let wanted = match &args.action {
+            Action::List { queue, .. } | Action::Replay { queue, .. } | Action::Drop { queue, .. } => queue.clone(),
+        };
+        if let Some(wanted) = wanted {
+            queues.retain(|q| q.queue == wanted);
+            if queues.is_empty() {
+                let known = parked::parking_queues(&config, &scheduler).into_iter().map(|q| q.queue).collect::<Vec<_>>().join(", ");
+                bail!("{wanted:?} is not a parking or invalid queue of this config (they are: {known})");
+            }
+        }
+        let taker = Taker::open(&url).await?;
+        let code = match &args.action {
+            Action::List { limit, format, .. } => list(&taker, &queues, *limit, *format).await?,
+            Action::Replay { id, .. } => {
+                let mut results = Vec::new();
+                for queue in &queues {
+                    results.push(parked::replay(&scheduler, &taker, queue, &config.service.ingress.queue, id.as_deref()).await?);
+                }
+                report("replayed", &results)
+            }
+            Action::Drop { id, all, .. } => {
+                if id.is_none() && !all {
+                    bail!("drop removes messages for good: name one with --id, or all of them with --all");
+                }
+                let mut results = Vec::new();
+                for queue in &queues {
+                    results.push(parked::drop(&taker, &queue.queue, id.as_deref()).await?);
+                }
+                report("dropped", &results)
+            }
+        };
+        taker.close().await;
+        Ok(code)
+    })
+}
+
+async fn list(taker: &Taker, queues: &[ParkingQueue], limit: usize, format: TextOrJson) -> Result<ExitCode> {
+    let mut all = Vec::new();
+    for queue in queues {
+        all.extend(parked::list(taker, &queue.queue, limit).await?);
+    }
+    match format {
+        TextOrJson::Json => print_json(&all)?,
+        TextOrJson::Table => {
+            let rows: Vec<Vec<String>> = all
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.queue.clone(),
+                        m.message_id.clone().unwrap_or_default(),
+                        m.destination.clone().unwrap_or_default(),
+                        m.reason.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print!("{}", hourglass::render::table(&["QUEUE", "MESSAGE ID", "DESTINATION", "REASON"], &rows));
+            println!("{} set-aside messages shown (at most {limit} per queue)", all.len());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line per queue touched; exit 1 when any selected message stayed.
+fn report(verb: &str, results: &[Handled]) -> ExitCode {
+    for handled in results.iter().filter(|h| h.done > 0 || h.left > 0) {
+        match &handled.why_left {
+            Some(why) => println!("{}: {verb} {}, {} left ({why})", handled.queue, handled.done, handled.left),
+            None => println!("{}: {verb} {}", handled.queue, handled.done),
+        }
+    }
+    let (done, left): (u64, u64) = results.iter().fold((0, 0), |(d, l), h| (d + h.done, l + h.left));
+    println!("{verb} {done} messages; {left} left in place");
+    if left == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

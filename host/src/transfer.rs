@@ -1,0 +1,192 @@
+//! Moving the messages waiting in one strategy's queues into another
+//! strategy, each keeping its due time: the upgrade from classic to quorum
+//! levels, or from one topology to another, while messages are in flight.
+//!
+//! Queue by queue, longest TTL first (a message that drops to a shorter level
+//! meanwhile is met again there), messages are taken unacked in batches,
+//! scheduled through the target strategy at their `hourglass-due-at` with a
+//! confirmed publish, and only then acked: never early (the target plans the
+//! time left, rounded up), never lost (a message not yet acked goes back to
+//! its queue if anything fails). A message without hourglass's due time and
+//! destination headers (scheduled by another client, or before hourglass
+//! wrote its destination) is given back and counted, not guessed at.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::broker::rabbitmq::take::{Taken, Taker};
+use crate::broker::{Broker, ExecutorError};
+use crate::headers::{DESTINATION_HEADER, DUE_AT_HEADER, ID_HEADER, is_reserved};
+use crate::message::Delivery;
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+
+#[derive(Debug, Error)]
+pub enum TransferError {
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Broker(#[from] ExecutorError),
+}
+
+/// What a transfer did (or, dry, would do), per source queue.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct QueueSummary {
+    pub queue: String,
+    /// Messages waiting when the queue was first read.
+    pub found: u64,
+    pub moved: u64,
+    /// Given back, by reason.
+    pub left: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub from: String,
+    pub to: String,
+    pub dry_run: bool,
+    pub queues: Vec<QueueSummary>,
+    pub moved: u64,
+    pub left: u64,
+    /// The earliest and latest due time (Unix ms) among the moved messages.
+    pub earliest_due_ms: Option<u64>,
+    pub latest_due_ms: Option<u64>,
+}
+
+/// How many messages are taken, scheduled and acked at a time.
+pub const DEFAULT_BATCH: usize = 256;
+
+/// The source strategy's waiting queues, longest TTL first.
+fn source_queues(scheduler: &Scheduler<Broker>, from: &str, to: &str) -> Result<Vec<String>, TransferError> {
+    let names = scheduler.strategy_names();
+    for name in [from, to] {
+        if !names.iter().any(|n| n == name) {
+            return Err(TransferError::Refused(format!("unknown strategy {name:?}; configured: {}", names.join(", "))));
+        }
+    }
+    if from == to {
+        return Err(TransferError::Refused("--from and --to name the same strategy".into()));
+    }
+    let mut queues = scheduler.waiting_queues().remove(from).unwrap_or_default();
+    if queues.is_empty() {
+        return Err(TransferError::Refused(format!(
+            "strategy {from:?} has no waiting queues in its static topology (hold-queues declares them per message; not supported yet)"
+        )));
+    }
+    queues.sort_by_key(|(_, ttl)| std::cmp::Reverse(ttl.unwrap_or(0)));
+    Ok(queues.into_iter().map(|(queue, _)| queue).collect())
+}
+
+/// The request that moves `delivery` to `to`, or why it stays.
+fn request_for(delivery: &Delivery, to: &str) -> Result<(ScheduleRequest, u64), &'static str> {
+    let headers = &delivery.properties.headers;
+    let due = headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()).ok_or("no hourglass-due-at header")?;
+    let destination = headers.get(DESTINATION_HEADER).and_then(|v| v.as_text()).filter(|d| !d.is_empty()).ok_or("no hourglass-destination header")?;
+    let id = headers.get(ID_HEADER).and_then(|v| v.as_text());
+    let mut properties = delivery.properties.clone();
+    // hourglass's headers are written afresh by the target; the death records are dropped by the scheduler.
+    properties.headers.retain(|name, _| !is_reserved(name));
+    let request = ScheduleRequest {
+        destination,
+        deliver_at_ms: Some(due),
+        body: delivery.body.clone(),
+        properties,
+        strategy: Some(to.to_string()),
+        as_is: true,
+        id,
+        ..Default::default()
+    };
+    Ok((request, due))
+}
+
+/// Moves every message waiting in `from`'s queues to `to`; with `dry_run`, only counts them.
+/// `progress` hears of each batch: (queue, messages moved in it).
+pub async fn transfer(
+    scheduler: &Scheduler<Broker>,
+    taker: &Taker,
+    from: &str,
+    to: &str,
+    dry_run: bool,
+    batch: usize,
+    mut progress: impl FnMut(&str, u64),
+) -> Result<Summary, TransferError> {
+    let queues = source_queues(scheduler, from, to)?;
+    let mut summary = Summary { from: from.into(), to: to.into(), dry_run, ..Default::default() };
+    for queue in queues {
+        let found = taker.depth(&queue).await?.unwrap_or(0) as u64;
+        let mut counts = QueueSummary { queue: queue.clone(), found, ..Default::default() };
+        if !dry_run && found > 0 {
+            move_queue(scheduler, taker, &queue, to, batch.max(1), &mut counts, &mut summary, &mut progress).await?;
+        }
+        summary.left += counts.left.values().sum::<u64>();
+        summary.queues.push(counts);
+    }
+    Ok(summary)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn move_queue(
+    scheduler: &Scheduler<Broker>,
+    taker: &Taker,
+    queue: &str,
+    to: &str,
+    batch: usize,
+    counts: &mut QueueSummary,
+    summary: &mut Summary,
+    progress: &mut impl FnMut(&str, u64),
+) -> Result<(), TransferError> {
+    // Messages that stay are held unacked until the queue is done, so basic.get moves past them.
+    let mut staying: Vec<Taken> = Vec::new();
+    let result = async {
+        loop {
+            let taken = taker.take(queue, batch).await?;
+            if taken.is_empty() {
+                return Ok(());
+            }
+            let mut moving = Vec::new();
+            let mut requests = Vec::new();
+            for message in taken {
+                match request_for(&message.delivery, to) {
+                    Ok((request, due)) => {
+                        requests.push(request);
+                        moving.push((message, due));
+                    }
+                    Err(reason) => {
+                        *counts.left.entry(reason.to_string()).or_default() += 1;
+                        staying.push(message);
+                    }
+                }
+            }
+            let results = scheduler.schedule_many(requests, batch).await;
+            let mut moved = 0;
+            for ((message, due), result) in moving.into_iter().zip(results) {
+                match result {
+                    Ok(_) => {
+                        taker.ack(message).await?;
+                        moved += 1;
+                        summary.earliest_due_ms = Some(summary.earliest_due_ms.map_or(due, |d| d.min(due)));
+                        summary.latest_due_ms = Some(summary.latest_due_ms.map_or(due, |d| d.max(due)));
+                    }
+                    // The broker went away: stop here; what is not acked goes back.
+                    Err(ScheduleError::Broker(err @ ExecutorError::Unavailable(_))) => {
+                        staying.push(message);
+                        return Err(TransferError::Broker(err));
+                    }
+                    Err(err) => {
+                        *counts.left.entry(format!("refused by {to}: {err}")).or_default() += 1;
+                        staying.push(message);
+                    }
+                }
+            }
+            counts.moved += moved;
+            summary.moved += moved;
+            progress(queue, moved);
+        }
+    }
+    .await;
+    for message in staying {
+        taker.give_back(message).await.ok();
+    }
+    result
+}
