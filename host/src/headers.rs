@@ -12,9 +12,12 @@ pub const DELAY_HEADER: &str = "hourglass-delay-ms";
 /// The absolute due time (Unix ms), so a consumer can measure lateness.
 pub const DUE_AT_HEADER: &str = "hourglass-due-at";
 
-/// On every delayed message too: [`DESTINATION_HEADER`], its destination
-/// (what the release queue forwards by, and `transfer` moves by).
-///
+/// The destination a delayed message is on its way to: what a release queue
+/// forwards by, and `transfer` and `parked replay` move by. (Not
+/// [`DESTINATION_HEADER`], the ingress's input, which a planner may also use
+/// for its own routing.)
+pub const TARGET_HEADER: &str = "hourglass-target";
+
 /// On messages of cancellable strategies: the id the message was scheduled
 /// under (what `DELETE /v1/messages/{id}` names).
 pub const ID_HEADER: &str = "hourglass-id";

@@ -15,7 +15,7 @@ use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
 use crate::config::Config;
-use crate::headers::{DESTINATION_HEADER, DUE_AT_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER};
+use crate::headers::{DUE_AT_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, HeaderValue};
 use crate::scheduler::Scheduler;
 
@@ -60,7 +60,7 @@ impl ParkedMessage {
         ParkedMessage {
             queue: delivery.queue.clone(),
             message_id: delivery.properties.message_id.clone(),
-            destination: text(DESTINATION_HEADER),
+            destination: text(TARGET_HEADER),
             due_at_ms: headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()),
             reason,
             bytes: delivery.body.len(),
@@ -154,7 +154,7 @@ pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &Park
         let target = if parking.kind == "invalid" {
             ingress.to_string()
         } else {
-            delivery.properties.headers.get(DESTINATION_HEADER).and_then(|v| v.as_text()).ok_or("no hourglass-destination header: replay it by hand")?
+            delivery.properties.headers.get(TARGET_HEADER).and_then(|v| v.as_text()).ok_or("no hourglass-target header: replay it by hand")?
         };
         let mut properties = delivery.properties.clone();
         properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);

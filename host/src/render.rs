@@ -262,6 +262,87 @@ pub fn mermaid(commands: &[Command]) -> String {
     out
 }
 
+/// The topology drawn as an SVG, for the status page: no script, no layout
+/// engine. Each node sits one row below the longest chain of edges leading
+/// to it (so a message's path reads top to bottom); exchanges have rounded
+/// corners, queues square ones, dead-lettering is dashed; an edge's routing
+/// key or TTL is its tooltip.
+pub fn svg(commands: &[Command]) -> String {
+    const ROW: usize = 56;
+    const BOX: usize = 26;
+    const GAP: usize = 16;
+    const CHAR: usize = 7;
+    let mut nodes = Nodes { ids: BTreeMap::new() };
+    let mut labels: BTreeMap<String, String> = BTreeMap::new();
+    for (kind, name, label) in node_list(commands) {
+        labels.insert(nodes.id(kind, &name), label);
+    }
+    let edges: Vec<(String, String, String, bool)> =
+        edges(commands).into_iter().map(|(fk, from, tk, to, label, dashed)| (nodes.id(fk, &from), nodes.id(tk, &to), label, dashed)).collect();
+    for ((kind, name), id) in &nodes.ids {
+        labels.entry(id.clone()).or_insert_with(|| format!("{} {}", if *kind == 'e' { "exchange" } else { "queue" }, display_name(name)));
+    }
+    // Rows by longest path; at most one pass per node, so a cycle cannot loop forever.
+    let mut row: BTreeMap<&str, usize> = labels.keys().map(|id| (id.as_str(), 0)).collect();
+    for _ in 0..labels.len() {
+        let mut changed = false;
+        for (from, to, _, _) in &edges {
+            let below = row[from.as_str()] + 1;
+            if from != to && row[to.as_str()] < below && below < labels.len() {
+                row.insert(to.as_str(), below);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let mut order: Vec<&str> = labels.keys().map(String::as_str).collect();
+    // Declaration order within a row reads like the topology's listing.
+    order.sort_by_key(|id| (row[id], id[1..].parse::<usize>().unwrap_or(0)));
+    let mut place: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+    let mut next_x: BTreeMap<usize, usize> = BTreeMap::new();
+    for id in &order {
+        let width = labels[*id].len() * CHAR + 16;
+        let x = next_x.entry(row[id]).or_insert(GAP);
+        place.insert(id, (*x, row[id] * ROW + GAP, width));
+        *x += width + GAP;
+    }
+    let width = next_x.values().max().copied().unwrap_or(GAP);
+    let height = row.values().max().map_or(0, |r| (r + 1) * ROW) + GAP;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"topology\" width=\"{width}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n\
+         <defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" orient=\"auto\"><path d=\"M0,0L10,5L0,10z\"/></marker></defs>\n"
+    );
+    for (from, to, label, dashed) in &edges {
+        let ((fx, fy, fw), (tx, ty, tw)) = (place[from.as_str()], place[to.as_str()]);
+        let (x1, y1, x2, y2) = (fx + fw / 2, fy + BOX, tx + tw / 2, ty);
+        let dash = if *dashed { " stroke-dasharray=\"4 3\"" } else { "" };
+        let _ = writeln!(
+            out,
+            "<line x1=\"{x1}\" y1=\"{y1}\" x2=\"{x2}\" y2=\"{y2}\" stroke=\"#888\"{dash} marker-end=\"url(#arrow)\"><title>{}</title></line>",
+            xml_escape(label)
+        );
+    }
+    for id in &order {
+        let (x, y, w) = place[id];
+        let rounded = if id.starts_with('e') { " rx=\"12\"" } else { "" };
+        let _ = writeln!(
+            out,
+            "<g class=\"node\"><rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{BOX}\"{rounded} fill=\"#f4f4f4\" stroke=\"#444\"/><text x=\"{}\" y=\"{}\">{}</text></g>",
+            x + 8,
+            y + 17,
+            xml_escape(&labels[*id])
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
 pub fn dot(commands: &[Command]) -> String {
     let mut nodes = Nodes { ids: BTreeMap::new() };
     let mut out = String::from("digraph topology {\n  rankdir=TB;\n");
@@ -315,5 +396,35 @@ mod tests {
         assert!(m.contains("q1 -.->|\"TTL 2s\"| e0"), "{m}");
         let d = dot(&commands);
         assert!(d.contains("q1 -> e0 [label=\"TTL 2s\", style=dashed]"), "{d}");
+    }
+
+    #[test]
+    fn the_svg_draws_every_node_once_and_places_each_below_what_feeds_it() {
+        let queue = |name: &str, dlx: &str| Command::DeclareQueue {
+            name: name.into(),
+            durable: true,
+            arguments: [("x-dead-letter-exchange".to_string(), FieldValue::Text(dlx.into()))].into(),
+        };
+        let exchange = |name: &str| Command::DeclareExchange { name: name.into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
+        let bind = |queue: &str, exchange: &str| Command::BindQueue {
+            queue: queue.into(),
+            exchange: exchange.into(),
+            routing_key: "<1>.#".into(),
+            arguments: FieldTable::new(),
+        };
+        let commands = vec![exchange("top"), queue("wait", "next"), exchange("next"), bind("wait", "top"), bind("orders", "next")];
+        let svg = svg(&commands);
+        assert_eq!(svg.matches("<rect").count(), 4, "top, wait, next and the destination orders: {svg}");
+        assert_eq!(svg.matches("<line").count(), 3, "{svg}");
+        assert_eq!(svg.matches("stroke-dasharray").count(), 1, "one dead-letter edge: {svg}");
+        assert!(svg.contains("<title>&lt;1&gt;.#</title>"), "routing keys are escaped tooltips: {svg}");
+        let y_of = |label: &str| -> usize {
+            let at = svg.find(&format!(">{label}</text>")).unwrap_or_else(|| panic!("{label} missing: {svg}"));
+            let text = &svg[..at];
+            let y = &text[text.rfind(" y=\"").unwrap() + 4..];
+            y[..y.find('"').unwrap()].parse().unwrap()
+        };
+        let rows = ["exchange top (topic)", "queue wait", "exchange next (topic)", "queue orders"].map(y_of);
+        assert!(rows.windows(2).all(|pair| pair[0] < pair[1]), "each node a row below what feeds it: {rows:?}");
     }
 }

@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::broker::rabbitmq::manage::Management;
 use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::broker::{Broker, ExecutorError};
-use crate::headers::{DESTINATION_HEADER, DUE_AT_HEADER, ID_HEADER, is_reserved};
+use crate::headers::{DUE_AT_HEADER, ID_HEADER, TARGET_HEADER, is_reserved};
 use crate::message::Delivery;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
@@ -57,8 +58,10 @@ pub struct Summary {
 /// How many messages are taken, scheduled and acked at a time.
 pub const DEFAULT_BATCH: usize = 256;
 
-/// The source strategy's waiting queues, longest TTL first.
-fn source_queues(scheduler: &Scheduler<Broker>, from: &str, to: &str) -> Result<Vec<String>, TransferError> {
+/// The source strategy's waiting queues, longest TTL first: its static
+/// topology's, and those it declared per message (hold queues), which the
+/// management API lists.
+fn source_queues(scheduler: &Scheduler<Broker>, management: Option<&Management>, from: &str, to: &str) -> Result<Vec<String>, TransferError> {
     let names = scheduler.strategy_names();
     for name in [from, to] {
         if !names.iter().any(|n| n == name) {
@@ -69,10 +72,17 @@ fn source_queues(scheduler: &Scheduler<Broker>, from: &str, to: &str) -> Result<
         return Err(TransferError::Refused("--from and --to name the same strategy".into()));
     }
     let mut queues = scheduler.waiting_queues().remove(from).unwrap_or_default();
+    if let Some(exchanges) = scheduler.per_message_queue_targets().remove(from) {
+        let Some(api) = management else {
+            return Err(TransferError::Refused(format!(
+                "strategy {from:?} declares its queues per message; listing them needs the management API (broker.management_url)"
+            )));
+        };
+        let found = tokio::task::block_in_place(|| api.queues_dead_lettering_to(&exchanges)).map_err(TransferError::Refused)?;
+        queues.extend(found.into_iter().map(|(queue, _, ttl)| (queue, ttl)));
+    }
     if queues.is_empty() {
-        return Err(TransferError::Refused(format!(
-            "strategy {from:?} has no waiting queues in its static topology (hold-queues declares them per message; not supported yet)"
-        )));
+        return Err(TransferError::Refused(format!("strategy {from:?} has no queues where messages wait")));
     }
     queues.sort_by_key(|(_, ttl)| std::cmp::Reverse(ttl.unwrap_or(0)));
     Ok(queues.into_iter().map(|(queue, _)| queue).collect())
@@ -82,7 +92,7 @@ fn source_queues(scheduler: &Scheduler<Broker>, from: &str, to: &str) -> Result<
 fn request_for(delivery: &Delivery, to: &str) -> Result<(ScheduleRequest, u64), &'static str> {
     let headers = &delivery.properties.headers;
     let due = headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()).ok_or("no hourglass-due-at header")?;
-    let destination = headers.get(DESTINATION_HEADER).and_then(|v| v.as_text()).filter(|d| !d.is_empty()).ok_or("no hourglass-destination header")?;
+    let destination = headers.get(TARGET_HEADER).and_then(|v| v.as_text()).filter(|d| !d.is_empty()).ok_or("no hourglass-target header")?;
     let id = headers.get(ID_HEADER).and_then(|v| v.as_text());
     let mut properties = delivery.properties.clone();
     // hourglass's headers are written afresh by the target; the death records are dropped by the scheduler.
@@ -102,16 +112,18 @@ fn request_for(delivery: &Delivery, to: &str) -> Result<(ScheduleRequest, u64), 
 
 /// Moves every message waiting in `from`'s queues to `to`; with `dry_run`, only counts them.
 /// `progress` hears of each batch: (queue, messages moved in it).
+#[allow(clippy::too_many_arguments)]
 pub async fn transfer(
     scheduler: &Scheduler<Broker>,
     taker: &Taker,
+    management: Option<&Management>,
     from: &str,
     to: &str,
     dry_run: bool,
     batch: usize,
     mut progress: impl FnMut(&str, u64),
 ) -> Result<Summary, TransferError> {
-    let queues = source_queues(scheduler, from, to)?;
+    let queues = source_queues(scheduler, management, from, to)?;
     let mut summary = Summary { from: from.into(), to: to.into(), dry_run, ..Default::default() };
     for queue in queues {
         let found = taker.depth(&queue).await?.unwrap_or(0) as u64;

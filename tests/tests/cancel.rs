@@ -59,8 +59,8 @@ async fn json_call(served: &Served, method: &'static str, path: &str, body: Opti
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-/// Each message arrived at or after its due time, within the window.
-fn assert_on_time(received: &[Received], due: &std::collections::HashMap<String, u64>) {
+/// Each message arrived at or after its due time, within `window_ms`.
+fn assert_on_time(received: &[Received], due: &std::collections::HashMap<String, u64>, window_ms: u64) {
     for message in received {
         let body = String::from_utf8_lossy(&message.delivery.data).to_string();
         let due_at = due[&body];
@@ -69,7 +69,7 @@ fn assert_on_time(received: &[Received], due: &std::collections::HashMap<String,
         let late = message.at_ms as i64 - due_at as i64;
         eprintln!("{body}: {late} ms late");
         assert!(late >= 0, "{body} arrived {} ms early", -late);
-        assert!(late as u64 <= ON_TIME_MS, "{body} arrived {late} ms late (window {ON_TIME_MS} ms)");
+        assert!(late as u64 <= window_ms, "{body} arrived {late} ms late (window {window_ms} ms)");
     }
 }
 
@@ -111,7 +111,7 @@ async fn a_cancel_on_one_host_holds_on_another_and_after_every_host_restarted() 
     let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).to_string()).collect();
     bodies.sort();
     assert_eq!(bodies, ["after", "before"]);
-    assert_on_time(&received, &due);
+    assert_on_time(&received, &due, ON_TIME_MS);
     until("the victim dropped at the release queue", Duration::from_secs(5), async || {
         third.http.metric("hourglass_released_messages_total{strategy=\"main\",outcome=\"cancelled\"}").await >= 1.0
     })
@@ -159,12 +159,13 @@ async fn a_rescheduled_message_arrives_at_its_new_time_and_not_before() {
 
     let neighbour = destination.receive(1, Duration::from_secs(5)).await;
     assert_eq!(neighbour[0].delivery.data, b"neighbour", "the neighbour keeps its time; the moved one is not with it");
-    assert_on_time(&neighbour, &due);
+    assert_on_time(&neighbour, &due, ON_TIME_MS);
     let moved = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(moved[0].delivery.data, b"moved");
-    // It went round again, so its headers carry the new due time.
+    // It went round again (levels, release queue, levels, release queue): two
+    // passes, so twice the window (measured 26–203 ms late).
     due.insert("moved".to_string(), new_due);
-    assert_on_time(&moved, &due);
+    assert_on_time(&moved, &due, 2 * ON_TIME_MS);
     assert_eq!(served.http.metric("hourglass_released_messages_total{strategy=\"main\",outcome=\"rescheduled\"}").await, 1.0);
     let (status, _) = json_call(&served, "PATCH", &format!("/v1/messages/{id}"), Some(json!({ "deliver_at": "2000-01-01T00:00:00Z", "delay": "1s" }))).await;
     assert_eq!(status, 400, "delay and deliver_at together are refused");

@@ -53,3 +53,36 @@ async fn waiting_messages_are_counted_per_level_by_the_api_the_metrics_and_the_c
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
 }
+
+/// hold-queues makes a queue per delay on first use: the depth reading finds
+/// them through the management API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_queues_made_per_message_are_counted_through_the_management_api() {
+    let connection = connect().await;
+    let prefix = unique("inspect-hold");
+    let config = config(&format!("planner = \"hold-queues\"\nprefix = \"{prefix}\""));
+    let destination = Destination::declare(&connection, "inspect-hold").await;
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    for delay in ["60s", "60s", "61s"] {
+        let (status, answer) = served.http.schedule(None, json!({ "destination": destination.name, "delay": delay, "body": "later" })).await;
+        assert_eq!(status, 202, "{answer}");
+    }
+    let holding = async || -> Vec<(String, u64)> {
+        let (_, text) = served.http.call("GET", "/v1/delays?strategy=main", None, None).await;
+        let delays: Value = serde_json::from_str(&text).unwrap();
+        let queues = delays["strategies"][0]["queues"].as_array().cloned().unwrap_or_default();
+        queues.iter().filter_map(|q| Some((q["queue"].as_str()?.to_string(), q["messages"].as_u64()?))).filter(|(_, n)| *n > 0).collect()
+    };
+    until("both hold queues counted", Duration::from_secs(15), async || holding().await.len() == 2).await;
+    let mut counted = holding().await;
+    counted.sort();
+    assert_eq!(counted, [(format!("{prefix}.60000ms.{}", destination.name), 2), (format!("{prefix}.61000ms.{}", destination.name), 1)]);
+
+    served.stop().await;
+    let channel = connection.create_channel().await.unwrap();
+    for (queue, _) in counted {
+        channel.queue_delete(queue.as_str().into(), Default::default()).await.ok();
+    }
+    destination.delete().await;
+    delete_declared(&connection, &topology_of(&config)).await;
+}

@@ -24,7 +24,8 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         if !matches!(broker, Broker::RabbitMq(_)) {
             bail!("inspect reads RabbitMQ queues ({} here); on SQS, GET /v1/delays of a running serve lists its pumped queues", broker.describe());
         }
-        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default()).await)
+        let management = pending::management_for(&config);
+        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), management).await)
     })?;
     if let Some(wanted) = &cli.strategy {
         depths.retain(|s| &s.strategy == wanted);

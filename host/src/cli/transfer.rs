@@ -42,10 +42,15 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         let scheduler = Scheduler::new(&config, strategies, Broker::connect(&config.broker).await?);
         let taker = Taker::open(&url).await?;
         let (from, to) = (args.from.as_str(), args.to.as_str());
-        let found = transfer(&scheduler, &taker, from, to, true, args.batch, |_, _| {}).await?;
+        let management = hourglass::service::pending::management_for(&config);
+        let management = management.as_deref();
+        let found = transfer(&scheduler, &taker, management, from, to, true, args.batch, |_, _| {}).await?;
         let mut progress = Progress::new(found.queues.iter().map(|q| q.found).sum());
-        let summary =
-            if args.dry_run { found } else { transfer(&scheduler, &taker, from, to, false, args.batch, |queue, moved| progress.advance(moved, queue)).await? };
+        let summary = if args.dry_run {
+            found
+        } else {
+            transfer(&scheduler, &taker, management, from, to, false, args.batch, |queue, moved| progress.advance(moved, queue)).await?
+        };
         let took = progress.finish();
         taker.close().await;
         Ok::<_, anyhow::Error>((summary, took))

@@ -24,7 +24,7 @@ use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::Config;
-use crate::headers::{DELAY_HEADER, DESTINATION_HEADER, DUE_AT_HEADER, ID_HEADER};
+use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, ID_HEADER, TARGET_HEADER};
 use crate::message::Properties;
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
@@ -285,6 +285,32 @@ impl<E: Executor> Scheduler<E> {
             .collect()
     }
 
+    /// Per strategy that declares waiting queues per message (hold-queues),
+    /// the exchanges those queues dead-letter into: a broker listing finds
+    /// them by it. Strategies with static queues only are left out.
+    pub fn per_message_queue_targets(&self) -> BTreeMap<String, Vec<String>> {
+        self.strategy_names()
+            .into_iter()
+            .filter_map(|strategy| {
+                let topology = self.topology_of(&strategy).unwrap_or_default();
+                let declared = |name: &str| topology.iter().any(|c| matches!(c, Command::DeclareQueue { name: n, .. } if n == name));
+                let mut targets: Vec<String> = self
+                    .declarations_of(&strategy)
+                    .iter()
+                    .filter_map(|c| match c {
+                        Command::DeclareQueue { name, arguments, .. } if !declared(name) => {
+                            arguments.get("x-dead-letter-exchange").and_then(|v| v.as_text()).map(str::to_string)
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                targets.sort();
+                targets.dedup();
+                (!targets.is_empty()).then_some((strategy, targets))
+            })
+            .collect()
+    }
+
     /// Per strategy, its parking queues (where messages whose destination vanished wait).
     pub fn parking_queues(&self) -> BTreeMap<String, Vec<String>> {
         self.queues_per_strategy(crate::command::parking_queues)
@@ -465,7 +491,7 @@ impl<E: Executor> Scheduler<E> {
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
         // Where it is going travels with it: the release queue forwards by it, and `transfer` moves by it.
-        headers.insert(DESTINATION_HEADER.into(), FieldValue::Text(request.destination.clone()));
+        headers.insert(TARGET_HEADER.into(), FieldValue::Text(request.destination.clone()));
         if cancellable {
             headers.insert(ID_HEADER.into(), FieldValue::Text(id.clone()));
         }

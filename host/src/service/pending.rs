@@ -6,8 +6,10 @@
 //! the last reading. Messages other clients scheduled through a shared preset
 //! (NServiceBus, Celery) wait in the same queues and are counted too.
 //!
-//! On RabbitMQ the static topology is read: hold-queues' per-delay queues,
-//! made on first use, are not listed. On SQS each pumped queue is read
+//! On RabbitMQ the static topology is read by passive declares; queues a
+//! strategy makes per message (hold-queues' per-delay queues) are found
+//! through the management API, as the queues that dead-letter into the
+//! strategy's exchanges (skipped when the API does not answer). On SQS each pumped queue is read
 //! (`ApproximateNumberOf…` visible, in flight and delayed), with its
 //! dead-letter queue as the parked count.
 
@@ -19,9 +21,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use super::Service;
+use crate::broker::rabbitmq::manage::{self, Management};
 use crate::broker::sqs::pumped::dead_letter_queue;
-use crate::broker::{Broker, Executor};
+use crate::broker::{Broker, Executor, amqp_url};
 use crate::clock::unix_now_ms;
+use crate::config::{BrokerConfig, Config};
 use crate::scheduler::Scheduler;
 
 /// How often the depths are read on RabbitMQ (passive declares are free)...
@@ -57,7 +61,12 @@ pub struct StrategyDepths {
 /// `declared_only` is false: a missing queue costs a channel error per look.
 /// `pumped` (SQS: queue → strategy) adds each pumped queue, with its
 /// dead-letter queue as the parked count.
-pub async fn read(scheduler: &Scheduler<Broker>, declared_only: bool, pumped: &BTreeMap<String, String>) -> Vec<StrategyDepths> {
+pub async fn read(
+    scheduler: &Scheduler<Broker>,
+    declared_only: bool,
+    pumped: &BTreeMap<String, String>,
+    management: Option<Arc<Management>>,
+) -> Vec<StrategyDepths> {
     let parking = scheduler.parking_queues();
     let mut all = Vec::new();
     let mut by_strategy: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -75,14 +84,31 @@ pub async fn read(scheduler: &Scheduler<Broker>, declared_only: bool, pumped: &B
         let waiting = depths.iter().filter_map(|d| d.messages).sum();
         all.push(StrategyDepths { strategy: strategy.to_string(), read_at_ms: unix_now_ms(), waiting, parked, queues: depths });
     }
+    let mut queues_of: BTreeMap<String, Vec<QueueDepth>> = BTreeMap::new();
     for (strategy, queues) in scheduler.waiting_queues() {
-        if declared_only && !scheduler.topology_applied(&strategy).await {
-            continue;
-        }
-        let mut depths = Vec::with_capacity(queues.len());
+        let depths = queues_of.entry(strategy).or_default();
         for (queue, ttl_ms) in queues {
             let messages = scheduler.executor().queue_depth(&queue).await;
             depths.push(QueueDepth { queue, messages, ttl_ms });
+        }
+    }
+    if let Some(api) = management {
+        for (strategy, exchanges) in scheduler.per_message_queue_targets() {
+            let api = api.clone();
+            match tokio::task::spawn_blocking(move || api.queues_dead_lettering_to(&exchanges)).await {
+                Ok(Ok(found)) => queues_of.entry(strategy).or_default().extend(found.into_iter().map(|(queue, messages, ttl_ms)| QueueDepth {
+                    queue,
+                    messages: Some(messages),
+                    ttl_ms,
+                })),
+                Ok(Err(err)) => tracing::debug!(%strategy, error = %err, "listing per-message queues through the management API failed"),
+                Err(err) => tracing::debug!(%strategy, error = %err, "listing per-message queues failed"),
+            }
+        }
+    }
+    for (strategy, depths) in queues_of {
+        if declared_only && !scheduler.topology_applied(&strategy).await {
+            continue;
         }
         let mut parked = 0;
         for queue in parking.get(&strategy).into_iter().flatten() {
@@ -94,6 +120,15 @@ pub async fn read(scheduler: &Scheduler<Broker>, declared_only: bool, pumped: &B
     all
 }
 
+/// The management API of a RabbitMQ config (`broker.management_url`, else
+/// the AMQP host on port 15672), for listing per-message queues.
+pub fn management_for(config: &Config) -> Option<Arc<Management>> {
+    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else { return None };
+    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+    let base = manage::management_url(&amqp, management_url.as_deref())?;
+    Management::new(&base, manage::vhost_of(&amqp)).ok().map(Arc::new)
+}
+
 /// Reads the depths every [`POLL`] into the metrics and the service's last
 /// reading, until the service stops.
 pub(super) fn spawn_poll(service: &Arc<Service>) {
@@ -102,10 +137,11 @@ pub(super) fn spawn_poll(service: &Arc<Service>) {
     }
     let every = service.depth_poll.unwrap_or(if matches!(service.scheduler.executor(), Broker::Sqs(_)) { POLL_SQS } else { POLL });
     let (polled, mut stop) = (service.clone(), service.background.stop.subscribe());
+    let management = management_for(&service.scheduler.config());
     service.spawn(tokio::spawn(async move {
         loop {
             let pumped = polled.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let depths = read(&polled.scheduler, true, &pumped).await;
+            let depths = read(&polled.scheduler, true, &pumped, management.clone()).await;
             for strategy in &depths {
                 polled.metrics.set_parked(&strategy.strategy, strategy.parked);
                 for queue in &strategy.queues {

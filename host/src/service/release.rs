@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
-use crate::headers::{DESTINATION_HEADER, ID_HEADER, PARKED_REASON_HEADER, is_reserved};
+use crate::headers::{ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, release_queue_declaration};
 
@@ -123,8 +123,8 @@ impl Handler for Release {
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, Released) {
         let text = |name: &str| delivery.properties.headers.get(name).and_then(|v| v.as_text()).filter(|t| !t.is_empty());
-        let (Some(id), Some(destination)) = (text(ID_HEADER), text(DESTINATION_HEADER)) else {
-            return self.park(&format!("no {ID_HEADER} and {DESTINATION_HEADER} headers: not scheduled by hourglass through strategy {:?}", self.strategy));
+        let (Some(id), Some(destination)) = (text(ID_HEADER), text(TARGET_HEADER)) else {
+            return self.park(&format!("no {ID_HEADER} and {TARGET_HEADER} headers: not scheduled by hourglass through strategy {:?}", self.strategy));
         };
         let answer = match self.log.claim(&id).await {
             Ok(answer) => answer,

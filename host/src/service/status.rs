@@ -1,7 +1,7 @@
 //! The status page at `/`: one server-rendered HTML page, without script,
 //! that reloads itself every few seconds. Per strategy: its planner, messages
 //! waiting and parked (the last [`pending`](super::pending) reading), the
-//! canary's lateness percentiles, and its topology as the `mermaid` text
+//! canary's lateness percentiles, and its topology drawn (an inline SVG) with the `mermaid` text
 //! `GET /v1/topology?format=mermaid` serves; above them the totals `/metrics`
 //! counts (scheduled, failed, invalid, early) and what is down.
 
@@ -85,8 +85,9 @@ pub async fn page(service: &Service) -> String {
         if let Ok(commands) = scheduler.topology_of(&strategy) {
             let _ = writeln!(
                 html,
-                "<details><summary>{}</summary><pre class=\"mermaid\">{}</pre></details>",
+                "<details><summary>{}</summary>\n{}<details><summary>as mermaid</summary><pre class=\"mermaid\">{}</pre></details></details>",
                 escape(&strategy),
+                render::svg(&commands),
                 escape(&render::mermaid(&commands))
             );
         }

@@ -65,6 +65,22 @@ impl Management {
         self.get(&format!("{kind}/{}/{}", encode(&self.vhost), encode(name)))
     }
 
+    /// The vhost's queues that dead-letter into one of `exchanges`, with their
+    /// messages and TTL: the queues a strategy declares per message (hold
+    /// queues), which its static topology cannot list.
+    pub fn queues_dead_lettering_to(&self, exchanges: &[String]) -> Result<Vec<(String, u64, Option<u64>)>, String> {
+        let listed = self.get(&format!("queues/{}?columns=name,messages,arguments", encode(&self.vhost)))?.unwrap_or_default();
+        let mut found: Vec<(String, u64, Option<u64>)> = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|q| q["arguments"]["x-dead-letter-exchange"].as_str().is_some_and(|dlx| exchanges.iter().any(|e| e == dlx)))
+            .filter_map(|q| Some((q["name"].as_str()?.to_string(), q["messages"].as_u64().unwrap_or(0), q["arguments"]["x-message-ttl"].as_u64())))
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
     pub fn bindings(&self, source: &str, target_kind: char, target: &str) -> Result<Vec<Value>, String> {
         let path = format!("bindings/{}/e/{}/{target_kind}/{}", encode(&self.vhost), encode(source), encode(target));
         Ok(self.get(&path)?.and_then(|v| v.as_array().cloned()).unwrap_or_default())
