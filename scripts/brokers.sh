@@ -85,6 +85,16 @@ ensure_example_python() {
   export HOURGLASS_TEST_PYTHON="$venv/bin/python"
 }
 
+# The Python example planner (examples/python-planner), built with componentize-py
+# from PyPI in a venv kept across runs; the end-to-end test loads the planner.wasm.
+ensure_python_planner() {
+  export HOURGLASS_PY_PLANNER_VENV="${HOURGLASS_PY_PLANNER_VENV:-$HOME/.cache/hourglass/componentize-py-venv}"
+  if ! examples/python-planner/build >/dev/null; then
+    echo "error: could not build examples/python-planner (python3 with venv and pip, and PyPI for componentize-py)" >&2
+    exit 1
+  fi
+}
+
 # Debian's Chromium, for the status page's browser test (tests/tests/status_page.rs).
 ensure_chromium() {
   if [ ! -x /usr/bin/chromium ]; then

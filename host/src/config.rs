@@ -420,9 +420,32 @@ pub struct StrategyConfig {
     pub table: serde_json::Value,
     /// Messages end in the host's release queue, so they can be cancelled and rescheduled.
     pub cancellable: bool,
+    /// This strategy's own sandbox limits, over `[planners]`'s.
+    pub limits: StrategyLimits,
     name_span: Range<usize>,
     planner_span: Range<usize>,
     key_spans: BTreeMap<String, Range<usize>>,
+}
+
+/// A strategy's `memory_limit_mib`, `call_timeout` and `start_timeout`, when
+/// it sets them (a planner on a large runtime, Python's say, needs more).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StrategyLimits {
+    pub memory_limit_mib: Option<u32>,
+    pub call_timeout: Option<u64>,
+    pub start_timeout: Option<u64>,
+}
+
+impl StrategyConfig {
+    /// The sandbox limits its planner runs under: its own, else `defaults` (`[planners]`).
+    pub fn planner_limits(&self, defaults: PlannerLimits) -> PlannerLimits {
+        let ms = |own: Option<u64>, default: Duration| own.map_or(default, Duration::from_millis);
+        PlannerLimits {
+            call_timeout: ms(self.limits.call_timeout, defaults.call_timeout),
+            start_timeout: ms(self.limits.start_timeout, defaults.start_timeout),
+            memory_bytes: self.limits.memory_limit_mib.map_or(defaults.memory_bytes, |mib| (mib as usize) << 20),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -460,6 +483,7 @@ impl Config {
             let name = name.into_inner();
             let mut planner = None;
             let mut cancellable = false;
+            let mut limits = StrategyLimits::default();
             let mut key_spans = BTreeMap::new();
             let mut json = serde_json::Map::new();
             for (key, value) in table {
@@ -474,6 +498,26 @@ impl Config {
                                 format!("strategies.{name}.planner: expected a built-in planner name or a path to a .wasm file, found {other}"),
                             ));
                         }
+                    }
+                    continue;
+                }
+                if matches!(key.as_str(), "memory_limit_mib" | "call_timeout" | "start_timeout") {
+                    // The sandbox's limits for this strategy's planner (they override [planners]).
+                    let span = value.span();
+                    let value = value.into_inner();
+                    let bad = |why: String| invalid(span.clone(), format!("strategies.{name}.{key}: {why}"));
+                    if key == "memory_limit_mib" {
+                        let mib = value
+                            .as_integer()
+                            .filter(|m| (2..=4096).contains(m))
+                            .ok_or_else(|| bad(format!("{value} must be a whole number from 2 to 4096")))?;
+                        limits.memory_limit_mib = Some(mib as u32);
+                    } else {
+                        let ms = DurationMs::deserialize(value).map_err(|e| bad(e.to_string()))?.ms();
+                        if ms == 0 {
+                            return Err(bad("must be above zero".into()));
+                        }
+                        *(if key == "call_timeout" { &mut limits.call_timeout } else { &mut limits.start_timeout }) = Some(ms);
                     }
                     continue;
                 }
@@ -503,7 +547,7 @@ impl Config {
             let planner = PlannerSource::parse(&spec, base_dir);
             strategies.insert(
                 name.clone(),
-                StrategyConfig { name, planner, table: serde_json::Value::Object(json), cancellable, name_span, planner_span, key_spans },
+                StrategyConfig { name, planner, table: serde_json::Value::Object(json), cancellable, limits, name_span, planner_span, key_spans },
             );
         }
         if strategies.is_empty() {
@@ -662,7 +706,7 @@ fn location_in(path: &Path, text: &str, offset: usize) -> Location {
 }
 
 /// `$HOURGLASS_CACHE_DIR`, else the user's cache directory.
-fn default_cache_dir() -> Option<PathBuf> {
+pub fn default_cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("HOURGLASS_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
@@ -676,6 +720,22 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(Path::new("delay.toml"), text.to_string())
+    }
+
+    #[test]
+    fn a_strategy_sets_its_own_sandbox_limits_and_they_never_reach_its_planner() {
+        let config =
+            parse("[planners]\ncall_timeout = \"50ms\"\n[strategies.py]\nplanner = \"hold-queues\"\nmemory_limit_mib = 64\nstart_timeout = \"10s\"\n").unwrap();
+        let strategy = &config.strategies["py"];
+        let limits = strategy.planner_limits(config.planner_limits);
+        assert_eq!((limits.memory_bytes, limits.start_timeout, limits.call_timeout), (64 << 20, Duration::from_secs(10), Duration::from_millis(50)));
+        assert_eq!(strategy.table, serde_json::json!({}), "the host's keys are not the planner's");
+        for (line, complaint) in
+            [("memory_limit_mib = 1", "from 2 to 4096"), ("call_timeout = \"0ms\"", "above zero"), ("start_timeout = \"soon\"", "start_timeout")]
+        {
+            let err = parse(&format!("[strategies.py]\nplanner = \"hold-queues\"\n{line}\n")).unwrap_err().to_string();
+            assert!(err.contains("strategies.py.") && err.contains(complaint), "{line}: {err}");
+        }
     }
 
     #[test]

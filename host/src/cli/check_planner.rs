@@ -27,14 +27,30 @@ pub struct Args {
     /// Longest delay checked (pump-driven planners simulate every cycle).
     #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "7d")]
     pub horizon: u64,
+    /// The sandbox's memory for the planner (default 16; a Python planner needs more).
+    #[arg(long, value_name = "MIB")]
+    pub memory_limit_mib: Option<u32>,
+    /// Budget to instantiate and configure it (default 1s).
+    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+    pub start_timeout: Option<u64>,
+    /// Budget of one call (default 100ms).
+    #[arg(long, value_parser = duration_arg, value_name = "DUR")]
+    pub call_timeout: Option<u64>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: TextOrJson,
 }
 
 pub fn run(args: &Args) -> Result<ExitCode> {
-    let Args { planner, planner_config, destination, samples, seed, horizon, format } = args;
+    let Args { planner, planner_config, destination, samples, seed, horizon, format, .. } = args;
     let table = planner_table(planner_config.as_deref())?;
-    let runtime = PlannerRuntime::new(PlannerLimits::default(), None)?;
+    let defaults = PlannerLimits::default();
+    let limits = PlannerLimits {
+        memory_bytes: args.memory_limit_mib.map_or(defaults.memory_bytes, |mib| (mib as usize) << 20),
+        start_timeout: args.start_timeout.map_or(defaults.start_timeout, std::time::Duration::from_millis),
+        call_timeout: args.call_timeout.map_or(defaults.call_timeout, std::time::Duration::from_millis),
+    };
+    // The default cache: a large component (a Python planner) compiles once, not on every check.
+    let runtime = PlannerRuntime::new(limits, hourglass::config::default_cache_dir())?;
     let mut loaded = runtime.load(&PlannerSource::parse(planner, Path::new(".")), table.to_string())?;
     let delays = conformance::delays_to_check(loaded.delay_range(), *seed, *samples, *horizon);
     let report = conformance::check(&mut loaded, destination, &delays)?;

@@ -310,7 +310,10 @@ impl LoadedPlanner {
             let budget = if matches!(function, "instantiate" | "configure") { self.limits.start_timeout } else { self.limits.call_timeout };
             return PlannerError::Timeout { planner, function, budget };
         } else if format!("{err:?}").contains("forcing trap when growing memory") {
-            format!("ran out of its memory limit of {} bytes", self.limits.memory_bytes)
+            format!("ran out of its memory limit of {} MiB (raise memory_limit_mib in [planners] or in its strategy's table)", self.limits.memory_bytes >> 20)
+        } else if format!("{err:#}").contains("wasi:cli/stderr") {
+            // A language runtime prints an uncaught exception before it traps; printing is not granted.
+            format!("trapped: it tried to write to stderr, most likely an uncaught exception ({})", err.root_cause())
         } else {
             format!("trapped: {}", err.root_cause())
         };

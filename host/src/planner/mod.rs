@@ -19,6 +19,7 @@ pub mod bindings {
 pub mod builtin;
 mod cache;
 mod convert;
+mod inert_wasi;
 mod instance;
 mod runtime;
 
@@ -46,7 +47,10 @@ pub enum PlannerError {
     Trapped { planner: String, function: &'static str, reason: String },
     /// Stopped by its epoch deadline: the planner may loop, or the host's CPU
     /// may merely have been starved, so a caller may try the message again.
-    #[error("planner {planner} failed in {function}: ran past its time budget of {budget:?}")]
+    #[error(
+        "planner {planner} failed in {function}: ran past its time budget of {budget:?} (raise {} in [planners] or in its strategy's table)",
+        budget_key(function)
+    )]
     Timeout { planner: String, function: &'static str, budget: Duration },
     #[error("planner {planner} returned an invalid command from {function}: {reason}")]
     InvalidOutput { planner: String, function: &'static str, reason: String },
@@ -54,6 +58,11 @@ pub enum PlannerError {
     CacheDir { path: String, problem: String },
     #[error("planner engine: {0}")]
     Engine(String),
+}
+
+/// The setting that bounds `function`'s time.
+fn budget_key(function: &str) -> &'static str {
+    if matches!(function, "instantiate" | "configure") { "start_timeout" } else { "call_timeout" }
 }
 
 impl PlannerError {

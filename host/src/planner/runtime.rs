@@ -172,16 +172,23 @@ impl PlannerRuntime {
     /// Compiles, type-checks against the contract, instantiates and configures
     /// a planner for one strategy.
     pub fn load(&self, source: &PlannerSource, config_json: String) -> Result<LoadedPlanner, PlannerError> {
+        self.load_limited(source, config_json, self.limits)
+    }
+
+    /// [`load`](Self::load) under limits of the strategy's own.
+    pub fn load_limited(&self, source: &PlannerSource, config_json: String, limits: PlannerLimits) -> Result<LoadedPlanner, PlannerError> {
         let component = self.compile(source)?;
         let label = source.label();
         let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
         let mut linker = Linker::<StoreState>::new(&self.engine);
         PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state).map_err(|e| PlannerError::Engine(e.to_string()))?;
-        // std pulls in WASI imports; planners get none of those capabilities.
+        // Language runtimes (Rust's std, Python, JavaScript) import WASI; planners get none of its
+        // capabilities: what a runtime calls to start is answered inertly, the rest traps.
+        super::inert_wasi::define(&mut linker, &component, &self.engine).map_err(wrong_contract)?;
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
         let pre = PlannerWorldPre::new(pre).map_err(wrong_contract)?;
-        LoadedPlanner::start(label, self.engine.clone(), pre, self.limits, self.instances, config_json)
+        LoadedPlanner::start(label, self.engine.clone(), pre, limits, self.instances, config_json)
     }
 }
 

@@ -39,7 +39,8 @@ impl Strategies {
         })?;
         let mut planners = BTreeMap::new();
         for strategy in config.strategies.values() {
-            let planner = runtime.load(&strategy.planner, strategy.table.to_string()).map_err(|source| {
+            let limits = strategy.planner_limits(config.planner_limits);
+            let planner = runtime.load_limited(&strategy.planner, strategy.table.to_string(), limits).map_err(|source| {
                 let location = match &source {
                     PlannerError::Config { message, .. } => config.table_error_location(strategy, message),
                     _ => config.planner_location(strategy),
@@ -60,7 +61,7 @@ impl Strategies {
         };
         let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
-        runtime.load(&strategy.planner, strategy.table.to_string()).map_err(|source| StrategyError {
+        runtime.load_limited(&strategy.planner, strategy.table.to_string(), strategy.planner_limits(config.planner_limits)).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
             strategy: name.to_string(),
             source: Box::new(source),
