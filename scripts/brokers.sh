@@ -95,6 +95,16 @@ ensure_python_planner() {
   fi
 }
 
+# The JavaScript example planner (examples/js-planner), built with componentize-js
+# from npm into a folder kept across runs.
+ensure_js_planner() {
+  export HOURGLASS_JS_PLANNER_TOOLS="${HOURGLASS_JS_PLANNER_TOOLS:-$HOME/.cache/hourglass/componentize-js}"
+  if ! examples/js-planner/build >/dev/null; then
+    echo "error: could not build examples/js-planner (node and npm, and the npm registry for componentize-js)" >&2
+    exit 1
+  fi
+}
+
 # Debian's Chromium, for the status page's browser test (tests/tests/status_page.rs).
 ensure_chromium() {
   if [ ! -x /usr/bin/chromium ]; then

@@ -81,7 +81,7 @@ fn a_trap_fails_the_call() {
 
 #[test]
 fn unbounded_allocation_hits_the_memory_limit() {
-    assert_fails_then_recovers("allocate", "ran out of its memory limit of 8388608 bytes");
+    assert_fails_then_recovers("allocate", "ran out of its memory limit of 8 MiB");
 }
 
 #[test]

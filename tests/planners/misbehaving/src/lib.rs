@@ -53,8 +53,12 @@ impl Planner for Misbehaving {
             // A plan that publishes nothing: the host must not acknowledge it.
             "nothing" => Ok(Plan { commands: vec![], delivers_after_ms: 0 }),
             "wasi" => {
-                // Planners have no capabilities: this import traps.
-                let _ = std::env::var("HOME");
+                // Planners have no capabilities: the environment is empty, no file opens
+                // (a plan to "capability-leak" says one did), and writing to stdout traps.
+                if std::env::var("HOME").is_ok() || std::fs::read("/etc/hostname").is_ok() {
+                    return Ok(Plan { commands: vec![publish("", "capability-leak", vec![])], delivers_after_ms: 0 });
+                }
+                println!("a planner has no stdout");
                 Ok(Plan { commands: vec![], delivers_after_ms: 0 })
             }
             destination => Ok(Plan { commands: vec![publish("", destination, vec![])], delivers_after_ms: 0 }),

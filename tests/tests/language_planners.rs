@@ -1,7 +1,8 @@
-//! A planner written in Python (examples/python-planner, built by
-//! scripts/test with componentize-py): it passes `check-planner`, and a
-//! message it plans arrives on RabbitMQ at its due time, beside one planned
-//! by the built-in binary levels.
+//! Planners written in Python and JavaScript (examples/python-planner with
+//! componentize-py, examples/js-planner with componentize-js, both built by
+//! scripts/test): each passes `check-planner`, and a message each plans
+//! arrives on RabbitMQ at its due time, beside one planned by the built-in
+//! binary levels.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,44 +12,58 @@ use hourglass::scheduler::ScheduleRequest;
 use hourglass_e2e::*;
 
 /// A Python runtime takes 13–16 MiB to start (the default limit is 16), and
-/// instantiating it on a loaded machine can pass the default second.
-const PYTHON_LIMITS: &str = "memory_limit_mib = 64\nstart_timeout = \"10s\"";
+/// instantiating either runtime on a loaded machine can pass the default second.
+const RUNTIME_LIMITS: &str = "memory_limit_mib = 64\nstart_timeout = \"10s\"";
 
 /// How late a message may arrive: one TTL queue, dead-lettered once (the
 /// binary levels' window, tests/tests/early.rs).
 const ON_TIME_MS: u64 = 100;
 
-fn planner_wasm() -> PathBuf {
-    let path = repo_root().join("examples/python-planner/planner.wasm");
-    assert!(path.exists(), "{} is missing: build it with examples/python-planner/build (scripts/test does)", path.display());
+/// The example planners: (folder, the name its planner describes).
+const LANGUAGES: [&str; 2] = ["python-planner", "js-planner"];
+
+fn planner_wasm(example: &str) -> PathBuf {
+    let path = repo_root().join(format!("examples/{example}/planner.wasm"));
+    assert!(path.exists(), "{} is missing: build it with examples/{example}/build (scripts/test does)", path.display());
     path
 }
 
 #[test]
-fn the_python_planner_passes_check_planner() {
+fn the_python_and_javascript_planners_pass_check_planner() {
+    for example in LANGUAGES {
+        check(example);
+    }
+}
+
+fn check(example: &str) {
     let config = std::env::temp_dir().join(format!("{}.toml", unique("py-check")));
     std::fs::write(&config, "base = \"1s\"\ncap = \"64s\"\n").unwrap();
     let output = std::process::Command::new(hourglass_binary())
-        .args(["check-planner", planner_wasm().to_str().unwrap(), "--planner-config", config.to_str().unwrap()])
+        .args(["check-planner", planner_wasm(example).to_str().unwrap(), "--planner-config", config.to_str().unwrap()])
         .args(["--memory-limit-mib", "64", "--start-timeout", "10s", "--horizon", "1m", "--samples", "50"])
         .output()
         .unwrap();
     std::fs::remove_file(&config).ok();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("delays delivered as promised"), "{stdout}");
+    assert!(output.status.success(), "{example}: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("delays delivered as promised"), "{example}: {stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_planned_in_python_arrives_on_rabbitmq_at_its_due_time() {
+async fn messages_planned_in_python_and_javascript_arrive_on_rabbitmq_at_their_due_time() {
     let connection = connect().await;
     let mut destination = Destination::declare(&connection, "py-planner").await;
-    let (buckets, levels) = (unique("py-backoff"), unique("py-levels"));
+    let (python, js, levels) = (unique("py-backoff"), unique("js-backoff"), unique("py-levels"));
     let text = format!(
         "default_strategy = \"python\"\n{}",
         config_text(
             &format!("planner = \"binary-levels\"\nprefix = \"{levels}\""),
-            &format!("[strategies.python]\nplanner = \"{}\"\nprefix = \"{buckets}\"\ncap = \"8s\"\n{PYTHON_LIMITS}\n", planner_wasm().display()),
+            &format!(
+                "[strategies.python]\nplanner = \"{}\"\nprefix = \"{python}\"\ncap = \"8s\"\n{RUNTIME_LIMITS}\n\n\
+                 [strategies.js]\nplanner = \"{}\"\nprefix = \"{js}\"\ncap = \"8s\"\n{RUNTIME_LIMITS}\n",
+                planner_wasm("python-planner").display(),
+                planner_wasm("js-planner").display()
+            ),
         )
     );
     let config = Config::parse(std::path::Path::new("python.toml"), text).unwrap();
@@ -61,11 +76,12 @@ async fn a_message_planned_in_python_arrives_on_rabbitmq_at_its_due_time() {
         ..Default::default()
     };
     let from_python = scheduler.schedule(request("python", "from python")).await.expect("the Python planner plans");
+    let from_js = scheduler.schedule(request("js", "from javascript")).await.expect("the JavaScript planner plans");
     let from_rust = scheduler.schedule(request("main", "from rust")).await.expect("the built-in planner plans");
-    assert_eq!(from_python.delivers_after_ms, 2_000, "2 s is a bucket of its own");
+    assert_eq!((from_python.delivers_after_ms, from_js.delivers_after_ms), (2_000, 2_000), "2 s is a bucket of its own");
 
-    let received = destination.receive(2, Duration::from_secs(10)).await;
-    for (body, due) in [("from python", from_python.due_at_ms), ("from rust", from_rust.due_at_ms)] {
+    let received = destination.receive(3, Duration::from_secs(10)).await;
+    for (body, due) in [("from python", from_python.due_at_ms), ("from javascript", from_js.due_at_ms), ("from rust", from_rust.due_at_ms)] {
         let got = received.iter().find(|r| r.delivery.data == body.as_bytes()).unwrap_or_else(|| panic!("{body} did not arrive"));
         let late = got.at_ms as i64 - due as i64;
         eprintln!("{body}: {late} ms late");
@@ -74,7 +90,7 @@ async fn a_message_planned_in_python_arrives_on_rabbitmq_at_its_due_time() {
 
     destination.delete().await;
     let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    for strategy in ["python", "main"] {
+    for strategy in ["python", "js", "main"] {
         delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
     }
 }
