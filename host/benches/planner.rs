@@ -60,7 +60,50 @@ fn plan_once(planner: &LoadedPlanner) {
     black_box(planner.plan(black_box(&request)).unwrap());
 }
 
+/// The same back-off strategy written in Rust, Python and JavaScript
+/// (examples/backoff-planner, python-planner, js-planner): call cost,
+/// component size, first compile and a cached load, in one run.
+fn languages() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let planners = [
+        ("Rust", root.join("target/wasm-planners/wasm32-wasip2/planner/backoff_planner.wasm"), "cargo build --workspace"),
+        ("Python", root.join("examples/python-planner/planner.wasm"), "examples/python-planner/build"),
+        ("JavaScript", root.join("examples/js-planner/planner.wasm"), "examples/js-planner/build"),
+    ];
+    // A language runtime needs room to start (Python takes 13–16 MiB) and time to instantiate.
+    let limits = PlannerLimits { memory_bytes: 64 << 20, start_timeout: std::time::Duration::from_secs(30), ..PlannerLimits::default() };
+    let config = r#"{"base":"1s","cap":"64s"}"#;
+    let delays = [1_500u64, 2_500, 30_000, 0];
+    println!("\nthe back-off strategy in three languages (plan: median of 11 rounds of 2,000 calls)");
+    println!("{:<12} {:>10} {:>12} {:>14} {:>16}", "language", "size KiB", "plan() ns", "compile cold", "cached load");
+    for (language, path, build) in planners {
+        let Ok(size) = std::fs::metadata(&path).map(|m| m.len()) else {
+            println!("{language:<12} skipped: {} is missing ({build})", path.display());
+            continue;
+        };
+        let source = PlannerSource::File(path);
+        let cache = std::env::temp_dir().join(format!("hourglass-bench-lang-{}-{language}", std::process::id()));
+        let cached = PlannerRuntime::new(limits, Some(cache.clone())).unwrap();
+        let started = Instant::now();
+        cached.compile(&source).unwrap();
+        let compile_cold = started.elapsed().as_nanos() as f64;
+        let load_cached = measure(3, 3, || {
+            black_box(cached.load(&source, config.into()).unwrap());
+        });
+        let planner = cached.load(&source, config.into()).unwrap();
+        let mut i = 0;
+        let call = measure(11, 2_000, || {
+            i += 1;
+            let request = PlanRequest { destination: "orders".into(), delay_ms: delays[i % delays.len()], message_id: "m".into(), routing_key: None };
+            black_box(planner.plan(black_box(&request)).unwrap());
+        });
+        println!("{language:<12} {:>10} {call:>12.0} {:>11.0} ms {:>13.1} ms", size / 1024, compile_cold / 1e6, load_cached / 1e6);
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+}
+
 fn main() {
+    languages();
     let delays = [10_000u64, 1_925_000, 86_400_000, 0, 268_435_455_000];
 
     // plan() through the component, as the host calls it.

@@ -33,6 +33,8 @@
 //!   another's, keeping their due times (`hourglass transfer`).
 //! * [`metrics`] are shared by all of the above; [`render`] prints plans,
 //!   topologies and traces as tables, JSON, Mermaid or DOT.
+//! * [`scaffold`] writes a new planner project in Rust, Python or JavaScript
+//!   (`hourglass new-planner`).
 //!
 //! The `hourglass` binary (`main.rs`, `cli/`) is a thin command line over these.
 
@@ -46,6 +48,7 @@ pub mod metrics;
 pub mod parked;
 pub mod planner;
 pub mod render;
+pub mod scaffold;
 pub mod scheduler;
 pub mod service;
 pub mod sim;

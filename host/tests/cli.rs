@@ -191,9 +191,39 @@ fn check_planner_catches_a_wrong_planner() {
     let output = hourglass(&["check-planner", wrong.to_str().unwrap()]);
     assert!(!output.status.success());
     let text = stdout(&output);
-    assert!(text.contains("broke their promise"), "{text}");
-    let line = text.lines().find(|l| l.starts_with("1024ms ")).unwrap_or_else(|| panic!("no 1024ms row: {text}"));
+    assert!(text.contains("broken promises"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("on-time ") && l.contains(" 1024ms ")).unwrap_or_else(|| panic!("no 1024ms row: {text}"));
     assert!(line.contains("arrival after 1024ms") && line.contains("arrived after 1023ms"), "{line}");
+}
+
+/// Each broken promise beyond lateness is caught and named in the JSON report:
+/// a second copy, a copy left behind, a plan that changes between calls.
+#[test]
+fn check_planner_reports_duplicates_leftovers_and_changing_plans_as_json() {
+    let wrong = common::wasm("off-by-one");
+    let dir = tempfile::tempdir().unwrap();
+    for (fault, property, got) in [
+        ("twice", "one-delivery", "a second copy arrived"),
+        ("copy-left", "one-delivery", "off-by-one.forgotten"),
+        ("changing", "deterministic", "off-by-one."),
+    ] {
+        let config = dir.path().join(format!("{fault}.toml"));
+        std::fs::write(&config, format!("fault = \"{fault}\"\n")).unwrap();
+        let args = ["check-planner", wrong.to_str().unwrap(), "--planner-config", config.to_str().unwrap(), "--samples", "5", "--format", "json"];
+        let output = hourglass(&args);
+        assert!(!output.status.success(), "{fault}: {}", stdout(&output));
+        let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+        let failures = report["failures"].as_array().unwrap();
+        assert!(!failures.is_empty(), "{fault}: {report}");
+        for failure in failures {
+            assert_eq!(failure["property"], property, "{fault}: {failure}");
+            assert!(failure["got"].as_str().unwrap().contains(got), "{fault}: {failure}");
+        }
+        // Every delay it accepts breaks the promise, one failure each; the one
+        // probe beyond its maximum is refused, as it should be.
+        assert_eq!(failures.len() as u64 + 1, report["checked"].as_u64().unwrap(), "{fault}: {report}");
+        assert_eq!(report["properties"].as_array().unwrap().len(), 5, "{report}");
+    }
 }
 
 #[test]

@@ -57,12 +57,14 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     match format {
         TextOrJson::Json => print_json(&report)?,
         TextOrJson::Table => {
+            let properties: Vec<&str> = report.properties.iter().map(|p| p.name()).collect();
             if report.passed() {
-                println!("planner {}: all {} delays delivered as promised", report.planner, report.checked);
+                println!("planner {}: all {} delays delivered as promised ({})", report.planner, report.checked, properties.join(", "));
             } else {
-                println!("planner {}: {} of {} delays broke their promise", report.planner, report.failures.len(), report.checked);
-                let rows: Vec<Vec<String>> = report.failures.iter().map(|f| vec![format!("{}ms", f.delay_ms), f.expected.clone(), f.got.clone()]).collect();
-                print!("{}", render::table(&["DELAY", "EXPECTED", "GOT"], &rows));
+                println!("planner {}: {} broken promises over {} delays ({})", report.planner, report.failures.len(), report.checked, properties.join(", "));
+                let rows: Vec<Vec<String>> =
+                    report.failures.iter().map(|f| vec![f.property.name().into(), format!("{}ms", f.delay_ms), f.expected.clone(), f.got.clone()]).collect();
+                print!("{}", render::table(&["PROPERTY", "DELAY", "EXPECTED", "GOT"], &rows));
             }
         }
     }

@@ -15,6 +15,7 @@ use hourglass_planner_sdk::parse_duration_ms;
 mod cancel;
 mod check_planner;
 mod inspect;
+mod new_planner;
 mod parked;
 mod plan;
 mod progress;
@@ -68,6 +69,8 @@ enum Commands {
     Simulate(simulate::Args),
     /// Check that a planner component delivers what it promises.
     CheckPlanner(check_planner::Args),
+    /// Start a planner project (Rust, Python or JavaScript) that builds and passes check-planner.
+    NewPlanner(new_planner::Args),
     /// Compare the broker with the strategy's topology (and each --to destination's setup).
     Verify(verify::Args),
     /// Run the cycle pumps of a pump-driven strategy (sqs-cycles) until interrupted.
@@ -189,6 +192,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Schedule(args) => schedule::run(&cli, args),
         Commands::Simulate(args) => simulate::run(&cli, args),
         Commands::CheckPlanner(args) => check_planner::run(args),
+        Commands::NewPlanner(args) => new_planner::run(args),
         Commands::Verify(args) => verify::run(&cli, args),
         Commands::Pump(args) => pump::run(&cli, args),
         Commands::Serve(args) => serve::run(&cli, args),

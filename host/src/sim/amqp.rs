@@ -192,6 +192,11 @@ impl AmqpBroker {
         self.queues.iter().find(|(_, q)| q.messages.iter().chain(&q.held).any(|m| m.message.id == message_id)).map(|(name, _)| name.as_str())
     }
 
+    /// Every message waiting in a queue, as (queue, message id).
+    pub fn waiting(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.queues.iter().flat_map(|(name, q)| q.messages.iter().chain(&q.held).map(move |m| (name.as_str(), m.message.id.as_str())))
+    }
+
     /// After a topology change, at-least-once queues retry what they hold one retry interval later.
     fn schedule_held_retries(&mut self, now: u64) {
         for (name, queue) in &self.queues {

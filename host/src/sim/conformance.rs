@@ -5,15 +5,50 @@
 //! it, and seeded random ones — the check plans each message, runs it on the
 //! simulator and compares: the plan must promise the delay rounded up to the
 //! planner's granularity, and the message must arrive exactly then. Delays
-//! beyond the maximum must be refused.
+//! beyond the maximum must be refused. The same request must get the same
+//! plan, and each message must reach its destination once, leaving no copy
+//! waiting anywhere on the way.
+
+use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::planner::{DelayRange, Granularity, LoadedPlanner};
+use crate::planner::{DelayRange, Granularity, LoadedPlanner, PlanRequest};
 use crate::sim::simulation::{Simulation, SimulationError};
+
+/// The promises every planner must keep, in the order they are checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Property {
+    /// The same request gets the same plan.
+    Deterministic,
+    /// The plan promises the delay rounded up to the declared granularity.
+    Promise,
+    /// The message arrives exactly when promised: never early, never late.
+    OnTime,
+    /// A delay beyond the declared maximum is refused, not delivered.
+    RefusedBeyondMax,
+    /// One copy reaches the destination, and none is left waiting on the way.
+    OneDelivery,
+}
+
+impl Property {
+    pub const ALL: [Property; 5] = [Property::Deterministic, Property::Promise, Property::OnTime, Property::RefusedBeyondMax, Property::OneDelivery];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Property::Deterministic => "deterministic",
+            Property::Promise => "promise",
+            Property::OnTime => "on-time",
+            Property::RefusedBeyondMax => "refused-beyond-max",
+            Property::OneDelivery => "one-delivery",
+        }
+    }
+}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Failure {
+    pub property: Property,
     pub delay_ms: u64,
     pub expected: String,
     pub got: String,
@@ -22,7 +57,9 @@ pub struct Failure {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub planner: String,
+    /// How many delays were checked.
     pub checked: usize,
+    pub properties: Vec<Property>,
     pub failures: Vec<Failure>,
 }
 
@@ -80,19 +117,32 @@ pub fn delays_to_check(range: &DelayRange, seed: u64, random: usize, horizon_ms:
     delays
 }
 
-/// Plans and simulates each delay, collecting every broken promise.
+/// Checks every [`Property`] for each delay, collecting every broken promise.
 pub fn check(planner: &mut LoadedPlanner, destination: &str, delays: &[u64]) -> Result<Report, SimulationError> {
     let range = planner.delay_range().clone();
     let label = planner.label().to_string();
-    let mut simulation = Simulation::new(planner, destination)?;
     let mut failures = Vec::new();
     for &delay_ms in delays {
+        let request = PlanRequest { destination: destination.to_string(), delay_ms, message_id: "conformance".into(), routing_key: None };
+        let answer = |planner: &LoadedPlanner| match planner.plan(&request) {
+            Ok(plan) => format!("{plan:?}"),
+            Err(err) => format!("error: {err}"),
+        };
+        let (first, second) = (answer(planner), answer(planner));
+        if first != second {
+            failures.push(Failure { property: Property::Deterministic, delay_ms, expected: first, got: second });
+        }
+    }
+    let mut simulation = Simulation::new(planner, destination)?;
+    let mut delay_of = HashMap::new();
+    for &delay_ms in delays {
         let outcome = simulation.run(&[delay_ms])?.remove(0);
-        let mut fail = |expected: String, got: String| failures.push(Failure { delay_ms, expected, got });
+        delay_of.insert(outcome.id.clone(), delay_ms);
+        let mut fail = |property, expected: String, got: String| failures.push(Failure { property, delay_ms, expected, got });
         match range.promise(delay_ms) {
             None => {
                 if let Some(arrival) = outcome.arrival_ms {
-                    fail("refusal: beyond the declared maximum".into(), format!("delivered after {arrival}ms"));
+                    fail(Property::RefusedBeyondMax, "refusal: beyond the declared maximum".into(), format!("delivered after {arrival}ms"));
                 }
             }
             Some(expected) => {
@@ -102,19 +152,34 @@ pub fn check(planner: &mut LoadedPlanner, destination: &str, delays: &[u64]) -> 
                         (None, Some(problem)) => problem.clone(),
                         (None, None) => "no plan".into(),
                     };
-                    fail(format!("plan promising {expected}ms"), got);
+                    fail(Property::Promise, format!("plan promising {expected}ms"), got);
                 } else if outcome.arrival_ms != Some(expected) {
                     let got = match (outcome.arrival_ms, &outcome.problem) {
                         (Some(a), _) => format!("arrived after {a}ms"),
                         (None, Some(problem)) => problem.clone(),
                         (None, None) => "never arrived".into(),
                     };
-                    fail(format!("arrival after {expected}ms"), got);
+                    fail(Property::OnTime, format!("arrival after {expected}ms"), got);
                 }
             }
         }
     }
-    Ok(Report { planner: label, checked: delays.len(), failures })
+    let leftovers = simulation.settle(delays.len());
+    for (id, _) in &leftovers.duplicates {
+        let delay_ms = delay_of.get(id).copied().unwrap_or_default();
+        failures.push(Failure {
+            property: Property::OneDelivery,
+            delay_ms,
+            expected: "one copy at the destination".into(),
+            got: "a second copy arrived".into(),
+        });
+    }
+    for (queue, id) in &leftovers.waiting {
+        let delay_ms = delay_of.get(id).copied().unwrap_or_default();
+        let got = format!("a copy waits in queue {queue:?} for good");
+        failures.push(Failure { property: Property::OneDelivery, delay_ms, expected: "no copy left on the way".into(), got });
+    }
+    Ok(Report { planner: label, checked: delays.len(), properties: Property::ALL.to_vec(), failures })
 }
 
 #[cfg(test)]

@@ -169,6 +169,11 @@ impl Simulator {
         self.amqp.queue_holding(message_id)
     }
 
+    /// Every message still waiting somewhere on the way, as (queue, message id).
+    pub fn waiting(&self) -> Vec<(String, String)> {
+        self.amqp.waiting().chain(self.sqs.waiting()).map(|(q, id)| (q.to_string(), id.to_string())).collect()
+    }
+
     /// A consumer's SQS queue: messages count as arrived when they become visible.
     pub fn declare_destination_sqs_queue(&mut self, name: &str) {
         self.sqs.declare_destination(name);

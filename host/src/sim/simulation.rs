@@ -1,7 +1,7 @@
 //! Runs a strategy on the simulator: its topology, its destination setup, its
 //! plans, and — for pump-driven strategies — its answers to due messages.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 use thiserror::Error;
@@ -45,6 +45,20 @@ pub struct Simulation<'p> {
     simulator: Simulator,
     destination: String,
     next_id: u64,
+    /// Messages that reached the destination, to tell a second copy from the first.
+    arrived: HashSet<String>,
+    /// Copies that reached the destination after the first: (message id, at ms).
+    duplicates: Vec<(String, u64)>,
+}
+
+/// What remains once the broker has nothing left to do: extra copies that
+/// arrived, and copies still waiting on the way. A sound plan leaves neither.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Leftovers {
+    /// (message id, ms of virtual time) of each arrival after a message's first.
+    pub duplicates: Vec<(String, u64)>,
+    /// (queue, message id) of each copy that will never move on.
+    pub waiting: Vec<(String, String)>,
 }
 
 impl<'p> Simulation<'p> {
@@ -63,7 +77,7 @@ impl<'p> Simulation<'p> {
                 source,
             })?;
         }
-        Ok(Simulation { planner, simulator, destination: destination.to_string(), next_id: 0 })
+        Ok(Simulation { planner, simulator, destination: destination.to_string(), next_id: 0, arrived: HashSet::new(), duplicates: Vec::new() })
     }
 
     /// Publishes one message per delay at the current virtual time and runs
@@ -115,6 +129,10 @@ impl<'p> Simulation<'p> {
     fn collect_outcomes(&mut self, results: &mut BTreeMap<String, SimulatedMessage>, start: u64) -> usize {
         let mut settled = 0;
         for arrival in self.simulator.take_arrivals() {
+            if arrival.queue == self.destination && !self.arrived.insert(arrival.message.id.clone()) {
+                self.duplicates.push((arrival.message.id.clone(), arrival.at_ms));
+                continue;
+            }
             if let Some(r) = results.get_mut(&arrival.message.id)
                 && r.arrival_ms.is_none()
                 && r.problem.is_none()
@@ -136,6 +154,25 @@ impl<'p> Simulation<'p> {
             }
         }
         settled
+    }
+
+    /// Runs the broker until nothing is left to happen (or a step budget for
+    /// `messages` runs out, for a planner that cycles copies forever) and
+    /// reports what a sound plan never leaves behind.
+    pub fn settle(&mut self, messages: usize) -> Leftovers {
+        for _ in 0..MAX_STEPS_PER_MESSAGE * messages.max(1) {
+            self.collect_outcomes(&mut BTreeMap::new(), 0);
+            match self.simulator.step() {
+                Step::Idle => break,
+                Step::Progressed => {}
+                Step::Due(due) => {
+                    // Its problem was reported when the message was run.
+                    let _ = self.handle_due(due);
+                }
+            }
+        }
+        self.collect_outcomes(&mut BTreeMap::new(), 0);
+        Leftovers { duplicates: std::mem::take(&mut self.duplicates), waiting: self.simulator.waiting() }
     }
 
     fn publish(&mut self, id: &str, delay_ms: u64, start: u64) -> SimulatedMessage {

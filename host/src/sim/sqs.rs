@@ -54,6 +54,11 @@ pub struct SqsBroker {
 }
 
 impl SqsBroker {
+    /// Every message in a queue that is not a destination, as (queue, message id).
+    pub fn waiting(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.queues.iter().filter(|(_, q)| !q.destination).flat_map(|(name, q)| q.messages.values().map(move |m| (name.as_str(), m.message.id.as_str())))
+    }
+
     pub fn declare_destination(&mut self, name: &str) {
         self.queues.entry(name.to_string()).or_insert(SqsQueue {
             attributes: BTreeMap::new(),
