@@ -95,20 +95,31 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
     // The ingress table comes last, so its prefetch is appended.
     let text = ingress_config_text(url, prefix, source, &format!("queue_type = \"{queue_type}\"\n{bits}"), &channels) + &format!("prefetch = {prefetch}\n");
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
-    let served = support::Served::start(config.clone()).await;
-    let service = served.service.clone();
+    // `BENCH_HOSTS=N` runs N services (hosts) on the one ingress queue, as competing consumers.
+    let hosts: usize = std::env::var("BENCH_HOSTS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
+    let mut all = Vec::with_capacity(hosts);
+    for _ in 0..hosts {
+        all.push(support::Served::start(config.clone()).await);
+    }
+    let services: Vec<_> = all.iter().map(|served| served.service.clone()).collect();
     let done = Arc::new(AtomicUsize::new(0));
     let counter = {
-        let (service, done) = (service.clone(), done.clone());
+        let (services, done) = (services.clone(), done.clone());
         tokio::spawn(async move {
             loop {
-                let text = service.metrics.encode();
-                let forwarded = text
-                    .lines()
-                    .find(|l| l.starts_with("hourglass_ingress_messages_total") && l.contains("forwarded"))
-                    .and_then(|l| l.rsplit(' ').next())
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(0.0);
+                let forwarded: f64 = services
+                    .iter()
+                    .map(|service| {
+                        service
+                            .metrics
+                            .encode()
+                            .lines()
+                            .find(|l| l.starts_with("hourglass_ingress_messages_total") && l.contains("forwarded"))
+                            .and_then(|l| l.rsplit(' ').next())
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .unwrap_or(0.0)
+                    })
+                    .sum();
                 done.store(forwarded as usize, Ordering::Relaxed);
                 // Encoding every metric is not free: often enough to time a drain of seconds.
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -118,11 +129,13 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
     let rate = rate(&done).await;
     counter.abort();
     if std::env::var("BENCH_DEBUG").is_ok() {
-        for line in service.metrics.encode().lines().filter(|l| (l.contains("_sum") || l.contains("_count")) && l.contains("seconds")) {
+        for line in services[0].metrics.encode().lines().filter(|l| (l.contains("_sum") || l.contains("_count")) && l.contains("seconds")) {
             eprintln!("{line}");
         }
     }
-    served.stop().await;
+    for served in all {
+        served.stop().await;
+    }
     (rate, config)
 }
 

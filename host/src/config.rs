@@ -71,6 +71,18 @@ pub enum BrokerConfig {
 /// The most `broker.send_batch_window` may be: every first send can wait this long.
 pub const MAX_SEND_BATCH_WINDOW_MS: u64 = 1_000;
 
+/// The type of hourglass's own queues on RabbitMQ.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnQueueType {
+    /// Replicated over a cluster's nodes, kept through a node's loss (the default).
+    #[default]
+    Quorum,
+    /// On one node: for a deployment whose queues were declared so before
+    /// quorum became the default (RabbitMQ refuses to change a queue's type).
+    Classic,
+}
+
 /// `hourglass serve`'s settings.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -117,6 +129,10 @@ pub struct ServiceConfig {
     pub cancel: CancelConfig,
     /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
     pub redelivery_input: Option<String>,
+    /// The type of the queues hourglass declares for itself on RabbitMQ
+    /// (ingress, invalid, redelivery input and error queues, canary).
+    #[serde(default)]
+    pub queue_type: OwnQueueType,
     /// Most HTTP connections open at once (default 512); more wait in the listen backlog.
     pub max_connections: Option<u32>,
     /// Time a client has to send a request's headers, counted from when the

@@ -48,6 +48,13 @@ impl PrivateNode {
         Ok(node)
     }
 
+    /// A node started by someone else (`scripts/cluster`) with the same
+    /// directory layout, taken over so it can be killed, booted and, on drop,
+    /// stopped and removed like one of our own.
+    pub fn adopt(name: String, amqp_port: u16, dist_port: u16, dir: PathBuf) -> PrivateNode {
+        PrivateNode { name, amqp_port, dist_port, dir }
+    }
+
     /// `amqp://guest:guest@127.0.0.1:<port>/%2f`.
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)

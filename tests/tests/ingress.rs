@@ -232,10 +232,12 @@ async fn a_due_time_instead_of_a_delay_is_kept_through_the_ingress_and_http() {
     destination.delete().await;
 }
 
-/// Declares `queue` as hourglass does (durable, no arguments) and publishes into it before any consumer runs.
+/// Declares `queue` as hourglass does (durable, quorum) and publishes into it before any consumer runs.
 async fn fill(channel: &Channel, queue: &str, messages: Vec<(&str, Headers<'_>, BasicProperties)>) {
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare(queue.into(), durable, FieldTable::default()).await.unwrap();
+    let mut quorum = FieldTable::default();
+    quorum.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    channel.queue_declare(queue.into(), durable, quorum).await.unwrap();
     for (body, headers, properties) in messages {
         publish(channel, queue, body, headers, properties).await;
     }
@@ -498,4 +500,42 @@ async fn a_planner_that_loops_panics_or_traps_on_a_message_sets_that_one_aside_a
     served.stop().await;
     connection.close(200, "done".into()).await.ok();
     tokio::task::spawn_blocking(move || drop(vhost)).await.unwrap();
+}
+
+/// hourglass's own queues are quorum by default (they outlive a cluster node).
+/// A deployment whose ingress queue was declared classic before is not
+/// changed behind its back: the service refuses to start, naming the setting
+/// that keeps it, and with `service.queue_type = "classic"` the queue is consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingress_queue_declared_classic_before_refuses_the_start_with_the_setting_that_keeps_it() {
+    let connection = connect().await;
+    let ingress_queue = unique("classic-in");
+    let invalid_queue = unique("classic-invalid");
+    let mut destination = Destination::declare(&connection, "classic-dest").await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(ingress_queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
+    let prefix = unique("classic");
+    let service = |queue_type: &str| {
+        config_with(
+            &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+            &format!("{queue_type}\n[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\""),
+        )
+    };
+
+    let refused = Service::start(service("")).await.err().expect("a classic ingress queue refused at start").to_string();
+    assert!(refused.contains("x-queue-type") && refused.contains(r#"service.queue_type = "classic""#), "{refused}");
+
+    let served = Served::start(Service::start(service("[service]\nqueue_type = \"classic\"")).await.expect("service starts")).await;
+    until("the classic ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+    publish(&channel, &ingress_queue, "kept", valid(&destination.name), BasicProperties::default()).await;
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"kept");
+    served.stop().await;
+    for queue in [&ingress_queue, &invalid_queue] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    delete_declared(&connection, &topology_of(&service(""))).await;
+    destination.delete().await;
 }

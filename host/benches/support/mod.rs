@@ -145,10 +145,14 @@ pub async fn publish_to_ingress(channel: &lapin::Channel, queue: &str, destinati
 
 /// A config with `binary-levels` as strategy `main` under `prefix` (plus
 /// `strategy` lines) and the AMQP ingress on `ingress` (plus `broker` lines).
+/// The benches declare and preload the ingress queue before the host starts,
+/// classic like the queues their raw baselines read, so the host keeps it
+/// classic (`service.queue_type`).
 pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &str, broker: &str) -> String {
     format!(
         "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{broker}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n{strategy}\n\
-         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n\
-         [service.canary]\nenabled = false\n"
+         [service]\nqueue_type = \"classic\"\n\
+         [service.canary]\nenabled = false\n\
+         [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
     )
 }

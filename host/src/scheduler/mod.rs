@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable, FieldValue};
-use crate::config::Config;
+use crate::config::{Config, OwnQueueType};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, ID_HEADER, TARGET_HEADER};
 use crate::message::Properties;
 use crate::metrics::Metrics;
@@ -97,6 +97,18 @@ pub fn release_queue_declaration(name: &str) -> Command {
     let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
     Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
 }
+
+/// One of hourglass's own queues (ingress, invalid, redelivery, canary), durable, of `queue_type`.
+pub fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
+    let arguments: FieldTable = match queue_type {
+        OwnQueueType::Quorum => [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
+        OwnQueueType::Classic => FieldTable::default(),
+    };
+    Command::DeclareQueue { name: name.to_string(), durable: true, arguments }
+}
+
+/// What to do when one of hourglass's own queues exists with another type.
+pub const OWN_QUEUE_HINT: &str = "a queue declared before as classic needs service.queue_type = \"classic\"";
 
 /// The queues and exchanges hourglass itself uses: the service's own queues,
 /// the release queues and every object of every strategy's static topology.

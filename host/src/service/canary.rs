@@ -20,7 +20,7 @@ use crate::config::CanaryConfig;
 use crate::headers::DUE_AT_HEADER;
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::planner::PlannerError;
-use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
 /// Consumes the canary queue and times each probe.
 pub struct Canary {
@@ -76,7 +76,11 @@ impl Handler for Canary {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        vec![Command::DeclareQueue { name: self.config.queue.clone(), durable: true, arguments: Default::default() }]
+        vec![own_queue_declaration(&self.config.queue, self.scheduler.config().service.queue_type)]
+    }
+
+    fn declaration_hint(&self) -> Option<String> {
+        Some(OWN_QUEUE_HINT.into())
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {

@@ -29,7 +29,7 @@ use crate::command::{Command, FieldValue};
 use crate::config::IngressConfig;
 use crate::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
-use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
 /// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Ingress {
@@ -102,12 +102,14 @@ impl Handler for Ingress {
         self.config.prefetch
     }
 
-    /// The ingress and invalid-messages queues, durable.
+    /// The ingress and invalid-messages queues, durable, of `service.queue_type`.
     fn declarations(&self) -> Vec<Command> {
-        [&self.config.queue, &self.config.invalid_queue]
-            .into_iter()
-            .map(|queue| Command::DeclareQueue { name: queue.clone(), durable: true, arguments: Default::default() })
-            .collect()
+        let queue_type = self.scheduler.config().service.queue_type;
+        [&self.config.queue, &self.config.invalid_queue].into_iter().map(|queue| own_queue_declaration(queue, queue_type)).collect()
+    }
+
+    fn declaration_hint(&self) -> Option<String> {
+        Some(OWN_QUEUE_HINT.into())
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {

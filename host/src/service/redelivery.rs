@@ -29,7 +29,7 @@ use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILU
 use crate::message::Handler;
 use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
 use crate::planner::RedeliveryDecision;
-use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
 /// The redelivery input's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Redelivery {
@@ -343,7 +343,8 @@ impl Handler for Redelivery {
     /// and — with `dead_letter = "declare"` — the consumer queues with their
     /// dead-letter exchange.
     fn declarations(&self) -> Vec<Command> {
-        let durable_queue = |name: String| Command::DeclareQueue { name, durable: true, arguments: Default::default() };
+        let queue_type = self.scheduler.config().service.queue_type;
+        let durable_queue = |name: String| own_queue_declaration(&name, queue_type);
         let mut commands =
             vec![Command::DeclareExchange { name: self.input.clone(), kind: ExchangeKind::Fanout, durable: true, arguments: Default::default() }];
         commands.push(durable_queue(self.input.clone()));
@@ -365,7 +366,7 @@ impl Handler for Redelivery {
     }
 
     fn declaration_hint(&self) -> Option<String> {
-        Some("a consumer queue declared with other arguments needs dead_letter = \"broker-policy\"".into())
+        Some(format!("a consumer queue declared with other arguments needs dead_letter = \"broker-policy\"; {OWN_QUEUE_HINT}"))
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, Handled) {

@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use lapin::ConnectionProperties;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
-use lapin::{Connection, ConnectionProperties};
 use tokio::sync::watch;
 
 use crate::broker::{Envelope, Executor, ExecutorError};
@@ -39,7 +39,9 @@ pub use crate::message::Handler;
 use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::convert::from_amqp_delivery;
-use super::publish::{RabbitMqExecutor, redact};
+use super::link::CONNECT_TIMEOUT;
+use super::nodes::{self, redact};
+use super::publish::RabbitMqExecutor;
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(5);
@@ -117,14 +119,16 @@ impl<H: Handler> Consumer<H> {
         let lost = |e: lapin::Error| (false, format!("RabbitMQ at {}: {e}", redact(&self.url)));
         let publisher = RabbitMqExecutor::connect(&self.url).await.map_err(|e| (false, e.to_string()))?;
         self.declare_on(&publisher).await.map_err(|e| (false, e.to_string()))?;
-        let connection = Connection::connect(&self.url, ConnectionProperties::default()).await.map_err(lost)?;
+        let (connection, node) = nodes::connect(&self.url, ConnectionProperties::default(), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| (false, format!("RabbitMQ at {}: {e}", redact(&self.url))))?;
         let channel = connection.create_channel().await.map_err(lost)?;
         channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await.map_err(lost)?;
         let tag = format!("hourglass-{queue}");
         let consumer =
             channel.basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default()).await.map_err(lost)?;
         self.consuming.store(true, Ordering::Relaxed);
-        tracing::info!(%queue, prefetch = self.handler.prefetch(), "consuming");
+        tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
         let publisher = &publisher;
         let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| async move {
             match delivery {

@@ -21,7 +21,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 
 use crate::broker::ExecutorError;
 
-use super::publish::redact;
+use super::nodes::{self, redact};
 
 /// How long opening a connection (TCP, TLS, AMQP handshake) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,23 +42,22 @@ pub struct Link {
     wear_limit: usize,
     /// Which connection of its slot this is (1 = the first).
     pub number: u64,
+    /// The node it reached (redacted URL): one of several when the URL lists a cluster.
+    pub node: String,
 }
 
 impl Link {
     async fn open(url: &str, name: &str) -> Result<Link, ExecutorError> {
         let unavailable = |reason: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: {reason}", redact(url)));
         let properties = ConnectionProperties::default().with_connection_name(name.into());
-        let connection = tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
-            .await
-            .map_err(|_| unavailable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
-            .map_err(|e| unavailable(e.to_string()))?;
+        let (connection, node) = nodes::connect(url, properties, CONNECT_TIMEOUT).await.map_err(unavailable)?;
         // A broker that negotiates fewer channels wears a link out sooner.
         let channel_max = match connection.configuration().channel_max() {
             0 => usize::from(u16::MAX),
             max => usize::from(max),
         };
         let wear_limit = WEAR_LIMIT.min(channel_max / 2).max(1);
-        Ok(Link { connection, burnt: AtomicUsize::new(0), wear_limit, number: 0 })
+        Ok(Link { connection, burnt: AtomicUsize::new(0), wear_limit, number: 0, node })
     }
 
     pub fn connected(&self) -> bool {
@@ -187,7 +186,7 @@ impl Slot {
                 *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
                 if lost {
                     self.reconnects.fetch_add(1, Ordering::AcqRel);
-                    tracing::info!(url = %redact(&self.url), connection = %self.name, "reconnected to RabbitMQ");
+                    tracing::info!(node = %link.node, connection = %self.name, "reconnected to RabbitMQ");
                 } else {
                     tracing::info!(connection = %self.name, "replaced a connection worn out by broker-closed channels");
                 }

@@ -13,15 +13,16 @@ pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String
     std::env::var("HOURGLASS_MANAGEMENT_URL").ok().or_else(|| configured.map(str::to_string)).or_else(|| default_management_url(amqp_url))
 }
 
-/// The management API's base URL (`http://user:pass@host:15672`) derived from an AMQP URL.
+/// The management API's base URL (`http://user:pass@host:15672`) derived from
+/// an AMQP URL (the first node's, when it lists several).
 pub fn default_management_url(amqp_url: &str) -> Option<String> {
-    let uri: AMQPUri = amqp_url.parse().ok()?;
+    let uri: AMQPUri = super::nodes::first(amqp_url).parse().ok()?;
     let user = &uri.authority.userinfo;
     Some(format!("http://{}:{}@{}:15672", user.username, user.password, uri.authority.host))
 }
 
 pub fn vhost_of(amqp_url: &str) -> String {
-    amqp_url.parse::<AMQPUri>().map(|u| u.vhost).unwrap_or_else(|_| "/".into())
+    super::nodes::first(amqp_url).parse::<AMQPUri>().map(|u| u.vhost).unwrap_or_else(|_| "/".into())
 }
 
 pub fn encode(segment: &str) -> String {

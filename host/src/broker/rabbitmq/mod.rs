@@ -4,6 +4,7 @@
 //! * [`batch`]: confirmed publishes in batches per channel, each answered on its own.
 //! * [`channels`]: its channels — a pool for publishes, one for declares.
 //! * [`link`]: one connection that reconnects, and wears out by broker-closed channels.
+//! * [`nodes`]: several cluster nodes behind one URL setting; every connection fails over between them.
 //! * [`convert`]: neutral properties and headers to and from AMQP.
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
@@ -17,6 +18,7 @@ pub mod consume;
 pub mod convert;
 pub mod link;
 pub mod manage;
+pub mod nodes;
 pub mod publish;
 pub mod stream;
 pub mod take;
@@ -24,4 +26,5 @@ pub mod verify;
 
 pub use channels::DEFAULT_PUBLISH_CHANNELS;
 pub use convert::to_amqp_table;
-pub use publish::{DEFAULT_URL, RabbitMqExecutor, redact};
+pub use nodes::redact;
+pub use publish::{DEFAULT_URL, RabbitMqExecutor};

@@ -33,6 +33,7 @@ use super::batch::{Answer, Batches, Outgoing};
 use super::channels::{Control, DEFAULT_PUBLISH_CHANNELS, OpenChannels, PublishPool, blocked};
 use super::convert::{to_amqp_properties, to_amqp_table};
 use super::link::Slot;
+use super::nodes::{self, redact};
 use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
@@ -56,20 +57,6 @@ pub struct RabbitMqExecutor {
     open: OpenChannels,
     /// Exchanges known to exist, and the reconnect count when that was learned.
     exchanges: Mutex<(u64, HashSet<String>)>,
-}
-
-/// `amqp://user:secret@host` → `amqp://user:***@host`, for error messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
 }
 
 fn describe(table: &FieldTable) -> String {
@@ -105,7 +92,7 @@ impl RabbitMqExecutor {
         let open = OpenChannels::default();
         let publishing = Arc::new(PublishPool::new(publishing, open.clone(), publish_channels));
         // The connection is open, so the URL parsed.
-        let user = url.parse::<AMQPUri>().map(|uri| uri.authority.userinfo.username).unwrap_or_default();
+        let user = nodes::first(url).parse::<AMQPUri>().map(|uri| uri.authority.userinfo.username).unwrap_or_default();
         Ok(RabbitMqExecutor {
             url: url.to_string(),
             user,
@@ -420,16 +407,5 @@ impl Executor for RabbitMqExecutor {
             self.publish(command, envelope).await?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_reach_error_messages() {
-        assert_eq!(redact("amqp://guest:secret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
-        assert_eq!(redact("amqps://host/vhost"), "amqps://host/vhost");
     }
 }

@@ -8,15 +8,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
+use lapin::ConnectionProperties;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable};
-use lapin::{Connection, ConnectionProperties};
 use tokio::sync::{mpsc, watch};
 
 use crate::broker::ExecutorError;
 use crate::command::{Command, FieldValue};
 
-use super::publish::redact;
+use super::link::CONNECT_TIMEOUT;
+use super::nodes::{self, redact};
 
 /// Entries the broker sends ahead of the reader (streams need a prefetch to be read at all).
 const READ_AHEAD: u16 = 1_000;
@@ -40,7 +41,9 @@ pub async fn read(
     attached: &AtomicBool,
 ) -> Result<(), ExecutorError> {
     let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
-    let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(lost)?;
+    let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url))))?;
     let channel = connection.create_channel().await.map_err(lost)?;
     channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await.map_err(lost)?;
     let mut arguments = AmqpTable::default();

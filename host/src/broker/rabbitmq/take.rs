@@ -11,7 +11,8 @@ use crate::broker::ExecutorError;
 use crate::message::Delivery;
 
 use super::convert::from_amqp_delivery;
-use super::publish::redact;
+use super::link::CONNECT_TIMEOUT;
+use super::nodes::{self, redact};
 
 /// One connection and channel to take messages with.
 pub struct Taker {
@@ -29,7 +30,9 @@ pub struct Taken {
 impl Taker {
     pub async fn open(url: &str) -> Result<Taker, ExecutorError> {
         let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url)));
-        let connection = Connection::connect(url, ConnectionProperties::default()).await.map_err(lost)?;
+        let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url))))?;
         let channel = connection.create_channel().await.map_err(lost)?;
         Ok(Taker { url: url.to_string(), connection, channel })
     }

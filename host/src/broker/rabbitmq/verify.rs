@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind as AmqpExchangeKind};
+use lapin::{ConnectionProperties, ExchangeKind as AmqpExchangeKind};
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
@@ -127,7 +127,9 @@ fn check_binding(found: Vec<Value>, routing_key: &str, arguments: &FieldTable, n
 
 async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> Result<(Vec<Drift>, usize), VerifyError> {
     let unavailable = |e: lapin::Error| VerifyError::Unavailable(format!("RabbitMQ at {}: {e}", redact(amqp_url)));
-    let connection = Connection::connect(amqp_url, ConnectionProperties::default()).await.map_err(unavailable)?;
+    let (connection, _) = crate::broker::rabbitmq::nodes::connect(amqp_url, ConnectionProperties::default(), crate::broker::rabbitmq::link::CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| VerifyError::Unavailable(format!("RabbitMQ at {}: {e}", redact(amqp_url))))?;
     let mut channel = connection.create_channel().await.map_err(unavailable)?;
     let mut drifts = Vec::new();
     let mut unchecked = 0;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use hourglass::broker::rabbitmq::nodes;
 use hourglass::clock::unix_now_ms;
 use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -43,12 +44,21 @@ pub struct Canaries {
     consumer: JoinHandle<()>,
 }
 
-/// Declares the destination (durable) so the host finds it at start.
+/// A connection to the first node of `amqp_url` (one URL or a cluster's comma-separated list) that answers.
+pub async fn connect(amqp_url: &str) -> anyhow::Result<Connection> {
+    let (connection, _) = nodes::connect(amqp_url, ConnectionProperties::default(), Duration::from_secs(10)).await.map_err(anyhow::Error::msg)?;
+    Ok(connection)
+}
+
+/// Declares the destination so the host finds it at start: a quorum queue,
+/// so it outlives the loss of any one node of a cluster.
 pub async fn declare_destination(amqp_url: &str, queue: &str) -> anyhow::Result<()> {
-    let connection = Connection::connect(amqp_url, ConnectionProperties::default()).await?;
+    let connection = connect(amqp_url).await?;
     let channel = connection.create_channel().await?;
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare(queue.into(), durable, FieldTable::default()).await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    channel.queue_declare(queue.into(), durable, arguments).await?;
     connection.close(200, "done".into()).await.ok();
     Ok(())
 }
@@ -127,7 +137,7 @@ async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, l
 async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
     let mut n = 0;
     'connect: while !stop.load(Ordering::SeqCst) {
-        let Ok(connection) = Connection::connect(&route.amqp_url, ConnectionProperties::default()).await else {
+        let Ok(connection) = connect(&route.amqp_url).await else {
             tokio::time::sleep(RETRY).await;
             continue;
         };
@@ -139,10 +149,7 @@ async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledg
             let id = format!("{tag}-{n}");
             let delay = delay_of(n);
             n += 1;
-            let mut headers = FieldTable::default();
-            headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(route.destination.as_str())));
-            headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay}ms"))));
-            let properties = BasicProperties::default().with_delivery_mode(2).with_headers(headers);
+            let properties = ingress_properties(&route.destination, delay);
             ledger.sent(&id, unix_now_ms() + delay);
             // Mandatory: a publish the broker cannot route is not acknowledged.
             let options = BasicPublishOptions { mandatory: true, ..Default::default() };
@@ -170,11 +177,19 @@ async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledg
     }
 }
 
+/// A persistent ingress message's properties: to `destination` after `delay_ms`.
+pub fn ingress_properties(destination: &str, delay_ms: u64) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
+    headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay_ms}ms"))));
+    BasicProperties::default().with_delivery_mode(2).with_headers(headers)
+}
+
 /// Consumes the destination with auto-ack, reconnecting forever, and records every arrival.
-async fn consume(amqp_url: String, queue: String, ledger: Arc<Ledger>) {
+pub async fn consume(amqp_url: String, queue: String, ledger: Arc<Ledger>) {
     loop {
         let started = Instant::now();
-        if let Ok(connection) = Connection::connect(&amqp_url, ConnectionProperties::default()).await
+        if let Ok(connection) = connect(&amqp_url).await
             && let Ok(channel) = connection.create_channel().await
         {
             let options = BasicConsumeOptions { no_ack: true, ..Default::default() };

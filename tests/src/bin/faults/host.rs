@@ -64,6 +64,11 @@ impl Host {
         log[log.len().saturating_sub(n)..].join("\n")
     }
 
+    /// Whether any line the host logged contains `needle`.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|line| line.contains(needle))
+    }
+
     pub fn port(&self) -> u16 {
         self.base.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0)
     }

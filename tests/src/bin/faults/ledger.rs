@@ -15,6 +15,8 @@ pub const EARLY_WINDOW_MS: u64 = 5;
 
 #[derive(Default)]
 struct Entry {
+    /// Unix ms when it was sent.
+    sent_ms: u64,
     /// Unix ms before which the canary must not arrive.
     due_ms: u64,
     acknowledged: bool,
@@ -48,7 +50,7 @@ pub struct Tally {
 impl Ledger {
     /// A canary about to be sent, due at `due_ms` at the earliest.
     pub fn sent(&self, id: &str, due_ms: u64) {
-        self.entries.lock().unwrap().insert(id.to_string(), Entry { due_ms, ..Default::default() });
+        self.entries.lock().unwrap().insert(id.to_string(), Entry { sent_ms: unix_now_ms(), due_ms, ..Default::default() });
     }
 
     /// The service acknowledged it; `due_ms` is the due time it answered, if any.
@@ -77,6 +79,20 @@ impl Ledger {
     /// The latest due time of an acknowledged canary.
     pub fn last_due_ms(&self) -> u64 {
         self.entries.lock().unwrap().values().filter(|e| e.acknowledged).map(|e| e.due_ms).max().unwrap_or(0)
+    }
+
+    /// The 99th percentile of lateness (first arrival after due, ms) of the
+    /// acknowledged canaries sent in `[from_ms, to_ms)`, and how many there were.
+    pub fn lateness_p99(&self, from_ms: u64, to_ms: u64) -> (Option<u64>, usize) {
+        let entries = self.entries.lock().unwrap();
+        let mut late: Vec<u64> = entries
+            .values()
+            .filter(|e| e.acknowledged && (from_ms..to_ms).contains(&e.sent_ms))
+            .filter_map(|e| Some(e.arrivals.iter().min()?.saturating_sub(e.due_ms)))
+            .collect();
+        late.sort_unstable();
+        let p99 = (!late.is_empty()).then(|| late[(late.len() * 99).div_ceil(100) - 1]);
+        (p99, late.len())
     }
 
     pub fn tally(&self) -> Tally {

@@ -17,6 +17,7 @@ mod inputs;
 mod ledger;
 mod load;
 mod poison;
+mod scale;
 mod setup;
 
 use std::future::Future;
@@ -36,12 +37,14 @@ pub struct Report {
     pub refusals_allowed: bool,
     /// Bad inputs that got the wrong answer, and other failed checks.
     pub problems: Vec<String>,
+    /// What the case measured besides the tally (printed in the notes column).
+    pub notes: Vec<String>,
     pub seconds: f64,
 }
 
 impl Report {
     pub fn new(name: &str) -> Report {
-        Report { name: name.into(), tally: Tally::default(), duplicates_allowed: false, refusals_allowed: false, problems: vec![], seconds: 0.0 }
+        Report { name: name.into(), tally: Tally::default(), duplicates_allowed: false, refusals_allowed: false, problems: vec![], notes: vec![], seconds: 0.0 }
     }
 
     /// Records a failed check unless `ok`.
@@ -89,6 +92,8 @@ fn cases() -> Vec<Case> {
         ("failing-10000", || Box::pin(load::failing_in_a_row())),
         ("poison", || Box::pin(poison::at_the_head())),
         ("idle-2000", || Box::pin(load::idle_connections())),
+        ("hosts-two-kill9", || Box::pin(scale::two_hosts_one_killed())),
+        ("cluster-node-kill9", || Box::pin(scale::cluster_node_killed())),
     ]
 }
 
@@ -151,7 +156,7 @@ fn print_row(r: &Report) {
         if r.refusals_allowed {
             allowed.push("refusals allowed while down");
         }
-        allowed.join(", ")
+        allowed.into_iter().map(str::to_string).chain(r.notes.iter().cloned()).collect::<Vec<_>>().join(", ")
     } else {
         failures.join("; ").replace('|', "\\|")
     };

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use hourglass_e2e::unique;
 use hourglass_e2e::vhost::PrivateVhost;
 use lapin::options::{BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use crate::Report;
@@ -34,7 +34,9 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     channel.confirm_select(ConfirmSelectOptions::default()).await?;
     // Declared as the host declares it, so the poison is there before the host is.
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare(setup.ingress.as_str().into(), durable, FieldTable::default()).await?;
+    let mut quorum = FieldTable::default();
+    quorum.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    channel.queue_declare(setup.ingress.as_str().into(), durable, quorum).await?;
     let part = "v".repeat(40 * 1024);
     let poisons = [
         ("long destination", vec![("hourglass-destination", text(&"d".repeat(300))), ("hourglass-delay", text("1s"))]),

@@ -9,6 +9,9 @@ use hourglass_e2e::unique;
 
 use crate::canary::{self, Route};
 
+/// The ingress consumer's prefetch: how many deliveries a killed host can leave unacknowledged.
+pub const INGRESS_PREFETCH: u16 = 16;
+
 pub struct Setup {
     pub amqp_url: String,
     pub config: PathBuf,
@@ -27,7 +30,7 @@ impl Setup {
         let destination = unique(&format!("{stem}-dest"));
         let text = format!(
             "default_strategy = \"main\"\n\n[broker]\nkind = \"rabbitmq\"\nurl = \"{amqp_url}\"\n\n\
-             [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{invalid}\"\nprefetch = 16\n\n\
+             [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{invalid}\"\nprefetch = {INGRESS_PREFETCH}\n\n\
              [service.canary]\nenabled = false\n\n\
              [strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n\n{more}\n"
         );

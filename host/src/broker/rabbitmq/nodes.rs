@@ -1,0 +1,93 @@
+//! Several nodes of one RabbitMQ cluster behind one URL setting.
+//!
+//! `broker.url` (or `HOURGLASS_AMQP_URL`) may name several nodes separated by
+//! commas: `amqp://u:p@rabbit-1/%2f,amqp://u:p@rabbit-2/%2f`. Every
+//! connection hourglass opens tries them in turn, each starting one node
+//! further on than the last, so a host's connections spread over the
+//! cluster and a connection lost with its node opens again on another. A host
+//! name that resolves to several addresses needs no list: each address is
+//! tried in the resolver's order.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+/// Where the next connection starts trying; process-wide, so connections spread.
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// The node URLs in a setting, in order (blanks between commas skipped).
+pub fn each(urls: &str) -> impl Iterator<Item = &str> {
+    urls.split(',').map(str::trim).filter(|url| !url.is_empty())
+}
+
+/// The first node: where the vhost, the user and the management API are read from.
+pub fn first(urls: &str) -> &str {
+    each(urls).next().unwrap_or(urls)
+}
+
+/// The URLs with every password replaced by `***`, fit for logs and errors.
+pub fn redact(urls: &str) -> String {
+    each(urls).map(redact_one).collect::<Vec<_>>().join(",")
+}
+
+fn redact_one(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A connection to the first node of `urls` that answers, trying each once
+/// (each bounded by `timeout`); the redacted URL of the node it reached. The
+/// error says why each node failed.
+pub async fn connect(urls: &str, properties: ConnectionProperties, timeout: Duration) -> Result<(Connection, String), String> {
+    let nodes: Vec<&str> = each(urls).collect();
+    if nodes.is_empty() {
+        return Err("no AMQP URL configured".into());
+    }
+    let start = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut reasons = Vec::new();
+    for offset in 0..nodes.len() {
+        let url = nodes[(start + offset) % nodes.len()];
+        let reason = match tokio::time::timeout(timeout, Connection::connect(url, properties.clone())).await {
+            Ok(Ok(connection)) => return Ok((connection, redact_one(url))),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no connection within {timeout:?}"),
+        };
+        reasons.push(if nodes.len() == 1 { reason } else { format!("{}: {reason}", redact_one(url)) });
+    }
+    Err(reasons.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_splits_on_commas_and_redacts_each_password() {
+        let urls = "amqp://guest:secret@a:5672/%2f, amqp://guest:other@b:5673/%2f,";
+        assert_eq!(each(urls).collect::<Vec<_>>(), ["amqp://guest:secret@a:5672/%2f", "amqp://guest:other@b:5673/%2f"]);
+        assert_eq!(first(urls), "amqp://guest:secret@a:5672/%2f");
+        assert_eq!(redact(urls), "amqp://guest:***@a:5672/%2f,amqp://guest:***@b:5673/%2f");
+        assert_eq!(redact("amqp://guest:secret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
+        assert_eq!(redact("amqps://host/vhost"), "amqps://host/vhost");
+    }
+
+    #[tokio::test]
+    async fn connecting_tries_every_node_and_names_each_failure() {
+        // Two ports nothing listens on: both are tried, both reasons reported.
+        let closed = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (a, b) = (closed(), closed());
+        let urls = format!("amqp://guest:secret@127.0.0.1:{a}/%2f,amqp://guest:secret@127.0.0.1:{b}/%2f");
+        let err = connect(&urls, ConnectionProperties::default(), Duration::from_secs(2)).await.expect_err("nothing listens");
+        assert!(err.contains(&format!("127.0.0.1:{a}")) && err.contains(&format!("127.0.0.1:{b}")), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+}

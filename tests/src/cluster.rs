@@ -1,0 +1,73 @@
+//! A three-node RabbitMQ cluster of the test's own, started with
+//! `scripts/cluster` (so the script people use is the one the fault suite
+//! runs) on a random name, free ports and a scratch directory. Each node is a
+//! [`PrivateNode`] the test can `kill -9` and boot again; dropping the cluster
+//! stops every node and removes its data.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::private_node::{NodeError, PrivateNode};
+use crate::repo_root;
+
+pub struct Cluster {
+    pub nodes: Vec<PrivateNode>,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    /// Starts three nodes (no management plugin) and joins them; returns once all three are in.
+    pub fn start() -> Result<Cluster, NodeError> {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let name = format!("hg-cluster-{suffix}");
+        let dir = std::env::temp_dir().join(&name);
+        let port = free_run()?;
+        let output = Command::new(repo_root().join("scripts/cluster"))
+            .arg("start")
+            .env("HOURGLASS_CLUSTER_DIR", &dir)
+            .env("HOURGLASS_CLUSTER_PORT", port.to_string())
+            .env("HOURGLASS_CLUSTER_NAME", &name)
+            .env("HOURGLASS_CLUSTER_MANAGEMENT", "0")
+            .output()?;
+        let nodes = (1..=3u16)
+            .map(|i| PrivateNode::adopt(format!("{name}-{i}@localhost"), port + i - 1, port + i - 1 + 20_000, dir.join(format!("node-{i}"))))
+            .collect();
+        // Built before checking, so a half-started cluster is still stopped on drop.
+        let cluster = Cluster { nodes, dir };
+        if !output.status.success() {
+            let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            return Err(NodeError::Command { command: "scripts/cluster start".into(), output: text });
+        }
+        Ok(cluster)
+    }
+
+    /// Every node's URL, comma-separated: hourglass's `broker.url` for a cluster.
+    pub fn urls(&self) -> String {
+        self.nodes.iter().map(PrivateNode::url).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Each node stops itself on drop; then the shared directory goes.
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A first AMQP port such that it, the next two, and each one's distribution
+/// port (+20,000) are free.
+fn free_run() -> std::io::Result<u16> {
+    for _ in 0..200 {
+        let first = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if first > 40_000 {
+            continue;
+        }
+        let ports = (0..3).flat_map(|i| [first + i, first + i + 20_000]);
+        if ports.clone().all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return Ok(first);
+        }
+    }
+    Err(std::io::Error::other("no run of free ports for a cluster"))
+}
