@@ -6,6 +6,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use lapin::uri::AMQPUri;
 use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The management API to use: `$HOURGLASS_MANAGEMENT_URL`, else the configured
 /// URL (`broker.management_url`), else one derived from the AMQP URL.
@@ -14,11 +15,18 @@ pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String
 }
 
 /// The management API's base URL (`http://user:pass@host:15672`) derived from
-/// an AMQP URL (the first node's, when it lists several).
+/// an AMQP URL: one per node, comma-separated, when it lists several.
 pub fn default_management_url(amqp_url: &str) -> Option<String> {
-    let uri: AMQPUri = super::nodes::first(amqp_url).parse().ok()?;
-    let user = &uri.authority.userinfo;
-    Some(format!("http://{}:{}@{}:15672", user.username, user.password, uri.authority.host))
+    let mut bases: Vec<String> = Vec::new();
+    for node in super::nodes::each(amqp_url) {
+        let Ok(uri) = node.parse::<AMQPUri>() else { continue };
+        let user = &uri.authority.userinfo;
+        let base = format!("http://{}:{}@{}:15672", user.username, user.password, uri.authority.host);
+        if !bases.contains(&base) {
+            bases.push(base);
+        }
+    }
+    (!bases.is_empty()).then(|| bases.join(","))
 }
 
 pub fn vhost_of(amqp_url: &str) -> String {
@@ -35,26 +43,58 @@ pub fn encode(segment: &str) -> String {
         .collect()
 }
 
+/// The management API of one or more nodes (`management_url` may list
+/// several, comma-separated): each request goes to the node that answered
+/// last, and on to the next when a node cannot be reached.
 pub struct Management {
     agent: ureq::Agent,
-    base: String,
-    authorization: String,
+    endpoints: Vec<Endpoint>,
+    /// The endpoint that answered last, tried first.
+    last_good: AtomicUsize,
     vhost: String,
 }
 
+struct Endpoint {
+    /// `scheme://host:port`, credentials removed.
+    base: String,
+    authorization: String,
+}
+
+type Answer = Result<ureq::http::Response<ureq::Body>, ureq::Error>;
+
 impl Management {
     pub fn new(management_url: &str, vhost: String) -> Result<Self, String> {
-        let (scheme, rest) = management_url.split_once("://").ok_or("management URL needs http:// or https://")?;
-        let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-        let authorization = format!("Basic {}", BASE64.encode(credentials.as_bytes()));
+        let endpoints = super::nodes::each(management_url).map(endpoint).collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err("no management URL".into());
+        }
         let agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
-        Ok(Management { agent, base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization, vhost })
+        Ok(Management { agent, endpoints, last_good: AtomicUsize::new(0), vhost })
+    }
+
+    /// Sends `request` (given the full URL and the authorization header) to
+    /// each endpoint in turn until one answers with any HTTP status.
+    fn send(&self, path: &str, request: impl Fn(&str, &str) -> Answer) -> Result<(String, ureq::http::Response<ureq::Body>), String> {
+        let start = self.last_good.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for offset in 0..self.endpoints.len() {
+            let index = (start + offset) % self.endpoints.len();
+            let endpoint = &self.endpoints[index];
+            let url = format!("{}/api/{path}", endpoint.base);
+            match request(&url, &endpoint.authorization) {
+                Ok(response) => {
+                    self.last_good.store(index, Ordering::Relaxed);
+                    return Ok((url, response));
+                }
+                Err(err) => failures.push(format!("{url}: {err}")),
+            }
+        }
+        Err(failures.join("; "))
     }
 
     /// `Ok(None)` for 404.
     pub fn get(&self, path: &str) -> Result<Option<Value>, String> {
-        let url = format!("{}/api/{path}", self.base);
-        let mut response = self.agent.get(&url).header("Authorization", &self.authorization).call().map_err(|e| format!("{url}: {e}"))?;
+        let (url, mut response) = self.send(path, |url, authorization| self.agent.get(url).header("Authorization", authorization).call())?;
         match response.status().as_u16() {
             404 => Ok(None),
             200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
@@ -87,29 +127,36 @@ impl Management {
         Ok(self.get(&path)?.and_then(|v| v.as_array().cloned()).unwrap_or_default())
     }
 
-    fn policy_url(&self, name: &str) -> String {
-        format!("{}/api/policies/{}/{}", self.base, encode(&self.vhost), encode(name))
+    fn policy_path(&self, name: &str) -> String {
+        format!("policies/{}/{}", encode(&self.vhost), encode(name))
     }
 
     /// Creates or replaces the policy `name` (`PUT /api/policies/{vhost}/{name}`).
     pub fn put_policy(&self, name: &str, policy: &Value) -> Result<(), String> {
-        let url = self.policy_url(name);
-        let response = self.agent.put(&url).header("Authorization", &self.authorization).send_json(policy);
+        let (url, response) =
+            self.send(&self.policy_path(name), |url, authorization| self.agent.put(url).header("Authorization", authorization).send_json(policy))?;
         succeeded(&url, response)
     }
 
     /// Removes the policy `name`; a policy that is not there is no error.
     pub fn delete_policy(&self, name: &str) -> Result<(), String> {
-        let url = self.policy_url(name);
-        match self.agent.delete(&url).header("Authorization", &self.authorization).call() {
-            Ok(response) if response.status().as_u16() == 404 => Ok(()),
-            response => succeeded(&url, response),
+        let (url, response) = self.send(&self.policy_path(name), |url, authorization| self.agent.delete(url).header("Authorization", authorization).call())?;
+        match response.status().as_u16() {
+            404 => Ok(()),
+            _ => succeeded(&url, response),
         }
     }
 }
 
-fn succeeded(url: &str, response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<(), String> {
-    match response.map_err(|e| format!("{url}: {e}"))?.status().as_u16() {
+/// One management URL, its credentials (default guest) turned into a Basic authorization.
+fn endpoint(url: &str) -> Result<Endpoint, String> {
+    let (scheme, rest) = url.split_once("://").ok_or("management URL needs http:// or https://")?;
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    Ok(Endpoint { base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization: format!("Basic {}", BASE64.encode(credentials.as_bytes())) })
+}
+
+fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<(), String> {
+    match response.status().as_u16() {
         200..=299 => Ok(()),
         code => Err(format!("{url}: HTTP {code}")),
     }
@@ -124,5 +171,37 @@ mod tests {
         assert_eq!(default_management_url("amqp://guest:guest@127.0.0.1:5672/%2f").as_deref(), Some("http://guest:guest@127.0.0.1:15672"));
         assert_eq!(vhost_of("amqp://guest:guest@127.0.0.1:5672/%2f"), "/");
         assert_eq!(encode("/"), "%2F");
+    }
+
+    #[test]
+    fn a_cluster_url_gives_each_node_s_management_api_once() {
+        let urls = "amqp://u:p@a:5672/%2f,amqp://u:p@b:5672/%2f,amqp://u:p@a:5673/%2f";
+        assert_eq!(default_management_url(urls).as_deref(), Some("http://u:p@a:15672,http://u:p@b:15672"));
+        assert_eq!(vhost_of("amqp://u:p@a:5672/orders,amqp://u:p@b:5672/orders"), "orders");
+    }
+
+    #[test]
+    fn a_node_that_cannot_be_reached_is_skipped_and_the_one_that_answered_is_asked_first() {
+        use std::io::{Read, Write};
+        use std::net::TcpListener;
+        // A port nothing listens on any more, then a server answering `{}` twice.
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let open = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            for stream in listener.incoming().take(2) {
+                let mut stream = stream.unwrap();
+                let _ = stream.read(&mut [0u8; 4096]);
+                stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").unwrap();
+            }
+        });
+        let api = Management::new(&format!("http://guest:guest@127.0.0.1:{closed},http://guest:guest@127.0.0.1:{open}"), "/".into()).unwrap();
+        assert_eq!(api.get("overview").unwrap(), Some(serde_json::json!({})));
+        assert_eq!(api.last_good.load(Ordering::Relaxed), 1);
+        assert_eq!(api.get("overview").unwrap(), Some(serde_json::json!({})));
+        server.join().unwrap();
+        let none = Management::new(&format!("http://127.0.0.1:{closed}"), "/".into()).unwrap();
+        let err = none.get("overview").unwrap_err();
+        assert!(err.contains(&format!("127.0.0.1:{closed}/api/overview")), "{err}");
     }
 }

@@ -21,7 +21,7 @@ pub fn each(urls: &str) -> impl Iterator<Item = &str> {
     urls.split(',').map(str::trim).filter(|url| !url.is_empty())
 }
 
-/// The first node: where the vhost, the user and the management API are read from.
+/// The first node: where the vhost and the user are read from (every node has the same).
 pub fn first(urls: &str) -> &str {
     each(urls).next().unwrap_or(urls)
 }
