@@ -136,3 +136,27 @@ async fn publish_ingress(connection: &lapin::Connection, ingress: &str, destinat
     }
     bodies
 }
+
+/// A node that swallows connections (accepts TCP, never answers AMQP) costs
+/// one connect timeout, once: after that it is tried after the live node, so
+/// the connections that follow open at once whichever node their turn starts at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_swallows_connections_is_tried_last_after_it_failed_once() {
+    use hourglass::broker::rabbitmq::nodes;
+    // Listening with a backlog, never accepting: the TCP handshake completes and nothing follows.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let urls = format!("amqp://guest:guest@{}/%2f,{}", hung.local_addr().unwrap(), amqp_url());
+    let timeout = Duration::from_secs(1);
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        let (connection, node) = nodes::connect(&urls, lapin::ConnectionProperties::default(), timeout).await.expect("the live node");
+        took.push(started.elapsed());
+        assert!(!node.contains(&hung.local_addr().unwrap().to_string()), "{node}");
+        connection.close(200, "done".into()).await.ok();
+    }
+    // Each connection starts one node further on, so without suspicion half
+    // of them would wait on the hung node; with it, only the first that met it.
+    let waited = took.iter().filter(|t| **t >= timeout / 2).count();
+    assert!(waited <= 1, "{waited} connections waited on the hung node: {took:?}");
+}

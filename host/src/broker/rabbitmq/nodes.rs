@@ -7,14 +7,40 @@
 //! cluster and a connection lost with its node opens again on another. A host
 //! name that resolves to several addresses needs no list: each address is
 //! tried in the resolver's order.
+//!
+//! A node that failed is tried last for a while ([`SUSPECT_FOR`]): one that
+//! drops packets rather than refusing them would otherwise cost a whole
+//! connect timeout on every connection that happens to start there.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::{Connection, ConnectionProperties};
 
 /// Where the next connection starts trying; process-wide, so connections spread.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a node that failed is tried after the others.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(30);
+
+/// Nodes that failed lately (redacted URL, when), process-wide.
+static SUSPECTS: Mutex<Vec<(String, Instant)>> = Mutex::new(Vec::new());
+
+/// Whether `node` failed within [`SUSPECT_FOR`]; forgets older failures.
+fn suspect(node: &str) -> bool {
+    let mut suspects = SUSPECTS.lock().unwrap_or_else(|p| p.into_inner());
+    suspects.retain(|(_, since)| since.elapsed() < SUSPECT_FOR);
+    suspects.iter().any(|(url, _)| url == node)
+}
+
+fn mark(node: &str, failed: bool) {
+    let mut suspects = SUSPECTS.lock().unwrap_or_else(|p| p.into_inner());
+    suspects.retain(|(url, _)| url != node);
+    if failed {
+        suspects.push((node.to_string(), Instant::now()));
+    }
+}
 
 /// The node URLs in a setting, in order (blanks between commas skipped).
 pub fn each(urls: &str) -> impl Iterator<Item = &str> {
@@ -53,15 +79,22 @@ pub async fn connect(urls: &str, properties: ConnectionProperties, timeout: Dura
         return Err("no AMQP URL configured".into());
     }
     let start = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut order: Vec<&str> = (0..nodes.len()).map(|offset| nodes[(start + offset) % nodes.len()]).collect();
+    // Stable: the rotation stays among the healthy nodes, suspects go last.
+    order.sort_by_key(|url| suspect(&redact_one(url)));
     let mut reasons = Vec::new();
-    for offset in 0..nodes.len() {
-        let url = nodes[(start + offset) % nodes.len()];
+    for url in order {
+        let node = redact_one(url);
         let reason = match tokio::time::timeout(timeout, Connection::connect(url, properties.clone())).await {
-            Ok(Ok(connection)) => return Ok((connection, redact_one(url))),
+            Ok(Ok(connection)) => {
+                mark(&node, false);
+                return Ok((connection, node));
+            }
             Ok(Err(err)) => err.to_string(),
             Err(_) => format!("no connection within {timeout:?}"),
         };
-        reasons.push(if nodes.len() == 1 { reason } else { format!("{}: {reason}", redact_one(url)) });
+        mark(&node, true);
+        reasons.push(if nodes.len() == 1 { reason } else { format!("{node}: {reason}") });
     }
     Err(reasons.join("; "))
 }
