@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hourglass::broker::rabbitmq::RabbitMqExecutor;
 use hourglass::broker::rabbitmq::consume::{Consumer, Handler, MAX_PANICS, long_string};
 use hourglass::command::Command;
 use hourglass::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
@@ -341,7 +342,8 @@ async fn a_handler_panicking_on_a_message_requeues_it_then_sets_it_aside_and_goe
     let connection = connect().await;
     let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
     let handler = Arc::new(Panicking { queue: unique("panics-in"), aside: unique("panics-aside"), handled, panics: Default::default() });
-    let consumer = Consumer::new(&amqp_url(), handler.clone());
+    let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
+    let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
     consumer.declare().await.expect("declares its queues");
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();

@@ -218,6 +218,41 @@ async fn a_header_too_large_for_a_frame_is_invalid_and_the_connection_stays() {
     destination.delete().await;
 }
 
+/// The control connection asks for 16 KiB frames (lapin's buffers are 32
+/// frames each way, resident: 1 MiB there instead of 8). A declaration whose
+/// arguments would not fit one such frame is refused before the wire; sent,
+/// it would close the connection under every other declare.
+#[tokio::test]
+async fn a_declaration_too_large_for_a_control_frame_is_refused_and_the_connection_stays() {
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
+    let (big, small) = (unique("big-arguments"), unique("after-big-arguments"));
+    let arguments = FieldTable::from([("x-note".to_string(), hourglass::command::FieldValue::Text("x".repeat(20 * 1024)))]);
+    let err = executor.apply(&[Command::DeclareQueue { name: big.clone(), durable: false, arguments }]).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Refused(_)), "{err}");
+    assert!(err.to_string().contains("arguments take") && err.to_string().contains(&big), "{err}");
+    executor.apply(&[Command::DeclareQueue { name: small.clone(), durable: false, arguments: FieldTable::new() }]).await.expect("the next declare");
+    assert_eq!(executor.reconnects(), 0, "the control connection never dropped");
+    assert_eq!(executor.queue_depth(&small).await.expect("declared"), 0);
+    let control = executor.connection_names()[1].clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let frame_max = loop {
+        // The management API lists a new connection after its next stats tick.
+        let listed = management_get("/api/connections");
+        let found = listed.as_array().into_iter().flatten().find(|c| c["client_properties"]["connection_name"].as_str() == Some(&control)).cloned();
+        if let Some(connection) = found {
+            break connection["frame_max"].as_u64();
+        }
+        assert!(std::time::Instant::now() < deadline, "the broker never listed {control}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(frame_max, Some(16 * 1024), "the control connection's negotiated frame_max");
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    for queue in [&big, &small] {
+        channel.queue_delete(queue.as_str().into(), Default::default()).await.ok();
+    }
+}
+
 /// The management API's connections opened by this executor (by client-provided name).
 fn broker_connections(executor: &RabbitMqExecutor) -> Vec<String> {
     let names = executor.connection_names();

@@ -90,7 +90,8 @@ pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 #[allow(clippy::large_enum_variant)]
 pub enum Broker {
     Memory(MemoryExecutor),
-    RabbitMq(RabbitMqExecutor),
+    /// Shared with the service's consumers, which set messages aside through it.
+    RabbitMq(std::sync::Arc<RabbitMqExecutor>),
     Sqs(std::sync::Arc<SqsExecutor>),
 }
 
@@ -108,7 +109,7 @@ impl Broker {
             BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => {
                 let url = amqp_url(url.as_deref(), url_env.as_deref());
                 let channels = publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS);
-                Ok(Broker::RabbitMq(RabbitMqExecutor::connect_with(&url, channels).await?))
+                Ok(Broker::RabbitMq(std::sync::Arc::new(RabbitMqExecutor::connect_with(&url, channels).await?)))
             }
             BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
                 let window = send_batch_window.map_or(sqs::batcher::DEFAULT_WINDOW, |d| std::time::Duration::from_millis(d.ms()));

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
+use crate::broker::rabbitmq::RabbitMqExecutor;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::sqs::consume::SqsConsumer;
 use crate::broker::sqs::pump::Pump;
@@ -52,24 +53,25 @@ impl Service {
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx.clone());
         let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases) = (None, None, None, None, Vec::new());
-        if let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker {
+        if let (BrokerConfig::Rabbitmq { url, url_env, management_url, .. }, Broker::RabbitMq(publisher)) = (&config.broker, scheduler.executor()) {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             if config.service.ingress.enabled {
-                let consumer = Consumer::new(&amqp, Ingress::new(config.service.ingress.clone(), scheduler.clone()));
+                let consumer = Consumer::new(&amqp, publisher.clone(), Ingress::new(config.service.ingress.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
                     consumer.declare().await?;
                 }
                 ingress = Some(consumer);
             }
             if !config.redelivery.is_empty() {
-                redelivery = Some(start_redelivery(&config, &scheduler, topology, &amqp, management_url.as_deref()).await?);
+                redelivery = Some(start_redelivery(&config, &scheduler, publisher, topology, &amqp, management_url.as_deref()).await?);
             }
             let cancellable: Vec<&str> = config.strategies.values().filter(|s| s.cancellable).map(|s| s.name.as_str()).collect();
             if !cancellable.is_empty() {
                 let log = CancelLog::new(&amqp, &config.service.cancel, scheduler.clone());
                 for strategy in cancellable {
                     let queue = config.service.cancel.release_queue(strategy);
-                    let consumer = Consumer::new(&amqp, Release::new(strategy, queue, config.service.ingress.prefetch, log.clone(), scheduler.clone()));
+                    let consumer =
+                        Consumer::new(&amqp, publisher.clone(), Release::new(strategy, queue, config.service.ingress.prefetch, log.clone(), scheduler.clone()));
                     if topology == TopologyAtStart::Apply {
                         consumer.declare().await?;
                     }
@@ -78,7 +80,7 @@ impl Service {
                 cancel = Some(log);
             }
             if config.service.canary.enabled {
-                let consumer = Consumer::new(&amqp, Canary::new(config.service.canary.clone(), scheduler.clone()));
+                let consumer = Consumer::new(&amqp, publisher.clone(), Canary::new(config.service.canary.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
                     consumer.declare().await?;
                 }
@@ -380,13 +382,14 @@ fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> 
 async fn start_redelivery(
     config: &Config,
     scheduler: &Arc<Scheduler<Broker>>,
+    publisher: &Arc<RabbitMqExecutor>,
     topology: TopologyAtStart,
     amqp: &str,
     management_url: Option<&str>,
 ) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
     let handler = Redelivery::new(config, scheduler.clone(), topology == TopologyAtStart::Apply);
     let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
-    let consumer = Consumer::new(amqp, handler.clone());
+    let consumer = Consumer::new(amqp, publisher.clone(), handler.clone());
     if topology == TopologyAtStart::Apply {
         consumer.declare().await?;
         let with_policy: Vec<String> =

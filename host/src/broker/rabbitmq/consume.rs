@@ -5,10 +5,12 @@
 //! prefetch, and hands each delivery, converted to a neutral
 //! [`Delivery`], to the handler with at most `prefetch` in flight. The
 //! handler answers with an [`Outcome`] and the consumer carries it out: ack,
-//! requeue, or move the message aside (a confirmed publish on the consumer's
-//! own publisher, then the ack; a requeue if the publish fails). The
-//! publisher is a [`RabbitMqExecutor`] on a connection of its own, so a
-//! channel the broker closes is reopened on the next move.
+//! requeue, or move the message aside (a confirmed publish, then the ack; a
+//! requeue if the publish fails). Declares and moves go through the
+//! [`RabbitMqExecutor`] it is given, the service's own: its channels are
+//! leased per publish, so a channel the broker closes fails only that move,
+//! and no consumer pays for connections of its own (lapin holds 8 MiB of
+//! buffers per connection at RabbitMQ's default frame size).
 //!
 //! A handler that panics does not stop the consumer: the message is requeued,
 //! and once the handler panicked [`MAX_PANICS`] times on the same message it
@@ -55,14 +57,16 @@ const PANICS_REMEMBERED: usize = 1_024;
 
 pub struct Consumer<H> {
     url: String,
+    /// Declares the handler's queues and carries out its moves.
+    publisher: Arc<RabbitMqExecutor>,
     handler: Arc<H>,
     consuming: AtomicBool,
     panics: Mutex<PanicCounts>,
 }
 
 impl<H: Handler> Consumer<H> {
-    pub fn new(url: &str, handler: Arc<H>) -> Arc<Consumer<H>> {
-        Arc::new(Consumer { url: url.to_string(), handler, consuming: AtomicBool::new(false), panics: Default::default() })
+    pub fn new(url: &str, publisher: Arc<RabbitMqExecutor>, handler: Arc<H>) -> Arc<Consumer<H>> {
+        Arc::new(Consumer { url: url.to_string(), publisher, handler, consuming: AtomicBool::new(false), panics: Default::default() })
     }
 
     pub fn handler(&self) -> &Arc<H> {
@@ -76,12 +80,7 @@ impl<H: Handler> Consumer<H> {
 
     /// Declares the handler's queues now, so producers can publish before the first consume.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
-        let publisher = RabbitMqExecutor::connect(&self.url).await?;
-        self.declare_on(&publisher).await
-    }
-
-    async fn declare_on(&self, publisher: &RabbitMqExecutor) -> Result<(), ExecutorError> {
-        match publisher.apply(&self.handler.declarations()).await {
+        match self.publisher.apply(&self.handler.declarations()).await {
             Err(ExecutorError::Refused(why)) => Err(ExecutorError::Refused(match self.handler.declaration_hint() {
                 Some(hint) => format!("{why} ({hint})"),
                 None => why,
@@ -117,11 +116,11 @@ impl<H: Handler> Consumer<H> {
     async fn consume(&self, stop: &mut watch::Receiver<bool>) -> Result<(), (bool, String)> {
         let queue = self.handler.queue().to_string();
         let lost = |e: lapin::Error| (false, format!("RabbitMQ at {}: {e}", redact(&self.url)));
-        let publisher = RabbitMqExecutor::connect(&self.url).await.map_err(|e| (false, e.to_string()))?;
-        self.declare_on(&publisher).await.map_err(|e| (false, e.to_string()))?;
-        let (connection, node) = nodes::connect(&self.url, ConnectionProperties::default(), CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| (false, format!("RabbitMQ at {}: {e}", redact(&self.url))))?;
+        self.declare().await.map_err(|e| (false, e.to_string()))?;
+        // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
+        let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
+        let (connection, node) =
+            nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|e| (false, format!("RabbitMQ at {}: {e}", redact(&self.url))))?;
         let channel = connection.create_channel().await.map_err(lost)?;
         channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await.map_err(lost)?;
         let tag = format!("hourglass-{queue}");
@@ -129,7 +128,7 @@ impl<H: Handler> Consumer<H> {
             channel.basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default()).await.map_err(lost)?;
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
-        let publisher = &publisher;
+        let publisher = self.publisher.as_ref();
         let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| async move {
             match delivery {
                 Ok(delivery) => self.process(delivery, publisher).await,

@@ -57,6 +57,20 @@ pub fn redact(urls: &str) -> String {
     each(urls).map(redact_one).collect::<Vec<_>>().join(",")
 }
 
+/// `urls` with every node asking for frames of at most `frame_max` bytes
+/// (AMQP negotiates the smaller of the client's and the broker's), unless a
+/// node's URL already sets `frame_max`.
+pub fn with_frame_max(urls: &str, frame_max: u32) -> String {
+    each(urls)
+        .map(|url| match (url.contains("frame_max="), url.contains('?')) {
+            (true, _) => url.to_string(),
+            (false, true) => format!("{url}&frame_max={frame_max}"),
+            (false, false) => format!("{url}?frame_max={frame_max}"),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn redact_one(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
@@ -111,6 +125,14 @@ mod tests {
         assert_eq!(redact(urls), "amqp://guest:***@a:5672/%2f,amqp://guest:***@b:5673/%2f");
         assert_eq!(redact("amqp://guest:secret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
         assert_eq!(redact("amqps://host/vhost"), "amqps://host/vhost");
+    }
+
+    #[test]
+    fn a_frame_limit_is_asked_for_on_each_node_unless_its_url_sets_one() {
+        let urls = "amqp://a/%2f,amqp://b/%2f?heartbeat=10,amqp://c/%2f?frame_max=65536";
+        assert_eq!(with_frame_max(urls, 16384), "amqp://a/%2f?frame_max=16384,amqp://b/%2f?heartbeat=10&frame_max=16384,amqp://c/%2f?frame_max=65536");
+        let uri: lapin::uri::AMQPUri = first(&with_frame_max(urls, 16384)).parse().unwrap();
+        assert_eq!(uri.query.frame_max, Some(16384));
     }
 
     #[tokio::test]

@@ -46,6 +46,15 @@ pub const DECLARE_TIMEOUT: Duration = Duration::from_secs(30);
 const CONTENT_HEADER_OVERHEAD: usize = 20;
 /// Exchanges remembered as existing before the memory starts over.
 const KNOWN_EXCHANGES: usize = 4_096;
+/// The largest frame the control connection asks for. lapin keeps 32 frames
+/// of buffer each way per connection, resident once sized: 8 MiB at
+/// RabbitMQ's 128 KiB default, 1 MiB at this. Declares, binds and passive
+/// checks are method frames far smaller; the publishing connection keeps the
+/// broker's limit, since a producer's content header may use all of it.
+pub const CONTROL_FRAME_MAX: u32 = 16 * 1024;
+/// The most a declaration's or binding's argument table may encode to: with
+/// its names (up to 255 bytes each) it must fit in one control frame.
+const MAX_ARGUMENT_BYTES: usize = CONTROL_FRAME_MAX as usize - 1_024;
 
 pub struct RabbitMqExecutor {
     url: String,
@@ -64,6 +73,17 @@ fn describe(table: &FieldTable) -> String {
         return "no arguments".into();
     }
     table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Refuses an argument table too large for one control frame, before the
+/// wire: sent, it would close the control connection under every other declare.
+fn check_arguments(what: impl FnOnce() -> String, arguments: &AmqpTable) -> Result<(), ExecutorError> {
+    let generate = lapin::types::generation::gen_field_table(arguments);
+    let size = generate(Vec::<u8>::new().into()).map_or(usize::MAX, |written| written.position as usize);
+    if size > MAX_ARGUMENT_BYTES {
+        return Err(ExecutorError::Refused(format!("{}: its arguments take {size} bytes; at most {MAX_ARGUMENT_BYTES} fit", what())));
+    }
+    Ok(())
 }
 
 /// The encoded size of a content header's properties, headers included.
@@ -88,7 +108,7 @@ impl RabbitMqExecutor {
         // The broker lists connections by these names; the suffix tells two processes apart.
         let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
         let publishing = Slot::connect(url, format!("hourglass publish {instance}")).await?;
-        let control = Slot::connect(url, format!("hourglass control {instance}")).await?;
+        let control = Slot::connect(&nodes::with_frame_max(url, CONTROL_FRAME_MAX), format!("hourglass control {instance}")).await?;
         let open = OpenChannels::default();
         let publishing = Arc::new(PublishPool::new(publishing, open.clone(), publish_channels));
         // The connection is open, so the URL parsed.
@@ -187,7 +207,9 @@ impl RabbitMqExecutor {
                 };
                 let what = || format!("exchange {name:?} (wanted: {} durable={durable}, {})", command_kind(command), describe(arguments));
                 let options = ExchangeDeclareOptions { durable: *durable, ..Default::default() };
-                self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), kind, options, to_amqp_table(arguments)).await)
+                let arguments = to_amqp_table(arguments);
+                check_arguments(what, &arguments)?;
+                self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), kind, options, arguments).await)
                     .await?
                     .map_err(|e| self.refused(what(), e))?;
                 self.remember_exchange(name);
@@ -196,21 +218,19 @@ impl RabbitMqExecutor {
             Command::DeclareQueue { name, durable, arguments } => {
                 let what = || format!("queue {name:?} (wanted: durable={durable}, {})", describe(arguments));
                 let options = QueueDeclareOptions { durable: *durable, ..Default::default() };
-                self.control(what, async |channel| channel.queue_declare(name.as_str().into(), options, to_amqp_table(arguments)).await.map(|_| ()))
+                let arguments = to_amqp_table(arguments);
+                check_arguments(what, &arguments)?;
+                self.control(what, async |channel| channel.queue_declare(name.as_str().into(), options, arguments).await.map(|_| ()))
                     .await?
                     .map_err(|e| self.refused(what(), e))
             }
             Command::BindQueue { queue, exchange, routing_key, arguments } => {
                 let what = || format!("binding queue {queue:?} to exchange {exchange:?} with key {routing_key:?}");
+                let arguments = to_amqp_table(arguments);
+                check_arguments(what, &arguments)?;
                 self.control(what, async |channel| {
                     channel
-                        .queue_bind(
-                            queue.as_str().into(),
-                            exchange.as_str().into(),
-                            routing_key.as_str().into(),
-                            QueueBindOptions::default(),
-                            to_amqp_table(arguments),
-                        )
+                        .queue_bind(queue.as_str().into(), exchange.as_str().into(), routing_key.as_str().into(), QueueBindOptions::default(), arguments)
                         .await
                 })
                 .await?
@@ -218,6 +238,8 @@ impl RabbitMqExecutor {
             }
             Command::BindExchange { source, destination, routing_key, arguments } => {
                 let what = || format!("binding exchange {destination:?} to exchange {source:?} with key {routing_key:?}");
+                let arguments = to_amqp_table(arguments);
+                check_arguments(what, &arguments)?;
                 self.control(what, async |channel| {
                     channel
                         .exchange_bind(
@@ -225,7 +247,7 @@ impl RabbitMqExecutor {
                             source.as_str().into(),
                             routing_key.as_str().into(),
                             ExchangeBindOptions::default(),
-                            to_amqp_table(arguments),
+                            arguments,
                         )
                         .await
                 })
