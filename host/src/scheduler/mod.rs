@@ -13,7 +13,7 @@
 //! messages planned with the old one finish as they were planned.
 
 use std::collections::BTreeMap;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
@@ -148,10 +148,17 @@ struct Generation {
     prepared: tokio::sync::Mutex<Prepared>,
 }
 
+/// Missing destinations remembered at once (a flood of distinct names must not grow memory).
+const MISSING_REMEMBERED: usize = 1_024;
+/// How long a remembered refusal can still answer a waiting request.
+const MISSING_USEFUL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Default)]
 struct Prepared {
     topology: HashSet<String>,
     destinations: HashSet<(String, String)>,
+    /// Destinations the broker said do not exist: when that check began, and its answer.
+    missing: HashMap<String, (Instant, String)>,
     /// The executor's reconnect count when these were declared.
     reconnects: u64,
 }
@@ -392,16 +399,51 @@ impl<E: Executor> Scheduler<E> {
     /// Checks the destination exists and applies its setup for `strategy`.
     pub async fn prepare_destination(&self, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
         let generation = self.generation();
+        let asked = Instant::now();
         let mut prepared = self.prepared(&generation).await;
-        self.prepare_destination_in(&generation, &mut prepared, strategy, destination).await
+        self.prepare_destination_in(&generation, &mut prepared, strategy, destination, asked).await
     }
 
-    async fn prepare_destination_in(&self, generation: &Generation, prepared: &mut Prepared, strategy: &str, destination: &str) -> Result<(), ScheduleError> {
+    /// Prepares `destination` for a request made at `asked`.
+    async fn prepare_destination_in(
+        &self,
+        generation: &Generation,
+        prepared: &mut Prepared,
+        strategy: &str,
+        destination: &str,
+        asked: Instant,
+    ) -> Result<(), ScheduleError> {
         validate::check_destination(destination, &generation.reserved).map_err(ScheduleError::Invalid)?;
         if !prepared.topology.contains(strategy) {
             self.apply_topology_in(generation, prepared, strategy).await?;
         }
-        self.executor.check_destination(destination).await?;
+        // A check that began after this request was made answers it as well as
+        // its own would: a flood of requests to one missing queue, waiting here
+        // on each other, costs the broker one check per wave instead of one each
+        // (and keeps the lock valid requests need for no longer than that).
+        if let Some((began, answer)) = prepared.missing.get(destination)
+            && *began >= asked
+        {
+            return Err(ExecutorError::Refused(answer.clone()).into());
+        }
+        let began = Instant::now();
+        match self.executor.check_destination(destination).await {
+            Ok(()) => {
+                prepared.missing.remove(destination);
+            }
+            Err(ExecutorError::Refused(answer)) => {
+                if prepared.missing.len() >= MISSING_REMEMBERED {
+                    // Only answers younger than the requests still waiting are of use.
+                    prepared.missing.retain(|_, (began, _)| began.elapsed() < MISSING_USEFUL_FOR);
+                    if prepared.missing.len() >= MISSING_REMEMBERED {
+                        prepared.missing.clear();
+                    }
+                }
+                prepared.missing.insert(destination.to_string(), (began, answer.clone()));
+                return Err(ExecutorError::Refused(answer).into());
+            }
+            Err(err) => return Err(err.into()),
+        }
         // A cancellable strategy delivers every message to its release queue; the host forwards it from there.
         let cancellable = generation.is_cancellable(strategy);
         let ends_in = if cancellable { generation.config.service.cancel.release_queue(strategy) } else { destination.to_string() };
@@ -460,6 +502,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// Everything up to the publish: preparation on first use, the plan, the envelope.
     async fn plan(&self, mut request: ScheduleRequest) -> Result<(Scheduled, Vec<Command>, Envelope), ScheduleError> {
+        let asked = Instant::now();
         let generation = self.generation();
         if let Some(at) = request.deliver_at_ms {
             // Counted from before the declares and the publish, so it can only come out later.
@@ -495,7 +538,7 @@ impl<E: Executor> Scheduler<E> {
         {
             let mut prepared = self.prepared(&generation).await;
             if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
-                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination).await?;
+                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
             }
         }
         let due_at_ms = unix_now_ms() + request.delay_ms;
@@ -584,6 +627,58 @@ mod tests {
             self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.inner.send(commands, envelope).await
         }
+    }
+
+    /// A broker on which every queue named `missing…` does not exist, and
+    /// each check takes a while (as a passive declare whose refusal closes a
+    /// channel does).
+    #[derive(Default)]
+    struct SlowMissing {
+        inner: MemoryExecutor,
+        checks: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Executor for SlowMissing {
+        async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+            self.inner.apply(commands).await
+        }
+        async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+            self.checks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if destination.starts_with("missing") {
+                return Err(ExecutorError::Refused(format!("destination queue {destination:?} does not exist")));
+            }
+            self.inner.check_destination(destination).await
+        }
+        async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+            self.inner.send(commands, envelope).await
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_waiting_on_one_missing_destination_share_one_check() {
+        let config = two_strategies();
+        let scheduler = Arc::new(Scheduler::new(&config, Strategies::load(&config).unwrap(), SlowMissing::default()));
+        let request = |destination: &str| ScheduleRequest { destination: destination.into(), delay_ms: 1_000, ..Default::default() };
+        let flood: Vec<_> = (0..50)
+            .map(|_| {
+                let scheduler = scheduler.clone();
+                tokio::spawn(async move { scheduler.schedule(request("missing-orders")).await })
+            })
+            .collect();
+        for answer in futures_util::future::join_all(flood).await {
+            match answer.unwrap() {
+                Err(ScheduleError::Broker(ExecutorError::Refused(why))) => assert!(why.contains("missing-orders"), "{why}"),
+                other => panic!("expected the missing queue refused, got {other:?}"),
+            }
+        }
+        let checks = scheduler.executor().checks.load(std::sync::atomic::Ordering::SeqCst);
+        // One check was under way when the others arrived; the next one, begun after all of them, answers the rest.
+        assert!(checks <= 3, "{checks} checks for 50 requests that waited on each other");
+        // A request made after the last check is checked again: the queue may exist by now.
+        let _ = scheduler.schedule(request("missing-orders")).await;
+        assert_eq!(scheduler.executor().checks.load(std::sync::atomic::Ordering::SeqCst), checks + 1);
+        scheduler.schedule(request("orders")).await.expect("an existing destination beside them is scheduled");
     }
 
     #[tokio::test]
