@@ -146,6 +146,11 @@ struct Generation {
     /// Async lock: preparation talks to the broker, and a second caller must
     /// wait for the first instead of publishing into half-declared topology.
     prepared: tokio::sync::Mutex<Prepared>,
+    /// A copy of the prepared pairs (and the reconnect count they belong to),
+    /// read without that lock: a request to a destination already set up must
+    /// not queue behind someone else's slow preparation (a flood of requests
+    /// to queues that do not exist, each checked on the broker).
+    ready: RwLock<(u64, HashSet<(String, String)>)>,
 }
 
 /// Missing destinations remembered at once (a flood of distinct names must not grow memory).
@@ -167,7 +172,7 @@ impl Generation {
     fn new(config: Config, mut strategies: Strategies) -> Generation {
         let names: Vec<String> = strategies.names().map(str::to_string).collect();
         let reserved = reserved_names(&config, &mut strategies, &names);
-        Generation { config: Arc::new(config), strategies, names, reserved, prepared: Default::default() }
+        Generation { config: Arc::new(config), strategies, names, reserved, prepared: Default::default(), ready: Default::default() }
     }
 
     /// One call into `strategy`'s planner (on an instance of its pool).
@@ -379,6 +384,12 @@ impl<E: Executor> Scheduler<E> {
         prepared
     }
 
+    /// Whether `(strategy, destination)` is set up on the connection the executor has now.
+    fn is_ready(&self, generation: &Generation, pair: &(String, String)) -> bool {
+        let ready = generation.ready.read().unwrap_or_else(|p| p.into_inner());
+        ready.0 == self.executor.reconnects() && ready.1.contains(pair)
+    }
+
     /// Declares a strategy's static topology (idempotent on the broker).
     pub async fn apply_topology(&self, strategy: &str) -> Result<(), ScheduleError> {
         let generation = self.generation();
@@ -535,11 +546,17 @@ impl<E: Executor> Scheduler<E> {
             return Err(ScheduleError::Unplannable(format!("strategy {strategy:?} planned no publish for this message; nothing was sent")));
         }
         // Only a request that planned cleanly declares anything on the broker.
-        {
+        let pair = (strategy.clone(), request.destination.clone());
+        if !self.is_ready(&generation, &pair) {
             let mut prepared = self.prepared(&generation).await;
-            if !prepared.destinations.contains(&(strategy.clone(), request.destination.clone())) {
+            if !prepared.destinations.contains(&pair) {
                 self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
             }
+            let mut ready = generation.ready.write().unwrap_or_else(|p| p.into_inner());
+            if ready.0 != prepared.reconnects {
+                *ready = (prepared.reconnects, HashSet::new());
+            }
+            ready.1.insert(pair);
         }
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;
@@ -679,6 +696,37 @@ mod tests {
         let _ = scheduler.schedule(request("missing-orders")).await;
         assert_eq!(scheduler.executor().checks.load(std::sync::atomic::Ordering::SeqCst), checks + 1);
         scheduler.schedule(request("orders")).await.expect("an existing destination beside them is scheduled");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_destination_already_set_up_does_not_wait_behind_checks_of_missing_ones() {
+        let config = two_strategies();
+        let scheduler = Arc::new(Scheduler::new(&config, Strategies::load(&config).unwrap(), SlowMissing::default()));
+        let request = |destination: &str| ScheduleRequest { destination: destination.into(), delay_ms: 1_000, ..Default::default() };
+        scheduler.schedule(request("orders")).await.expect("set up once");
+        let checks = || scheduler.executor().checks.load(std::sync::atomic::Ordering::SeqCst);
+        let before = checks();
+        // Twenty different missing queues: each needs a check of its own (100 ms each, one at a time).
+        let flood: Vec<_> = (0..20)
+            .map(|n| {
+                let scheduler = scheduler.clone();
+                tokio::spawn(async move { scheduler.schedule(request(&format!("missing-{n}"))).await })
+            })
+            .collect();
+        // Two checks done: by then (200 ms) the rest of the flood is queued for its turn.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while checks() < before + 2 {
+            assert!(std::time::Instant::now() < deadline, "the flood never reached the broker check");
+            tokio::task::yield_now().await;
+        }
+        let asked = checks();
+        scheduler.schedule(request("orders")).await.expect("the valid request");
+        let during = checks() - asked;
+        assert!(during <= 1, "the valid request waited for {during} checks of missing queues");
+        for answer in futures_util::future::join_all(flood).await {
+            assert!(matches!(answer.unwrap(), Err(ScheduleError::Broker(ExecutorError::Refused(_)))));
+        }
+        assert_eq!(checks() - before, 20);
     }
 
     #[tokio::test]
