@@ -142,14 +142,15 @@ struct Generation {
     names: Vec<String>,
     /// hourglass's own queues and exchanges: never destinations.
     reserved: HashSet<String>,
-    /// Strategies whose topology is declared; (strategy, destination) pairs set up.
+    /// Strategies whose topology is declared, destinations found missing.
     /// Async lock: preparation talks to the broker, and a second caller must
     /// wait for the first instead of publishing into half-declared topology.
     prepared: tokio::sync::Mutex<Prepared>,
-    /// A copy of the prepared pairs (and the reconnect count they belong to),
-    /// read without that lock: a request to a destination already set up must
-    /// not queue behind someone else's slow preparation (a flood of requests
-    /// to queues that do not exist, each checked on the broker).
+    /// (strategy, destination) pairs set up, and the reconnect count they
+    /// belong to. Written under `prepared`, read without it: a request to a
+    /// destination already set up must not queue behind someone else's slow
+    /// preparation (a flood of requests to queues that do not exist, each
+    /// checked on the broker).
     ready: RwLock<(u64, HashSet<(String, String)>)>,
 }
 
@@ -161,7 +162,6 @@ const MISSING_USEFUL_FOR: std::time::Duration = std::time::Duration::from_secs(1
 #[derive(Default)]
 struct Prepared {
     topology: HashSet<String>,
-    destinations: HashSet<(String, String)>,
     /// Destinations the broker said do not exist: when that check began, and its answer.
     missing: HashMap<String, (Instant, String)>,
     /// The executor's reconnect count when these were declared.
@@ -476,7 +476,11 @@ impl<E: Executor> Scheduler<E> {
                 let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.clone(), config: generation.config.clone() });
             }
         }
-        prepared.destinations.insert((strategy.to_string(), destination.to_string()));
+        let mut ready = generation.ready.write().unwrap_or_else(|p| p.into_inner());
+        if ready.0 != prepared.reconnects {
+            *ready = (prepared.reconnects, HashSet::new());
+        }
+        ready.1.insert((strategy.to_string(), destination.to_string()));
         Ok(())
     }
 
@@ -549,14 +553,10 @@ impl<E: Executor> Scheduler<E> {
         let pair = (strategy.clone(), request.destination.clone());
         if !self.is_ready(&generation, &pair) {
             let mut prepared = self.prepared(&generation).await;
-            if !prepared.destinations.contains(&pair) {
+            // Someone may have set it up while this request waited for the lock.
+            if !self.is_ready(&generation, &pair) {
                 self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
             }
-            let mut ready = generation.ready.write().unwrap_or_else(|p| p.into_inner());
-            if ready.0 != prepared.reconnects {
-                *ready = (prepared.reconnects, HashSet::new());
-            }
-            ready.1.insert(pair);
         }
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;
