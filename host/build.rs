@@ -18,6 +18,7 @@ const PLANNERS: &[(&str, bool)] = &[
     ("backoff-planner", false),
     ("off-by-one", false),
     ("misbehaving", false),
+    ("contract-0-1", false),
 ];
 
 fn main() {

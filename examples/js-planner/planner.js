@@ -106,7 +106,7 @@ export const planner = {
   plan(request) {
     const publish = (exchange) => ({
       tag: "publish",
-      val: { exchange, routingKey: request.destination, headers: [], expirationMs: undefined, mandatory: true },
+      val: { exchange, routingKey: request.destination, bcc: [], headers: [], expirationMs: undefined, mandatory: true },
     });
     if (request.delayMs === 0n) return { commands: [publish("")], deliversAfterMs: 0n };
     const ms = settings.buckets.find((b) => b >= request.delayMs);

@@ -104,10 +104,10 @@ class Planner(exports.Planner):
 
     def plan(self, request):
         if request.delay_ms == 0:
-            return t.DelayPlan([t.Command_Publish(t.Publish("", request.destination, [], None, True))], 0)
+            return t.DelayPlan([t.Command_Publish(t.Publish("", request.destination, [], [], None, True))], 0)
         for ms in Settings.buckets:
             if ms >= request.delay_ms:
-                publish = t.Publish(self.bucket(ms), request.destination, [], None, True)
+                publish = t.Publish(self.bucket(ms), request.destination, [], [], None, True)
                 return t.DelayPlan([t.Command_Publish(publish)], ms)
         raise Err(f"delay {request.delay_ms}ms is above the longest bucket {Settings.buckets[-1]}ms")
 

@@ -1,7 +1,8 @@
 //! A burst through the AMQP ingress: how late do messages arrive, measured
 //! from the moment the producer sent each one? Needs RabbitMQ on
 //! $HOURGLASS_AMQP_URL (default guest on 127.0.0.1:5672).
-//! Run: `cargo bench -p hourglass --bench burst [MESSAGES]`. Method: BENCHMARKS.md ("Ingress burst").
+//! Run: `cargo bench -p hourglass --bench burst [MESSAGES]`; `BENCH_LEVELS` (quorum or classic) and
+//! `BENCH_ROUTING` (topic or direct) pick one of each. Method: BENCHMARKS.md ("Ingress burst").
 
 mod support;
 
@@ -16,7 +17,7 @@ use support::{Served, collect_lateness, declare_queue, ingress_config_text, now_
 /// Delays are spread over 1–3 s, as in the issue that asked for this figure.
 const DELAYS_MS: std::ops::Range<u64> = 1_000..3_000;
 
-async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: usize) {
+async fn burst(connection: &Connection, url: &str, (queue_type, routing): (&str, &str), messages: usize) {
     let run = support::run_id();
     let (ingress, destination) = (format!("bench-burst-{run}.in"), format!("bench-burst-{run}.destination"));
     let channel = connection.create_channel().await.unwrap();
@@ -24,7 +25,10 @@ async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: u
     for queue in [&ingress, &destination] {
         declare_queue(&channel, queue, false).await;
     }
-    let text = ingress_config_text(url, &format!("bench-burst-{run}"), &ingress, &format!("queue_type = \"{queue_type}\"\n"), "");
+    // `BENCH_PREFETCH=N` sets the ingress's prefetch (the ingress table comes last, so it is appended).
+    let prefetch = std::env::var("BENCH_PREFETCH").map(|n| format!("prefetch = {n}\n")).unwrap_or_default();
+    let text =
+        ingress_config_text(url, &format!("bench-burst-{run}"), &ingress, &format!("queue_type = \"{queue_type}\"\nrouting = \"{routing}\"\n"), "") + &prefetch;
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
     let served = Served::start(config.clone()).await;
     // Each body is its due time (the send time plus the delay): lateness is measured from the producer's send.
@@ -45,7 +49,7 @@ async fn burst(connection: &Connection, url: &str, queue_type: &str, messages: u
     let arrived = lateness.len();
     let early = lateness.iter().filter(|&&ms| ms < 0).count();
     println!(
-        "| {queue_type} | {messages} | {sent_in} ms | {arrived} | {early} | {} ms | {} ms | {} ms |",
+        "| {queue_type} | {routing} | {messages} | {sent_in} ms | {arrived} | {early} | {} ms | {} ms | {} ms |",
         percentile(&lateness, 0.5),
         percentile(&lateness, 0.99),
         lateness.last().unwrap()
@@ -64,10 +68,9 @@ async fn main() {
     let connection = Connection::connect(&url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let messages = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(10_000);
     println!("{messages} messages published to the ingress as fast as one confirm-mode channel goes; delays 1–3 s; binary-levels");
-    println!("| levels | messages | producer sent all in | arrived | early | lateness p50 | p99 | max |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let only = std::env::var("BENCH_LEVELS").ok();
-    for queue_type in ["quorum", "classic"].into_iter().filter(|t| only.as_deref().is_none_or(|o| o == *t)) {
-        burst(&connection, &url, queue_type, messages).await;
+    println!("| levels | routing | messages | producer sent all in | arrived | early | lateness p50 | p99 | max |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for variant in support::level_variants(["quorum", "classic"]) {
+        burst(&connection, &url, variant, messages).await;
     }
 }

@@ -1,7 +1,10 @@
 //! Draining a preloaded ingress queue: hourglass against a raw lapin relay at
 //! the same prefetch, in one run, the relay publishing once into a plain queue
-//! and once where hourglass's first hop goes (its first level exchange). Needs RabbitMQ on $HOURGLASS_AMQP_URL
-//! (default guest on 127.0.0.1:5672). Run: `cargo bench -p hourglass --bench ingress`.
+//! and once where hourglass's first hop goes (its first level exchange, with
+//! the plan's BCC keys), for binary levels with topic and with direct routing.
+//! Needs RabbitMQ on $HOURGLASS_AMQP_URL (default guest on 127.0.0.1:5672).
+//! Run: `cargo bench -p hourglass --bench ingress [PREFETCH…]`; `BENCH_LEVELS`
+//! (classic or quorum) and `BENCH_ROUTING` (topic or direct) pick one of each.
 //! Method: BENCHMARKS.md ("Ingress drain").
 
 mod support;
@@ -58,7 +61,7 @@ async fn rate(done: &AtomicUsize) -> f64 {
 
 /// The baseline: consume with `prefetch`, publish each to `target` with a
 /// confirm (persistent, mandatory), ack once confirmed; `prefetch` in flight.
-async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), prefetch: u16) -> f64 {
+async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), prefetch: u16, headers: Option<FieldTable>) -> f64 {
     let connection = Connection::connect(url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let consuming = connection.create_channel().await.unwrap();
     let publishing = connection.create_channel().await.unwrap();
@@ -68,12 +71,16 @@ async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), pr
     let done = Arc::new(AtomicUsize::new(0));
     let counted = done.clone();
     let (exchange, target): (Arc<str>, Arc<str>) = (exchange.into(), target.into());
+    let headers = Arc::new(headers);
     let relay = tokio::spawn(consumer.for_each_concurrent(prefetch as usize, move |delivery| {
-        let (publishing, counted, exchange, target) = (publishing.clone(), counted.clone(), exchange.clone(), target.clone());
+        let (publishing, counted, exchange, target, headers) = (publishing.clone(), counted.clone(), exchange.clone(), target.clone(), headers.clone());
         async move {
             let delivery = delivery.expect("delivery");
             let options = BasicPublishOptions { mandatory: true, ..Default::default() };
-            let properties = delivery.properties.clone().with_delivery_mode(2);
+            let mut properties = delivery.properties.clone().with_delivery_mode(2);
+            if let Some(headers) = &*headers {
+                properties = properties.with_headers(headers.clone());
+            }
             let confirm = publishing.basic_publish((&*exchange).into(), (&*target).into(), options, &delivery.data, properties).await.expect("publish");
             assert!(confirm.await.expect("confirm").is_ack());
             delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
@@ -86,14 +93,15 @@ async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), pr
     rate
 }
 
-/// hourglass's ingress on `source`, binary levels of `queue_type`, with `prefetch`.
-async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &str, prefetch: u16) -> (f64, Config) {
+/// hourglass's ingress on `source`, binary levels of `queue_type` and `routing`, with `prefetch`.
+async fn hourglass_ingress(url: &str, source: &str, prefix: &str, (queue_type, routing): (&str, &str), prefetch: u16) -> (f64, Config) {
     // `BENCH_PUBLISH_CHANNELS=N` sweeps the channel count; unset, the default applies.
     let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
     // `BENCH_BITS=N` gives binary-levels N levels instead of its default 28.
     let bits = std::env::var("BENCH_BITS").map(|n| format!("levels = {n}\n")).unwrap_or_default();
     // The ingress table comes last, so its prefetch is appended.
-    let text = ingress_config_text(url, prefix, source, &format!("queue_type = \"{queue_type}\"\n{bits}"), &channels) + &format!("prefetch = {prefetch}\n");
+    let strategy = format!("queue_type = \"{queue_type}\"\nrouting = \"{routing}\"\n{bits}");
+    let text = ingress_config_text(url, prefix, source, &strategy, &channels) + &format!("prefetch = {prefetch}\n");
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
     // `BENCH_HOSTS=N` runs N services (hosts) on the one ingress queue, as competing consumers.
     let hosts: usize = std::env::var("BENCH_HOSTS").ok().and_then(|n| n.parse().ok()).unwrap_or(1);
@@ -139,6 +147,18 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, queue_type: &s
     (rate, config)
 }
 
+/// The `BCC` header carrying a plan's extra routing keys, as hourglass sends it.
+fn bcc_header(keys: &[String]) -> Option<FieldTable> {
+    use lapin::types::{AMQPValue, FieldArray, ShortString};
+    if keys.is_empty() {
+        return None;
+    }
+    let mut headers = FieldTable::default();
+    let keys: Vec<AMQPValue> = keys.iter().map(|key| AMQPValue::LongString(key.as_str().into())).collect();
+    headers.insert(ShortString::from("BCC"), AMQPValue::FieldArray(FieldArray::from(keys)));
+    Some(headers)
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -153,11 +173,9 @@ async fn main() {
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
-    println!("| levels | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    // `BENCH_LEVELS=classic` (or quorum) runs one level type.
-    let only = std::env::var("BENCH_LEVELS").ok();
-    for queue_type in ["classic", "quorum"].into_iter().filter(|t| only.as_deref().is_none_or(|o| o == *t)) {
+    println!("| levels | routing | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for (queue_type, routing) in support::level_variants(["classic", "quorum"]) {
         for &prefetch in &prefetches {
             let (mut raw, mut into_levels, mut ours) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
@@ -169,7 +187,7 @@ async fn main() {
                 declare_queue(&channel, &source, false).await;
                 declare_queue(&channel, &target, queue_type == "quorum").await;
                 preload(&channel, &source, &destination).await;
-                raw.push(raw_relay(&url, &source, ("", &target), prefetch).await);
+                raw.push(raw_relay(&url, &source, ("", &target), prefetch, None).await);
                 for queue in [&source, &target] {
                     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 }
@@ -177,18 +195,19 @@ async fn main() {
                 let source = format!("bench-ingress-{run}.in");
                 declare_queue(&channel, &source, false).await;
                 preload(&channel, &source, &destination).await;
-                let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), queue_type, prefetch).await;
+                let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), (queue_type, routing), prefetch).await;
                 ours.push(rate);
-                // The same relay again, publishing where hourglass's first hop goes: what the levels cost the broker.
+                // The same relay again, publishing where hourglass's first hop goes (its
+                // topology is still declared): what the levels cost the broker.
                 let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
                 let request =
                     hourglass::planner::PlanRequest { destination: destination.clone(), delay_ms: 3_600_000, message_id: "bench".into(), routing_key: None };
                 let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
-                let Some(hourglass::command::Command::Publish { exchange, routing_key, .. }) = plan.commands.first() else { panic!("a publish first") };
+                let Some(hourglass::command::Command::Publish { exchange, routing_key, bcc, .. }) = plan.commands.first() else { panic!("a publish first") };
                 let again = format!("{source}.again");
                 declare_queue(&channel, &again, false).await;
                 preload(&channel, &again, &destination).await;
-                into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch).await);
+                into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch, bcc_header(bcc)).await);
                 channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();
@@ -201,9 +220,9 @@ async fn main() {
             }
             let (raw, into_levels, ours) = (median(raw), median(into_levels), median(ours));
             println!(
-                "| {queue_type} | {prefetch} | {raw:.0} | {into_levels:.0} | {ours:.0} | {:.0} % | {:.0} % |",
+                "| {queue_type} | {routing} | {prefetch} | {raw:.0} | {into_levels:.0} | {ours:.0} | {:.0} % | {:.0} % |",
                 100.0 * ours / raw,
-                100.0 * ours / into_levels
+                100.0 * ours / into_levels,
             );
         }
     }

@@ -18,6 +18,8 @@ pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
 pub const SQS_MAX_MESSAGE_ATTRIBUTES: usize = 10;
 /// Message group and deduplication ids.
 pub const SQS_MAX_ID: usize = 128;
+/// SQS bills every 64 KiB of a request's payload as one request.
+pub const SQS_BILLED_BYTES: usize = 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -78,13 +80,51 @@ impl ExchangeKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "command", rename_all = "kebab-case")]
 pub enum Command {
-    DeclareExchange { name: String, kind: ExchangeKind, durable: bool, arguments: FieldTable },
-    DeclareQueue { name: String, durable: bool, arguments: FieldTable },
-    BindQueue { queue: String, exchange: String, routing_key: String, arguments: FieldTable },
-    BindExchange { source: String, destination: String, routing_key: String, arguments: FieldTable },
-    Publish { exchange: String, routing_key: String, headers: FieldTable, expiration_ms: Option<u64>, mandatory: bool },
-    SqsEnsureQueue { name: String, attributes: BTreeMap<String, String>, pumped: bool },
-    SqsSend { queue: String, delay_seconds: u32, attributes: BTreeMap<String, String>, group_id: Option<String>, dedup_id: Option<String> },
+    DeclareExchange {
+        name: String,
+        kind: ExchangeKind,
+        durable: bool,
+        arguments: FieldTable,
+    },
+    DeclareQueue {
+        name: String,
+        durable: bool,
+        arguments: FieldTable,
+    },
+    BindQueue {
+        queue: String,
+        exchange: String,
+        routing_key: String,
+        arguments: FieldTable,
+    },
+    BindExchange {
+        source: String,
+        destination: String,
+        routing_key: String,
+        arguments: FieldTable,
+    },
+    Publish {
+        exchange: String,
+        routing_key: String,
+        /// More routing keys (RabbitMQ's `BCC` header): routed and dead-lettered on, never seen by a consumer.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        bcc: Vec<String>,
+        headers: FieldTable,
+        expiration_ms: Option<u64>,
+        mandatory: bool,
+    },
+    SqsEnsureQueue {
+        name: String,
+        attributes: BTreeMap<String, String>,
+        pumped: bool,
+    },
+    SqsSend {
+        queue: String,
+        delay_seconds: u32,
+        attributes: BTreeMap<String, String>,
+        group_id: Option<String>,
+        dedup_id: Option<String>,
+    },
 }
 
 /// A message that fell due on a pumped queue, as its planner sees it.
@@ -108,21 +148,40 @@ pub enum DueAction {
 }
 
 impl Command {
+    /// A mandatory publish of the message as it is, to one routing key: how
+    /// the host itself forwards, parks and moves messages.
+    pub fn forward(exchange: &str, routing_key: &str) -> Command {
+        Command::Publish {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            bcc: Vec::new(),
+            headers: FieldTable::new(),
+            expiration_ms: None,
+            mandatory: true,
+        }
+    }
+
     pub fn is_sqs(&self) -> bool {
         matches!(self, Command::SqsEnsureQueue { .. } | Command::SqsSend { .. })
     }
 }
 
-/// The parking queues among `commands`: queues bound to an exchange that
-/// another exchange names as its `alternate-exchange` (where a message whose
-/// destination vanished ends up).
+/// The parking queues among `commands`: queues bound to the exchange that
+/// ends a chain of `alternate-exchange`s (where a message whose destination
+/// vanished ends up). An alternate that has an alternate of its own is a hop
+/// on the way, as direct binary levels are.
 pub fn parking_queues(commands: &[Command]) -> Vec<String> {
-    let alternates: Vec<&str> = commands
+    let exchanges: Vec<(&str, Option<&str>)> = commands
         .iter()
         .filter_map(|command| match command {
-            Command::DeclareExchange { arguments, .. } => arguments.get("alternate-exchange").and_then(FieldValue::as_text),
+            Command::DeclareExchange { name, arguments, .. } => Some((name.as_str(), arguments.get("alternate-exchange").and_then(FieldValue::as_text))),
             _ => None,
         })
+        .collect();
+    let alternates: Vec<&str> = exchanges
+        .iter()
+        .filter_map(|(_, alternate)| *alternate)
+        .filter(|alternate| !exchanges.iter().any(|(name, own)| name == alternate && own.is_some()))
         .collect();
     let mut queues: Vec<String> = commands
         .iter()
@@ -254,8 +313,11 @@ mod tests {
             exchange("p.delivery", text("alternate-exchange", "p.parking")),
             bind("p.parked", "p.parking"),
             bind("p.level-01", "p.delivery"),
+            // Direct levels pass what is not theirs to the next lower level: a hop, not parking.
+            exchange("p.level-00", text("alternate-exchange", "p.delivery")),
+            bind("p.level-00", "p.level-00"),
         ];
         assert_eq!(parking_queues(&commands), vec!["p.parked"]);
-        assert!(parking_queues(&commands[2..]).is_empty(), "without an alternate exchange nothing is parking");
+        assert!(parking_queues(&commands[2..4]).is_empty(), "without an alternate exchange nothing is parking");
     }
 }

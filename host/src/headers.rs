@@ -50,6 +50,9 @@ pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
 /// On error-queue and unknown messages: the queue the message failed on.
 pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
 
+/// Where a plan's extra routing keys travel (`Command::Publish::bcc`); set only by the host.
+pub const BCC_HEADER: &str = "BCC";
+
 /// Headers that make the broker copy a message to the queues they name
 /// (sender-selected distribution), and close the channel when malformed.
 pub fn is_routing_header(name: &str) -> bool {

@@ -128,6 +128,7 @@ pub struct Metrics {
     pump_cycles: Family<Queue, Counter>,
     pump_parked: Family<Queue, Counter>,
     pump_empty_polls: Family<Queue, Counter>,
+    pump_bundled: Family<Queue, Counter>,
     ingress: Family<Outcome, Counter>,
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
@@ -175,6 +176,7 @@ impl Default for Metrics {
             pump_cycles: Family::default(),
             pump_parked: Family::default(),
             pump_empty_polls: Family::default(),
+            pump_bundled: Family::default(),
             ingress: Family::default(),
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
@@ -207,6 +209,11 @@ impl Default for Metrics {
             "pump_empty_polls",
             "Long polls of a pump that came back empty: what an idle pumped queue costs in SQS requests",
             metrics.pump_empty_polls.clone(),
+        );
+        registry.register(
+            "pump_bundled",
+            "Messages a pump sent around again in a bundle (several in one SQS message, sharing its requests)",
+            metrics.pump_bundled.clone(),
         );
         registry.register("ingress_messages", "Ingress messages (AMQP or SQS ingress queue) by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
         registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
@@ -397,16 +404,18 @@ impl Metrics {
         for (kind, value) in by_kind {
             raise(&self.sqs_requests.get_or_create(&Kind { kind: kind.into() }), value);
         }
-        // Per queue: (cycles, parked, empty polls), summed over its pumps.
-        let mut by_queue = std::collections::BTreeMap::<&str, (u64, u64, u64)>::new();
+        // Per queue: (cycles, parked, empty polls, bundled), summed over its pumps.
+        let mut by_queue = std::collections::BTreeMap::<&str, (u64, u64, u64, u64)>::new();
         for (queue, counters) in &mirrored.pumps {
             let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
             let sums = by_queue.entry(queue).or_default();
             sums.0 += get(&counters.recycled) + get(&counters.handed_over);
             sums.1 += get(&counters.parked);
             sums.2 += get(&counters.empty_polls);
+            sums.3 += get(&counters.bundled);
         }
-        for (queue, (cycles, parked, empty_polls)) in by_queue {
+        for (queue, (cycles, parked, empty_polls, bundled)) in by_queue {
+            raise(&self.pump_bundled.get_or_create(&Queue { queue: queue.into() }), bundled);
             raise(&self.pump_empty_polls.get_or_create(&Queue { queue: queue.into() }), empty_polls);
             raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), cycles);
             raise(&self.pump_parked.get_or_create(&Queue { queue: queue.into() }), parked);
@@ -538,6 +547,8 @@ pub struct PumpCounters {
     pub parked: AtomicU64,
     /// Long polls that found nothing: the pump's idle cost.
     pub empty_polls: AtomicU64,
+    /// Messages sent around again in a bundle (several in one SQS message).
+    pub bundled: AtomicU64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -549,6 +560,7 @@ pub struct PumpStats {
     pub failed: u64,
     pub parked: u64,
     pub empty_polls: u64,
+    pub bundled: u64,
 }
 
 impl PumpCounters {
@@ -562,6 +574,7 @@ impl PumpCounters {
             failed: get(&self.failed),
             parked: get(&self.parked),
             empty_polls: get(&self.empty_polls),
+            bundled: get(&self.bundled),
         }
     }
 }

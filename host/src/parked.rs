@@ -158,8 +158,7 @@ pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &Park
         };
         let mut properties = delivery.properties.clone();
         properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);
-        let publish =
-            [Command::Publish { exchange: String::new(), routing_key: target.clone(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }];
+        let publish = [Command::forward("", &target)];
         let envelope = Envelope {
             id: properties.message_id.clone().unwrap_or_default(),
             body: delivery.body.clone(),

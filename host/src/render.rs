@@ -66,9 +66,12 @@ pub fn commands(commands: &[Command]) -> String {
                 Command::BindExchange { source, destination, routing_key, .. } => {
                     ("bind exchange", destination.clone(), format!("from exchange {source} key {routing_key:?}"))
                 }
-                Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } => {
+                Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } => {
                     let exchange = if exchange.is_empty() { "(default)".to_string() } else { exchange.clone() };
                     let mut detail = format!("key {routing_key}");
+                    if !bcc.is_empty() {
+                        let _ = write!(detail, " bcc {}", bcc.join(","));
+                    }
                     if !headers.is_empty() {
                         let _ = write!(detail, " headers {}", arguments(headers));
                     }
@@ -104,6 +107,11 @@ fn strip_kind(label: &str) -> String {
     label.replace(':', " ")
 }
 
+/// A routing key and the `BCC` keys routed on with it.
+fn keys(routing_key: &str, bcc: &[String]) -> String {
+    if bcc.is_empty() { routing_key.to_string() } else { format!("{routing_key} +bcc {}", bcc.join(",")) }
+}
+
 /// The route as the binary-levels documentation draws it: one row per exchange,
 /// with the wait of the queue it routed to. SQS hops get a row each.
 pub fn route(hops: &[Hop]) -> String {
@@ -111,7 +119,7 @@ pub fn route(hops: &[Hop]) -> String {
     let mut i = 0;
     while i < hops.len() {
         match &hops[i].step {
-            HopStep::Exchange { name, routing_key, routed_to } => {
+            HopStep::Exchange { name, routing_key, bcc, routed_to } => {
                 let mut waited = "-".to_string();
                 let mut then = "-".to_string();
                 if let Some(Hop { step: HopStep::Queue { name: q, waited_ms, then: t }, .. }) = hops.get(i + 1)
@@ -122,7 +130,7 @@ pub fn route(hops: &[Hop]) -> String {
                     i += 1;
                 }
                 let routed = if routed_to.is_empty() { "(nothing)".into() } else { routed_to.iter().map(|r| strip_kind(r)).collect::<Vec<_>>().join(", ") };
-                rows.push(vec![name.clone(), routing_key.clone(), routed, waited, then]);
+                rows.push(vec![name.clone(), keys(routing_key, bcc), routed, waited, then]);
             }
             HopStep::Queue { name, waited_ms, then } | HopStep::SqsQueue { name, waited_ms, then } => {
                 rows.push(vec![format!("queue {name}"), "-".into(), "-".into(), duration(*waited_ms), then.clone()]);
@@ -146,11 +154,11 @@ pub fn simulated(messages: &[SimulatedMessage]) -> String {
             .hops
             .iter()
             .map(|hop| match &hop.step {
-                HopStep::Exchange { name, routing_key, routed_to } => vec![
+                HopStep::Exchange { name, routing_key, bcc, routed_to } => vec![
                     duration(hop.at_ms),
                     "exchange".into(),
                     name.clone(),
-                    routing_key.clone(),
+                    keys(routing_key, bcc),
                     routed_to.iter().map(|r| strip_kind(r)).collect::<Vec<_>>().join(", "),
                 ],
                 HopStep::Queue { name, waited_ms, then } => {
@@ -210,6 +218,12 @@ fn edges(commands: &[Command]) -> Vec<(char, String, char, String, String, bool)
             }
             Command::BindExchange { source, destination, routing_key, .. } => {
                 edges.push(('e', source.clone(), 'e', destination.clone(), routing_key.clone(), false));
+            }
+            Command::DeclareExchange { name, arguments: args, .. } => {
+                // What the exchange routes nowhere goes on to its alternate.
+                if let Some(alternate) = args.get("alternate-exchange").and_then(|v| v.as_text()) {
+                    edges.push(('e', name.clone(), 'e', alternate.to_string(), "unrouted".into(), false));
+                }
             }
             Command::DeclareQueue { name, arguments: args, .. } => {
                 if let Some(dlx) = args.get("x-dead-letter-exchange").and_then(|v| v.as_text()) {

@@ -45,8 +45,8 @@ fn simulate_ten_seconds_waits_eight_then_two_seconds() {
     let output = hourglass(&["simulate", "--to", "destination", "--delay", "10s"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let text = stdout(&output);
-    assert!(text.contains("hourglass.delay-level-03  waited 8s"), "{text}");
-    assert!(text.contains("hourglass.delay-level-01  waited 2s"), "{text}");
+    assert!(text.contains("hourglass.direct-level-03  waited 8s"), "{text}");
+    assert!(text.contains("hourglass.direct-level-01  waited 2s"), "{text}");
     assert!(text.contains("delivered to destination at 10s"), "{text}");
 
     let messages = json(&hourglass(&["simulate", "--to", "destination", "--delay", "10s", "--format", "json"]));
@@ -59,16 +59,17 @@ fn simulate_ten_seconds_waits_eight_then_two_seconds() {
         .filter(|h| h["via"] == "queue")
         .map(|h| (h["name"].as_str().unwrap().to_string(), h["waited_ms"].as_u64().unwrap()))
         .collect();
-    assert_eq!(waits, vec![("hourglass.delay-level-03".into(), 8_000), ("hourglass.delay-level-01".into(), 2_000)]);
+    assert_eq!(waits, vec![("hourglass.direct-level-03".into(), 8_000), ("hourglass.direct-level-01".into(), 2_000)]);
 }
 
 #[test]
-fn plan_json_publishes_to_level_three_with_the_28_bit_key() {
+fn plan_json_publishes_to_level_three_keyed_by_its_bit_with_the_rest_as_bcc() {
     let plan = json(&hourglass(&["plan", "--to", "destination", "--delay", "10s", "--format", "json"]));
     let publish = &plan["commands"][0];
     assert_eq!(publish["command"], "publish");
-    assert_eq!(publish["exchange"], "hourglass.delay-level-03");
-    assert_eq!(publish["routing_key"], format!("{}1.0.1.0.destination", "0.".repeat(24)));
+    assert_eq!(publish["exchange"], "hourglass.direct-level-03");
+    assert_eq!(publish["routing_key"], "bit:3");
+    assert_eq!(publish["bcc"], serde_json::json!(["bit:1", "to:destination"]));
     assert_eq!(publish["mandatory"], true);
 }
 
@@ -93,11 +94,14 @@ fn sqs_cycles_1925_seconds_is_two_cycles_then_125_seconds() {
     );
     let plan = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "1925s", "--format", "json"]));
     assert_eq!(plan["commands"][0]["queue"], "orders-delay.fifo");
-    // The bill: the first send, then receive + send + delete at each of the two visits;
-    // a tenth of that when ten messages share every request.
+    // The bill: the first send, then receive + send + delete at each of the two visits.
+    // Among 1,000 due together: first sends ten to a request (0.1); visit 1 receives ten,
+    // re-sends them as one bundle and deletes ten (0.3); the hand-over receives ten bundles
+    // of ten at a time (120 KB, billed twice: 0.02), deletes them (0.01) and sends ten to a
+    // request (0.1).
     assert_eq!(plan["sqs"]["pump_visits"], 2);
     assert_eq!(plan["sqs"]["requests_alone"], 7);
-    assert_eq!(plan["sqs"]["requests_in_batches"], 0.7);
+    assert_eq!(plan["sqs"]["requests_in_a_busy_queue"], 0.53);
     let year = json(&hourglass(&["plan", "--strategy", "sqs-long", "--to", "orders", "--delay", "365d", "--format", "json"]));
     assert_eq!(year["sqs"]["pump_visits"], 35_039, "hand-over happens once 900 s or less remain");
 }
@@ -235,7 +239,8 @@ fn topology_renders_as_mermaid_and_dot() {
     assert!(dot.starts_with("digraph topology {") && dot.trim_end().ends_with('}'), "{dot}");
     let table = json(&hourglass(&["topology", "--format", "json"]));
     let parking = 3; // exchange, queue, binding
-    assert_eq!(table.as_array().unwrap().len(), parking + 1 + 28 + 28 * 3, "parking, delivery exchange, 28 exchanges, 28 queues with two bindings each");
+    assert_eq!(table.as_array().unwrap().len(), parking + 1 + 28 * 5, "parking, delivery exchange, 28 levels of two exchanges, a queue and two bindings");
+    assert!(mermaid.contains(r#"-->|"unrouted"|"#), "each level's alternate exchange is drawn: {mermaid}");
 }
 
 #[test]
@@ -320,11 +325,11 @@ fn serve_on_the_default_config_shows_a_delay_happen_and_stops_cleanly_on_sigterm
 fn topology_apply_reports_each_destination_and_refuses_hourglass_own_queues() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("delay.toml"), "[broker]\nkind = \"memory\"\n\n[strategies.main]\nplanner = \"binary-levels\"\n").unwrap();
-    let output = hourglass_in(dir.path(), &["topology", "--apply", "--to", "orders", "--to", "hourglass.delay-level-01", "--to", "invoices"]);
+    let output = hourglass_in(dir.path(), &["topology", "--apply", "--to", "orders", "--to", "hourglass.direct-level-01", "--to", "invoices"]);
     // Not a terminal here: one plain line per destination, then the summary on stdout.
     let progress = stderr(&output);
     assert!(progress.contains("[1/3] orders: prepared"), "{progress}");
-    assert!(progress.contains("[2/3] hourglass.delay-level-01: FAILED"), "{progress}");
+    assert!(progress.contains("[2/3] hourglass.direct-level-01: FAILED"), "{progress}");
     assert!(progress.contains("[3/3] invoices: prepared"), "{progress}");
     assert!(progress.contains("one of hourglass's own queues or exchanges"), "{progress}");
     assert!(stdout(&output).contains("prepared 2 of 3 destinations"), "{}", stdout(&output));

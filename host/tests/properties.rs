@@ -40,26 +40,46 @@ fn none(_: u64, _: &SimulatedMessage) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-#[test]
-fn binary_levels_in_seconds_round_up_and_enter_at_the_highest_set_bit() {
+/// Binary levels of 1 s (28 of them, the default) configured by `config`:
+/// every delay arrives rounded up to the second; `route` checks the path
+/// taken for the delay's whole seconds.
+fn binary_levels_in_seconds(config: serde_json::Value, route: impl Fn(u64, &SimulatedMessage) -> Result<(), TestCaseError>) {
     let runtime = common::runtime();
-    let mut planner = common::builtin(&runtime, "binary-levels", json!({}));
+    let mut planner = common::builtin(&runtime, "binary-levels", config);
     let max = ((1u64 << 28) - 1) * 1_000;
-    check(
-        &mut planner,
-        0..=max,
-        |d| Some(d.div_ceil(1_000) * 1_000),
-        |delay, outcome| {
-            let units = delay.div_ceil(1_000);
-            let entry = match &outcome.hops[0].step {
-                HopStep::Exchange { name, .. } => name.clone(),
-                other => return Err(TestCaseError::fail(format!("first hop {other:?}"))),
-            };
-            let wanted = if units == 0 { "hourglass.delay-delivery".to_string() } else { format!("hourglass.delay-level-{:02}", 63 - units.leading_zeros()) };
-            prop_assert_eq!(entry, wanted);
-            Ok(())
-        },
-    );
+    check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), |delay, outcome| route(delay.div_ceil(1_000), outcome));
+}
+
+#[test]
+fn binary_levels_with_topic_routing_in_seconds_round_up_and_enter_at_the_highest_set_bit() {
+    binary_levels_in_seconds(json!({ "routing": "topic" }), |units, outcome| {
+        let entry = match &outcome.hops[0].step {
+            HopStep::Exchange { name, .. } => name.clone(),
+            other => return Err(TestCaseError::fail(format!("first hop {other:?}"))),
+        };
+        let wanted = if units == 0 { "hourglass.delay-delivery".to_string() } else { format!("hourglass.delay-level-{:02}", 63 - units.leading_zeros()) };
+        prop_assert_eq!(entry, wanted);
+        Ok(())
+    });
+}
+
+/// Direct levels (the default): each message waits exactly in the levels of
+/// its set bits (an alternate exchange passes it by the others) and arrives on time.
+#[test]
+fn binary_levels_by_default_wait_in_the_levels_of_their_set_bits() {
+    binary_levels_in_seconds(json!({}), |units, outcome| {
+        let waited: Vec<String> = outcome
+            .hops
+            .iter()
+            .filter_map(|hop| match &hop.step {
+                HopStep::Queue { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        let wanted: Vec<String> = (0..28).rev().filter(|bit| units >> bit & 1 == 1).map(|bit| format!("hourglass.direct-level-{bit:02}")).collect();
+        prop_assert_eq!(waited, wanted);
+        Ok(())
+    });
 }
 
 #[test]

@@ -253,3 +253,26 @@ async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
     assert!(scheduler.executor().delivered("nothing").is_empty());
     scheduler.schedule(ScheduleRequest { destination: "fine".into(), ..Default::default() }).await.expect("an ordinary plan still schedules");
 }
+
+/// The contract is versioned: a planner built against 0.1.0 (before `publish`
+/// had `bcc`) still loads, plans, and answers in today's commands.
+#[test]
+fn a_planner_built_against_contract_0_1_still_loads_and_plans() {
+    let runtime = common::runtime();
+    let planner = runtime.load(&PlannerSource::File(common::wasm("contract-0-1")), "{}".into()).expect("a 0.1.0 planner loads");
+    assert_eq!(planner.info().name, "contract-0-1");
+    let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
+    assert_eq!(plan.delivers_after_ms, 2_000);
+    assert_eq!(plan.commands, vec![hourglass::command::Command::forward("", "orders.wait")]);
+    let setup = planner.destination_setup("orders").unwrap();
+    assert!(matches!(&setup[..], [hourglass::command::Command::DeclareQueue { name, .. }] if name == "orders.wait"), "{setup:?}");
+}
+
+/// A 0.1.0 planner's panic is named by its message, as a 0.2.0 one's is.
+#[test]
+fn a_contract_0_1_planner_that_panics_is_named_with_its_message() {
+    let runtime = common::runtime();
+    let err = runtime.load(&PlannerSource::File(common::wasm("contract-0-1")), r#"{"panic": true}"#.into()).unwrap_err();
+    assert!(matches!(&err, PlannerError::Trapped { function: "configure", .. }), "{err:?}");
+    assert!(err.to_string().contains("asked to panic while configured"), "{err}");
+}

@@ -4,10 +4,10 @@
 //! [`PrivateNode`] the test can `kill -9` and boot again; dropping the cluster
 //! stops every node and removes its data.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::ports::free_ports;
 use crate::private_node::{NodeError, PrivateNode};
 use crate::repo_root;
 
@@ -22,7 +22,8 @@ impl Cluster {
         let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let name = format!("hg-cluster-{suffix}");
         let dir = std::env::temp_dir().join(&name);
-        let port = free_run()?;
+        // Each node's AMQP port and its distribution port (AMQP + 20,000, as scripts/cluster sets it).
+        let port = free_ports(&[0, 1, 2, 20_000, 20_001, 20_002])?;
         let output = Command::new(repo_root().join("scripts/cluster"))
             .arg("start")
             .env("HOURGLASS_CLUSTER_DIR", &dir)
@@ -54,20 +55,4 @@ impl Drop for Cluster {
         self.nodes.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A first AMQP port such that it, the next two, and each one's distribution
-/// port (+20,000) are free.
-fn free_run() -> std::io::Result<u16> {
-    for _ in 0..200 {
-        let first = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        if first > 40_000 {
-            continue;
-        }
-        let ports = (0..3).flat_map(|i| [first + i, first + i + 20_000]);
-        if ports.clone().all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return Ok(first);
-        }
-    }
-    Err(std::io::Error::other("no run of free ports for a cluster"))
 }

@@ -5,6 +5,7 @@
 
 mod amqp;
 pub mod cluster;
+pub mod ports;
 pub mod private_node;
 pub mod process;
 pub mod serve;

@@ -4,10 +4,11 @@
 //! node's Erlang cookie and `rabbitmqctl` reaches it). The shared node on 5672
 //! is never touched. Dropping it stops the node and removes its directory.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use crate::ports::free_ports;
 
 /// How long a node may take to open its AMQP port (it takes 4–10 s here).
 const START_TIMEOUT: Duration = Duration::from_secs(90);
@@ -38,7 +39,8 @@ impl PrivateNode {
         for sub in ["mnesia", "log"] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
-        let (amqp_port, dist_port) = (free_port()?, free_port()?);
+        let amqp_port = free_ports(&[0, 1])?;
+        let dist_port = amqp_port + 1;
         // The node's own config: the shared /etc/rabbitmq/rabbitmq.conf names port 5672.
         std::fs::write(dir.join("rabbitmq.conf"), format!("listeners.tcp.local = 127.0.0.1:{amqp_port}\nloopback_users = none\n"))?;
         std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
@@ -135,10 +137,6 @@ impl Drop for PrivateNode {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn run(program: &str, args: &[&str]) -> Result<Output, NodeError> {

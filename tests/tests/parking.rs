@@ -116,7 +116,7 @@ async fn destination_deleted_while_waiting_parks(table: &str, parked_queue: &str
         assert!(body.starts_with("doomed-"), "only the deleted destination's messages are parked: {body}");
         // The routing key or hourglass's header names the destination; x-death says it expired from the last wait.
         let routing_key = message.routing_key.as_str();
-        let destination = header_text(message, "hourglass-destination");
+        let destination = header_text(message, "hourglass-target");
         assert!(
             routing_key.ends_with(doomed_name.as_str()) || destination.as_deref() == Some(doomed_name.as_str()),
             "{body}: parked with routing key {routing_key} and destination header {destination:?}"
@@ -139,6 +139,13 @@ async fn binary_levels_parks_a_message_whose_destination_was_deleted_while_it_wa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_levels_with_topic_routing_parks_a_message_whose_destination_was_deleted_while_it_waited() {
+    let prefix = unique("park-blt");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nrouting = \"topic\"");
+    destination_deleted_while_waiting_parks(&table, &format!("{prefix}.parked"), 3_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_intervals_parks_a_message_whose_destination_was_deleted_while_it_waited() {
     let prefix = unique("park-fi");
     let table = format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"2s\"]");
@@ -150,4 +157,82 @@ async fn hold_queues_park_a_message_whose_destination_was_deleted_while_it_waite
     let prefix = unique("park-hq");
     let table = format!("planner = \"hold-queues\"\nprefix = \"{prefix}\"\nexpires_margin = \"5s\"");
     destination_deleted_while_waiting_parks(&table, &format!("{prefix}.parked"), 2_000).await;
+}
+
+/// A direct level whose queue is deleted while messages are on their way to
+/// it parks them (its hold exchange routes nowhere and has the parking
+/// exchange as its alternate) instead of passing them down a level, which
+/// would deliver them early. Beside it a message that never needs that level
+/// arrives on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_level_deleted_under_its_messages_parks_them_and_never_delivers_early() {
+    let connection = connect().await;
+    let prefix = unique("park-level");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let channel = connection.create_channel().await.unwrap();
+    let mut destination = Destination::declare(&connection, "park-level").await;
+    let scheduler = scheduler(&config).await;
+    let schedule = async |delay_ms: u64, body: &str| -> Scheduled {
+        let request = ScheduleRequest { destination: destination.name.clone(), delay_ms, body: body.as_bytes().to_vec(), ..Default::default() };
+        scheduler.schedule(request).await.expect("schedule")
+    };
+    // 3 s waits 2 s in level 01, then 1 s in level 00; 2 s waits in level 01 only.
+    let needs_level_0 = schedule(3_000, "needs-level-0").await;
+    let canary = schedule(2_000, "canary").await;
+    let level_0 = format!("{prefix}.direct-level-00");
+    channel.queue_delete(level_0.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"canary");
+    let late = received[0].at_ms as i64 - canary.due_at_ms as i64;
+    assert!((0..=1_000).contains(&late), "the canary arrived {late}ms from due");
+    let parked = get_at_least(&channel, &format!("{prefix}.parked"), 1, Duration::from_secs(10)).await;
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].data, b"needs-level-0");
+    assert_eq!(header_text(&parked[0], "hourglass-target").as_deref(), Some(destination.name.as_str()));
+    // Until its due time and a little past, nothing else reached the destination.
+    let quiet_until = needs_level_0.due_at_ms + 500;
+    destination.assert_quiet(Duration::from_millis(quiet_until.saturating_sub(hourglass::clock::unix_now_ms()))).await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// A serving host notices at its next depth reading that a level queue is
+/// gone and declares its strategy's topology again: a message that needs
+/// that level, scheduled afterwards, waits in it and arrives on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_host_declares_a_deleted_level_again_at_its_next_depth_reading() {
+    use hourglass::service::Service;
+    use hourglass_e2e::serve::Served;
+    let connection = connect().await;
+    let prefix = unique("redeclare");
+    let config = config_with(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "[service]\ndepth_poll = \"200ms\"");
+    let mut destination = Destination::declare(&connection, "redeclare").await;
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    let name = destination.name.clone();
+    let schedule = async |delay: &str| -> serde_json::Value {
+        let (status, answer) = served.http.schedule(None, serde_json::json!({ "destination": name, "delay": delay, "body": delay })).await;
+        assert_eq!(status, 202, "{answer}");
+        answer
+    };
+    schedule("1s").await; // declares the topology
+    destination.receive(1, Duration::from_secs(10)).await;
+    let level_0 = format!("{prefix}.direct-level-00");
+    let channel = connection.create_channel().await.unwrap();
+    channel.queue_delete(level_0.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    // Declared again and bound to its hold exchange (the binding comes after the queue).
+    let management = Management::new(&management_url(), "/".into()).unwrap();
+    let hold_0 = format!("{prefix}.direct-hold-00");
+    until("the level queue declared and bound again", Duration::from_secs(10), async || {
+        tokio::task::block_in_place(|| management.bindings(&hold_0, 'q', &level_0)).is_ok_and(|bindings| !bindings.is_empty())
+    })
+    .await;
+    let answer = schedule("1s").await;
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    let late = received[0].at_ms as i64 - answer["due_at"].as_i64().unwrap();
+    assert!((0..=1_000).contains(&late), "arrived {late}ms from due, through the level declared again");
+    assert_eq!(queue_depth(&channel, &format!("{prefix}.parked")).await, 0, "nothing was parked");
+    served.stop().await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
 }

@@ -48,6 +48,7 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
         assert_eq!(message.delivery.properties.content_type().as_ref().map(|c| c.to_string()), Some("text/plain".into()));
         assert_eq!(message.delivery.properties.correlation_id().as_ref().map(|c| c.to_string()), Some(format!("corr-{i}")));
         assert_eq!(*message.delivery.properties.delivery_mode(), Some(2), "persistent");
+        assert!(header(&message.delivery, "BCC").is_none(), "the broker strips BCC keys before a consumer");
     }
     destination.assert_quiet(Duration::from_millis(300)).await;
     delete_declared(&connection, &topology_of(&config)).await;
@@ -67,6 +68,27 @@ async fn binary_levels_classic_delivers_on_time() {
 async fn binary_levels_quorum_by_default_delivers_on_time() {
     let prefix = unique("blq");
     let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
+    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+}
+
+/// Both routings (direct, the default, and topic, the levels of earlier
+/// versions) on both queue types, at millisecond units: a message waits only
+/// in the levels of its set bits. 100 ms: the window of the millisecond test below.
+#[tokio::test]
+async fn binary_levels_deliver_on_time_with_either_routing_on_quorum_and_classic_levels() {
+    for routing in ["direct", "topic"] {
+        for queue_type in ["quorum", "classic"] {
+            let prefix = unique("blr");
+            let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nunit = \"1ms\"\nrouting = \"{routing}\"\nqueue_type = \"{queue_type}\"");
+            assert_delays_on_time(&table, &[0, 250, 1_023, 1_300, 2_047], 100).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn binary_levels_with_topic_routing_in_seconds_deliver_on_time() {
+    let prefix = unique("blts");
+    let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nrouting = \"topic\"");
     assert_delays_on_time(&table, &SECONDS, 1_000).await;
 }
 
@@ -110,8 +132,7 @@ async fn an_unroutable_publish_comes_back_as_an_error() {
     let exchange = unique("dead-end");
     let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
-    let publish =
-        Command::Publish { exchange: exchange.clone(), routing_key: "nobody.listens".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
+    let publish = Command::forward(&exchange, "nobody.listens");
     let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: Properties::default(), stamp_message_id: true };
     let err = executor.send(&[publish], &envelope).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");
@@ -124,7 +145,7 @@ async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
     let connection = connect().await;
     let prefix = unique("clash");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
-    let clashing = format!("{prefix}.delay-level-00");
+    let clashing = format!("{prefix}.direct-level-00");
     let channel = connection.create_channel().await.unwrap();
     let mut arguments = AmqpTable::default();
     arguments.insert("x-message-ttl".into(), AMQPValue::LongLongInt(5));

@@ -29,7 +29,7 @@ fn envelope(id: &str, headers: Vec<(&str, HeaderValue)>) -> Envelope {
 }
 
 fn publish_to(exchange: &str, routing_key: &str) -> Command {
-    Command::Publish { exchange: exchange.into(), routing_key: routing_key.into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }
+    Command::forward(exchange, routing_key)
 }
 
 fn message_ids(received: &[Received]) -> Vec<String> {

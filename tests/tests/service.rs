@@ -55,16 +55,16 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     let (status, plan) = http.call("GET", &format!("/v1/plan?destination={dest}&delay=10s"), Some("secret"), None).await;
     assert_eq!(status, 200, "{plan}");
     let plan: Value = serde_json::from_str(&plan).unwrap();
-    assert_eq!(plan["commands"][0]["exchange"], format!("{prefix}.delay-level-03"));
+    assert_eq!(plan["commands"][0]["exchange"], format!("{prefix}.direct-level-03"));
     let (status, mermaid) = http.call("GET", "/v1/topology?format=mermaid", Some("secret"), None).await;
     assert_eq!(status, 200);
-    assert!(mermaid.starts_with("graph TD") && mermaid.contains(&format!("{prefix}.delay-level-27")), "{mermaid}");
+    assert!(mermaid.starts_with("graph TD") && mermaid.contains(&format!("{prefix}.direct-level-27")), "{mermaid}");
     let (status, json_topology) = http.call("GET", "/v1/topology", Some("secret"), None).await;
     assert_eq!(status, 200);
     assert_eq!(
         serde_json::from_str::<Value>(&json_topology).unwrap()["commands"].as_array().unwrap().len(),
-        3 + 1 + 28 * 4,
-        "parking (3), delivery, 28 levels"
+        3 + 1 + 28 * 5,
+        "parking (3), delivery, 28 levels of two exchanges, a queue and two bindings"
     );
     assert_eq!(http.call("GET", "/v1/topology?format=svg", Some("secret"), None).await.0, 400);
     assert_eq!(http.call("GET", "/healthz", None, None).await.0, 200);

@@ -91,6 +91,34 @@ async fn invalid_inputs_fail_before_anything_is_sent() {
     assert!(destination.drain(Duration::from_millis(1_500)).await.is_empty());
 }
 
+/// A message that fits SQS's limit when first sent but would outgrow it on its
+/// first visit (the cycle state gains the first send's time) is refused up
+/// front, not accepted and parked later; everything accepted arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_would_outgrow_the_size_limit_while_it_cycles_is_refused_up_front() {
+    let config = sqs_config(CYCLE_TABLE);
+    let (scheduler, executor) = sqs_scheduler(&config).await;
+    let mut destination = SqsDestination::create(executor.clone(), "headroom").await;
+    // Bodies 16 bytes longer each time toward the limit, each long enough to cycle (5 s on 2 s cycles).
+    let mut accepted = 0;
+    let refused = loop {
+        let mut big = request(&destination.name, 5_000, accepted);
+        big.body = vec![b'x'; 262_144 - 320 + 16 * accepted];
+        match scheduler.schedule(big).await {
+            Ok(_) => accepted += 1,
+            Err(err) => break err.to_string(),
+        }
+    };
+    assert!(refused.contains("less 64 for the state it gathers"), "the first refusal is for the cycle state's room: {refused}");
+    assert!(accepted >= 2, "bodies further from the limit are accepted: {accepted}");
+    let delay_queue = format!("{}-delay.fifo", destination.name);
+    let (stop, counters) = spawn_pump(&config, executor.clone(), &delay_queue).await;
+    assert_eq!(destination.receive(accepted, Duration::from_secs(20)).await.len(), accepted, "every accepted message arrives");
+    let stats = counters.snapshot();
+    assert_eq!((stats.parked, stats.failed), (0, 0), "none outgrew the limit on a visit: {stats:?}");
+    stop.send(true).unwrap();
+}
+
 #[tokio::test]
 async fn a_pump_dying_between_send_and_delete_loses_nothing() {
     let config = sqs_config(CYCLE_TABLE);

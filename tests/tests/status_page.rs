@@ -73,12 +73,12 @@ async fn a_browser_shows_waiting_messages_and_lateness_per_strategy() {
     assert!(waiting >= WAITING, "the messages waiting (and the canary's probes): {strategy_row}");
     assert_eq!(cell_after(strategy_row, "class=\"parked\"").trim(), "0", "{strategy_row}");
     assert!(!strategy_row[..strategy_row.find("</tr>").unwrap()].contains("<td>–</td>"), "lateness percentiles are shown: {strategy_row}");
-    assert!(dom.contains(&format!("{prefix}.delay-level-")), "the waiting levels are listed: {dom}");
+    assert!(dom.contains(&format!("{prefix}.direct-level-")), "the waiting levels are listed: {dom}");
     assert!(dom.contains("graph TD"), "the topology's mermaid text is shown: {dom}");
     // The browser parsed the drawing as SVG: the level queues are nodes of it.
     let drawing = &dom[dom.find("<svg").expect("the topology is drawn")..];
     let drawing = &drawing[..drawing.find("</svg>").unwrap()];
-    assert!(drawing.matches("<rect").count() >= 28 && drawing.contains(&format!("queue {prefix}.delay-level-27")), "{drawing}");
+    assert!(drawing.matches("<rect").count() >= 28 && drawing.contains(&format!("queue {prefix}.direct-level-27")), "{drawing}");
 
     served.stop().await;
     let channel = connection.create_channel().await.unwrap();

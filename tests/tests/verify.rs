@@ -34,10 +34,10 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     assert_eq!(clean.checked, commands.len());
 
     let channel = connection.create_channel().await.unwrap();
-    let level = format!("{prefix}.delay-level-05");
+    let level = format!("{prefix}.direct-level-05");
     channel.queue_delete(level.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    let delivery = format!("{prefix}.delay-delivery");
-    let key = format!("{}{}", "*.".repeat(28), destination.name);
+    let delivery = format!("{prefix}.direct-delivery");
+    let key = format!("to:{}", destination.name);
     channel.queue_unbind(destination.name.as_str().into(), delivery.as_str().into(), key.as_str().into(), FieldTable::default()).await.unwrap();
 
     let drifted = verify_via_management(&commands).await;
@@ -45,7 +45,8 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     assert!(problems.contains(&format!("queue {level}: missing")), "{problems:?}");
     assert!(problems.contains(&format!("binding exchange {delivery} -> queue {} key {key:?}: missing", destination.name)), "{problems:?}");
     // Deleting the queue removed its binding too: that is reported as well.
-    assert!(problems.iter().any(|p| p.starts_with(&format!("binding exchange {level} -> queue {level}"))), "{problems:?}");
+    let hold = format!("{prefix}.direct-hold-05");
+    assert!(problems.iter().any(|p| p.starts_with(&format!("binding exchange {hold} -> queue {level}"))), "{problems:?}");
 
     // Without the management API, passive declares still find the missing queue.
     let passive = verify(&amqp_url(), Some("http://guest:guest@127.0.0.1:1"), &commands).await.unwrap();
@@ -68,11 +69,11 @@ async fn serve_with_topology_verify_refuses_to_start_on_drift_and_declares_nothi
     let config = config_with(&strategy, &more);
     let Err(err) = Service::start(config.clone()).await else { panic!("started on a broker without the topology") };
     let err = err.to_string();
-    assert!(err.contains("topology drift") && err.contains(&format!("queue {prefix}.delay-level-00: missing")), "{err}");
+    assert!(err.contains("topology drift") && err.contains(&format!("queue {prefix}.direct-level-00: missing")), "{err}");
     // It declared nothing while checking.
     let passive = lapin::options::QueueDeclareOptions { passive: true, ..Default::default() };
     let probe = connection.create_channel().await.unwrap();
-    assert!(probe.queue_declare(format!("{prefix}.delay-level-00").as_str().into(), passive, FieldTable::default()).await.is_err());
+    assert!(probe.queue_declare(format!("{prefix}.direct-level-00").as_str().into(), passive, FieldTable::default()).await.is_err());
 
     // With the topology in place (and the listed destination set up), it starts.
     let destination = Destination::declare(&connection, "serve-verify-dest").await;

@@ -117,6 +117,19 @@ pub fn percentile(sorted: &[i64], q: f64) -> i64 {
     sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
 }
 
+/// The `binary-levels` variants a bench runs, level type and routing, each
+/// list in the order given: all of them, or those `BENCH_LEVELS` (classic or
+/// quorum) and `BENCH_ROUTING` (topic or direct) pick.
+pub fn level_variants(queue_types: [&'static str; 2]) -> Vec<(&'static str, &'static str)> {
+    let only_levels = std::env::var("BENCH_LEVELS").ok();
+    let only_routing = std::env::var("BENCH_ROUTING").ok();
+    let queue_types = queue_types.into_iter().filter(|t| only_levels.as_deref().is_none_or(|o| o == *t));
+    queue_types
+        .flat_map(|queue_type| ["topic", "direct"].map(|routing| (queue_type, routing)))
+        .filter(|(_, routing)| only_routing.as_deref().is_none_or(|o| o == *routing))
+        .collect()
+}
+
 /// Eight hex digits that name one run's queues and exchanges.
 pub fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_string()

@@ -200,8 +200,7 @@ mod tests {
     async fn the_memory_broker_delivers_on_the_wall_clock() {
         let broker = MemoryExecutor::default();
         broker.declare_destination("dest");
-        let publish =
-            Command::Publish { exchange: String::new(), routing_key: "dest".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
+        let publish = Command::forward("", "dest");
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
         let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default(), stamp_message_id: true };
         broker.send(&[publish], &envelope).await.unwrap();
@@ -214,8 +213,7 @@ mod tests {
     async fn only_the_newest_deliveries_are_kept_and_bodies_are_not_held_after() {
         let broker = MemoryExecutor::default();
         broker.declare_destination("dest");
-        let publish =
-            Command::Publish { exchange: String::new(), routing_key: "dest".into(), headers: FieldTable::new(), expiration_ms: None, mandatory: true };
+        let publish = Command::forward("", "dest");
         for n in 0..KEPT_PER_DESTINATION + 5 {
             let envelope =
                 Envelope { id: format!("m{n}"), body: vec![b'x'; 10], headers: FieldTable::new(), properties: Default::default(), stamp_message_id: true };

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use hourglass::planner::{BrokerFamily, PlanRequest};
 use hourglass::render;
-use hourglass::sim::cost::SqsCost;
+use hourglass::sim::cost::{BUSY_COHORT, BUSY_MESSAGE_BYTES, SqsCost};
 use hourglass::sim::simulation::Simulation;
 
 use super::{Cli, DelayedMessage, TextOrJson, load, pick, print_json};
@@ -58,8 +58,15 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             }
             if let Some(cost) = cost {
                 println!(
-                    "SQS requests: {} alone (1 send + {} pump visits x 3: receive, send, delete), {:.1} in a busy queue (ten to a request); ${:.7} to ${:.7} at ${} per million",
-                    cost.requests_alone, cost.pump_visits, cost.requests_in_batches, cost.cost_usd_in_batches, cost.cost_usd_alone, cost.price_per_million_usd
+                    "SQS requests: {} alone (1 send + {} pump visits x 3: receive, send, delete), {:.3} in a busy queue ({} messages of {} bytes due together: ten to a request, re-sent in bundles); ${:.7} to ${:.7} at ${} per million",
+                    cost.requests_alone,
+                    cost.pump_visits,
+                    cost.requests_in_a_busy_queue,
+                    BUSY_COHORT,
+                    BUSY_MESSAGE_BYTES,
+                    cost.cost_usd_in_a_busy_queue,
+                    cost.cost_usd_alone,
+                    cost.price_per_million_usd
                 );
             }
         }

@@ -7,6 +7,10 @@ use crate::command::{
     AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments, check_sqs_queue_name,
 };
 
+/// More than a 32-level strategy needs (one key per bit, and the destination's),
+/// few enough that the header stays far below any frame size.
+const MAX_BCC_KEYS: usize = 40;
+
 /// Converts and validates one planner command. The error says what is wrong;
 /// the caller adds which planner said it.
 pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
@@ -47,6 +51,12 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
             // The empty name is the default exchange.
             check_name("exchange", &p.exchange, true)?;
             check_name("routing key", &p.routing_key, true)?;
+            for key in &p.bcc {
+                check_name("bcc routing key", key, true)?;
+            }
+            if p.bcc.len() > MAX_BCC_KEYS {
+                return Err(format!("publish carries {} bcc routing keys; at most {MAX_BCC_KEYS}", p.bcc.len()));
+            }
             if let Some(ms) = p.expiration_ms
                 && ms > AMQP_MAX_TTL_MS as u64
             {
@@ -55,6 +65,7 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
             Command::Publish {
                 exchange: p.exchange,
                 routing_key: p.routing_key,
+                bcc: p.bcc,
                 headers: field_table(p.headers)?,
                 expiration_ms: p.expiration_ms,
                 mandatory: p.mandatory,

@@ -3,12 +3,11 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
-use wasmtime::component::{ComponentType, Lower, TypedFunc};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use super::PlannerError;
-use super::bindings::hourglass::planner::{diagnostics, types as wit};
-use super::bindings::{PlannerWorld, PlannerWorldPre};
+use super::bindings::hourglass::planner::types as wit;
+use super::contract::{Contract, ContractPre, PlanRequestRef};
 use super::runtime::{PlannerLimits, deadline_ticks};
 use crate::command::{Command, DueAction, DueMessage};
 
@@ -80,43 +79,16 @@ pub enum RedeliveryDecision {
     GiveUp(String),
 }
 
-/// The contract's `plan-request`, borrowing the host's strings: lowering
-/// copies them straight into the planner's memory, without the owned copy of
-/// each that the generated `wit::PlanRequest` would need first.
-#[derive(ComponentType, Lower)]
-#[component(record)]
-struct PlanRequestRef<'a> {
-    destination: &'a str,
-    #[component(name = "delay-ms")]
-    delay_ms: u64,
-    #[component(name = "message-id")]
-    message_id: &'a str,
-    #[component(name = "routing-key")]
-    routing_key: Option<&'a str>,
-}
-
-/// `plan` typed with the borrowing request.
-type PlanFunc<'a> = TypedFunc<(PlanRequestRef<'a>,), (Result<wit::DelayPlan, String>,)>;
-
 /// What a planner's store holds besides its memory.
 pub(crate) struct StoreState {
     limits: StoreLimits,
-    panic_message: Option<String>,
-}
-
-// The shared types interface has no functions; bindgen still asks for its trait.
-impl wit::Host for StoreState {}
-
-impl diagnostics::Host for StoreState {
-    fn report_panic(&mut self, message: String) {
-        self.panic_message = Some(message);
-    }
+    pub(super) panic_message: Option<String>,
 }
 
 /// One instantiated, configured instance and its store.
 struct Live {
     store: Store<StoreState>,
-    world: PlannerWorld,
+    contract: Contract,
 }
 
 /// A planner loaded and configured for one strategy: a small pool of
@@ -131,7 +103,7 @@ struct Live {
 pub struct LoadedPlanner {
     label: String,
     engine: Engine,
-    pre: PlannerWorldPre<StoreState>,
+    pre: ContractPre,
     limits: PlannerLimits,
     config_json: String,
     info: PlannerInfo,
@@ -193,7 +165,7 @@ impl LoadedPlanner {
     pub(crate) fn start(
         label: String,
         engine: Engine,
-        pre: PlannerWorldPre<StoreState>,
+        pre: ContractPre,
         limits: PlannerLimits,
         bound: usize,
         config_json: String,
@@ -216,7 +188,7 @@ impl LoadedPlanner {
         let (live, range) = planner.instantiate()?;
         planner.range = range;
         *planner.pool.get_mut().unwrap_or_else(|p| p.into_inner()) = Pool { idle: vec![live], existing: 1, waiting: 0 };
-        let info = planner.checkout()?.call("describe", |w, s| w.hourglass_planner_planner().call_describe(s))?;
+        let info = planner.checkout()?.call("describe", |c, s| c.describe(s))?;
         planner.info = convert_info(info);
         Ok(planner)
     }
@@ -285,18 +257,15 @@ impl LoadedPlanner {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
         store.set_epoch_deadline(deadline_ticks(self.limits.start_timeout));
-        let world = self.pre.instantiate(&mut store).map_err(|e| self.trapped("instantiate", e, None))?;
-        // `plan` is called with `PlanRequestRef` (see `PlannerInstance::plan`): check once that it fits.
-        world
-            .hourglass_planner_planner()
-            .func_plan()
-            .func()
-            .typed::<(PlanRequestRef<'static>,), (Result<wit::DelayPlan, String>,)>(&store)
-            .map_err(|e| PlannerError::WrongContract { planner: self.label.clone(), reason: format!("plan: {e:#}") })?;
-        let configured = world.hourglass_planner_planner().call_configure(&mut store, &self.config_json);
+        let contract = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| self.trapped("instantiate", e, None))?
+            .map_err(|reason| PlannerError::WrongContract { planner: self.label.clone(), reason })?;
+        let configured = contract.configure(&mut store, &self.config_json);
         let panic = store.data_mut().panic_message.take();
         match configured {
-            Ok(Ok(range)) => Ok((Live { store, world }, convert_range(range))),
+            Ok(Ok(range)) => Ok((Live { store, contract }, convert_range(range))),
             Ok(Err(message)) => Err(PlannerError::Config { planner: self.label.clone(), message }),
             Err(err) => Err(self.trapped("configure", err, panic)),
         }
@@ -363,7 +332,7 @@ impl LoadedPlanner {
 
 impl PlannerInstance<'_> {
     /// Runs one export under the call budget; a trap discards the instance.
-    fn call<R>(&mut self, function: &'static str, f: impl FnOnce(&PlannerWorld, &mut Store<StoreState>) -> wasmtime::Result<R>) -> Result<R, PlannerError> {
+    fn call<R>(&mut self, function: &'static str, f: impl FnOnce(&Contract, &mut Store<StoreState>) -> wasmtime::Result<R>) -> Result<R, PlannerError> {
         let planner = self.planner;
         if self.live.is_none() {
             // Trapped earlier on this checkout: start afresh, as the pool would.
@@ -371,7 +340,7 @@ impl PlannerInstance<'_> {
         }
         let live = self.live.as_mut().expect("just made live");
         live.store.set_epoch_deadline(deadline_ticks(planner.limits.call_timeout));
-        match f(&live.world, &mut live.store) {
+        match f(&live.contract, &mut live.store) {
             Ok(result) => Ok(result),
             Err(err) => {
                 let panic = live.store.data_mut().panic_message.take();
@@ -382,13 +351,13 @@ impl PlannerInstance<'_> {
     }
 
     pub fn topology(&mut self) -> Result<Vec<Command>, PlannerError> {
-        let result = self.call("topology", |w, s| w.hourglass_planner_planner().call_topology(s))?;
+        let result = self.call("topology", |c, s| c.topology(s))?;
         let commands = result.map_err(|m| self.planner.refused(m))?;
         self.planner.commands("topology", commands)
     }
 
     pub fn destination_setup(&mut self, destination: &str) -> Result<Vec<Command>, PlannerError> {
-        let result = self.call("destination-setup", |w, s| w.hourglass_planner_planner().call_destination_setup(s, destination))?;
+        let result = self.call("destination-setup", |c, s| c.destination_setup(s, destination))?;
         let commands = result.map_err(|m| self.planner.refused(m))?;
         self.planner.commands("destination-setup", commands)
     }
@@ -400,13 +369,7 @@ impl PlannerInstance<'_> {
             message_id: &request.message_id,
             routing_key: request.routing_key.as_deref(),
         };
-        let result = self.call("plan", |w, s| {
-            // SAFETY: `instantiate` type-checked this instance's `plan` against
-            // these parameter and result types (the lifetime aside, which the
-            // check does not depend on).
-            let plan = unsafe { PlanFunc::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
-            plan.call(s, (borrowed,)).map(|(result,)| result)
-        })?;
+        let result = self.call("plan", |c, s| c.plan(s, borrowed))?;
         let plan = result.map_err(|m| self.planner.refused(m))?;
         if plan.delivers_after_ms < request.delay_ms {
             return Err(PlannerError::InvalidOutput {
@@ -428,7 +391,7 @@ impl PlannerInstance<'_> {
             receive_count: message.receive_count,
             host_now_ms: message.host_now_ms,
         };
-        let result = self.call("handle-due", |w, s| w.hourglass_planner_planner().call_handle_due(s, &wit_message))?;
+        let result = self.call("handle-due", |c, s| c.handle_due(s, &wit_message))?;
         let planner = self.planner;
         Ok(match result.map_err(|m| planner.refused(m))? {
             wit::DueAction::Recycle(c) => DueAction::Recycle(planner.commands("handle-due", c)?),
@@ -438,7 +401,7 @@ impl PlannerInstance<'_> {
 
     pub fn decide_redelivery(&mut self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
         let request = wit::RedeliveryRequest { queue: queue.into(), attempt, seed, reason: reason.map(Into::into) };
-        let result = self.call("decide-redelivery", |w, s| w.hourglass_planner_planner().call_decide_redelivery(s, &request))?;
+        let result = self.call("decide-redelivery", |c, s| c.decide_redelivery(s, &request))?;
         Ok(match result.map_err(|m| self.planner.refused(m))? {
             wit::RedeliveryDecision::RetryAfterMs(ms) => RedeliveryDecision::RetryAfterMs(ms),
             wit::RedeliveryDecision::GiveUp(why) => RedeliveryDecision::GiveUp(why),

@@ -9,19 +9,31 @@
 //!   converted to host types and validated.
 //! * [`builtin`] holds the four planners embedded in the binary.
 
+/// The contract, `hourglass:planner@0.2.0`: what planners are built against.
 pub mod bindings {
     wasmtime::component::bindgen!({
         world: "planner-world",
         path: "../wit",
     });
+
+    /// `hourglass:planner@0.1.0`, still loaded: its answers are upgraded to
+    /// 0.2.0's types as they leave the planner (see `upgrade`).
+    pub mod v0_1 {
+        wasmtime::component::bindgen!({
+            world: "planner-world",
+            path: "../wit/previous/planner@0.1.0.wit",
+        });
+    }
 }
 
 pub mod builtin;
 mod cache;
+mod contract;
 mod convert;
 mod inert_wasi;
 mod instance;
 mod runtime;
+mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
 pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, RedeliveryDecision};
@@ -37,7 +49,7 @@ pub enum PlannerError {
     Read { planner: String, path: String, source: std::io::Error },
     #[error("planner {planner}: {path} is not a WebAssembly component: {reason}")]
     NotAComponent { planner: String, path: String, reason: String },
-    #[error("planner {planner} does not implement hourglass:planner@0.1.0: {reason}")]
+    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {reason}")]
     WrongContract { planner: String, reason: String },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },

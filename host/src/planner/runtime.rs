@@ -10,13 +10,13 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
 
 use super::PlannerError;
-use super::bindings::{PlannerWorld, PlannerWorldPre};
 use super::builtin;
 use super::cache::ComponentCache;
+use super::contract::ContractPre;
 use super::instance::{LoadedPlanner, StoreState};
 
 /// Epoch ticks bound every planner call; this is their period.
@@ -181,13 +181,13 @@ impl PlannerRuntime {
         let label = source.label();
         let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
         let mut linker = Linker::<StoreState>::new(&self.engine);
-        PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |state| state).map_err(|e| PlannerError::Engine(e.to_string()))?;
+        super::contract::add_to_linker(&mut linker).map_err(|e| PlannerError::Engine(e.to_string()))?;
         // Language runtimes (Rust's std, Python, JavaScript) import WASI; planners get none of its
         // capabilities: what a runtime calls to start is answered inertly, the rest traps.
         super::inert_wasi::define(&mut linker, &component, &self.engine).map_err(wrong_contract)?;
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
-        let pre = PlannerWorldPre::new(pre).map_err(wrong_contract)?;
+        let pre = ContractPre::new(pre).map_err(|reason| PlannerError::WrongContract { planner: label.clone(), reason })?;
         LoadedPlanner::start(label, self.engine.clone(), pre, limits, self.instances, config_json)
     }
 }

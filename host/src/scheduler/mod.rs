@@ -738,7 +738,7 @@ mod tests {
             ("destination", ScheduleRequest { destination: "d".repeat(256), delay_ms: 1_000, ..Default::default() }),
             (
                 "destination",
-                ScheduleRequest { destination: "hourglass.delay-level-01".into(), delay_ms: 1_000, strategy: Some("b".into()), ..Default::default() },
+                ScheduleRequest { destination: "hourglass.direct-level-01".into(), delay_ms: 1_000, strategy: Some("b".into()), ..Default::default() },
             ),
             ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("CC", "elsewhere"), ..Default::default() }),
             ("headers", ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, headers: text("x-death", "made up"), ..Default::default() }),

@@ -262,8 +262,7 @@ impl CancelLog {
         let (answered, answer) = oneshot::channel();
         self.lock().waiting.insert(token.clone(), answered);
         let forget = || self.lock().waiting.remove(&token);
-        let publish =
-            [Command::Publish { exchange: String::new(), routing_key: self.stream.clone(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }];
+        let publish = [Command::forward("", &self.stream)];
         let body = serde_json::to_vec(&record).expect("a record is plain data");
         let envelope = Envelope { id: token.clone(), body, headers: FieldTable::new(), properties: Properties::default(), stamp_message_id: true };
         if let Err(err) = self.scheduler.executor().send(&publish, &envelope).await {

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use super::Service;
 use crate::broker::rabbitmq::manage::{self, Management};
 use crate::broker::sqs::pumped::dead_letter_queue;
-use crate::broker::{Broker, Executor, amqp_url};
+use crate::broker::{Broker, Executor, ExecutorError, amqp_url};
 use crate::clock::unix_now_ms;
 use crate::config::{BrokerConfig, Config};
 use crate::scheduler::Scheduler;
@@ -150,6 +150,7 @@ pub(super) fn spawn_poll(service: &Arc<Service>) {
                     }
                 }
             }
+            redeclare_missing(&polled.scheduler, &depths).await;
             *polled.pending.lock().unwrap_or_else(|p| p.into_inner()) = depths;
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
@@ -157,4 +158,33 @@ pub(super) fn spawn_poll(service: &Arc<Service>) {
             }
         }
     }));
+}
+
+/// A waiting queue of a strategy whose topology is on the broker that the
+/// broker says no longer exists (someone deleted it): its strategy's topology
+/// is declared again at once. Meanwhile nothing goes early: a direct level
+/// parks what reaches it without its queue (see binary-levels' hold exchanges).
+async fn redeclare_missing(scheduler: &Scheduler<Broker>, depths: &[StrategyDepths]) {
+    if !matches!(scheduler.executor(), Broker::RabbitMq(_)) {
+        return;
+    }
+    for strategy in depths {
+        // On RabbitMQ only a strategy's static waiting queues can read as
+        // unknown: per-message queues come counted from the management API.
+        let unread = strategy.queues.iter().filter(|q| q.messages.is_none());
+        let mut missing = Vec::new();
+        for queue in unread {
+            // Unreadable is not missing: only the broker's own "not found" counts.
+            if let Err(ExecutorError::Refused(_)) = scheduler.executor().check_destination(&queue.queue).await {
+                missing.push(queue.queue.as_str());
+            }
+        }
+        if missing.is_empty() {
+            continue;
+        }
+        tracing::error!(strategy = %strategy.strategy, queues = ?missing, "waiting queues of the strategy are gone from the broker; declaring its topology again");
+        if let Err(err) = scheduler.apply_topology(&strategy.strategy).await {
+            tracing::error!(strategy = %strategy.strategy, error = %err, "could not declare the strategy's topology again");
+        }
+    }
 }

@@ -70,13 +70,7 @@ impl Release {
 
     /// Publishes the message as it came to its destination queue and waits for the confirm.
     async fn forward(&self, delivery: &Delivery, id: &str, destination: &str) -> Result<(), ExecutorError> {
-        let publish = [Command::Publish {
-            exchange: String::new(),
-            routing_key: destination.to_string(),
-            headers: FieldTable::new(),
-            expiration_ms: None,
-            mandatory: true,
-        }];
+        let publish = [Command::forward("", destination)];
         let envelope = Envelope {
             id: id.to_string(),
             body: delivery.body.clone(),

@@ -297,22 +297,26 @@ impl AmqpBroker {
         }
         if exchange.is_empty() {
             let mut routed_to = Vec::new();
-            if self.queues.contains_key(&message.routing_key) {
-                queues.insert(message.routing_key.clone());
-                routed_to.push(Target::Queue(message.routing_key.clone()).label());
+            // Each key, BCC ones too, names a queue.
+            for key in std::iter::once(&message.routing_key).chain(&message.bcc) {
+                if self.queues.contains_key(key) && queues.insert(key.clone()) {
+                    routed_to.push(Target::Queue(key.clone()).label());
+                }
             }
-            let step = HopStep::Exchange { name: "(default)".into(), routing_key: message.routing_key.clone(), routed_to };
+            let step = HopStep::Exchange { name: "(default)".into(), routing_key: message.routing_key.clone(), bcc: message.bcc.clone(), routed_to };
             hops.push(Hop { at_ms: now, step });
             return queues;
         }
         let Some(source) = self.exchanges.get(exchange) else { return queues };
+        // Like RabbitMQ: the BCC keys route as the routing key does.
+        let keys = std::iter::once(&message.routing_key).chain(&message.bcc);
         let matched: Vec<&Binding> = source
             .bindings
             .iter()
             .filter(|b| match source.kind {
-                ExchangeKind::Direct => b.routing_key == message.routing_key,
+                ExchangeKind::Direct => keys.clone().any(|key| b.routing_key == *key),
                 ExchangeKind::Fanout => true,
-                ExchangeKind::Topic => topic_matches(&b.routing_key, &message.routing_key),
+                ExchangeKind::Topic => keys.clone().any(|key| topic_matches(&b.routing_key, key)),
                 ExchangeKind::Headers => headers_match(&b.arguments, &message.headers),
             })
             .collect();
@@ -323,7 +327,7 @@ impl AmqpBroker {
         if let Some(alternate) = &alternate {
             routed_to.push(format!("{} (alternate)", Target::Exchange(alternate.clone()).label()));
         }
-        let step = HopStep::Exchange { name: exchange.to_string(), routing_key: message.routing_key.clone(), routed_to };
+        let step = HopStep::Exchange { name: exchange.to_string(), routing_key: message.routing_key.clone(), bcc: message.bcc.clone(), routed_to };
         hops.push(Hop { at_ms: now, step });
         if let Some(alternate) = alternate {
             queues.extend(self.route(&alternate, message, now, hops, seen));
@@ -339,9 +343,11 @@ impl AmqpBroker {
         queues
     }
 
-    fn enqueue(&mut self, queue_name: &str, message: SimMessage, now: u64) -> Option<Arrival> {
+    fn enqueue(&mut self, queue_name: &str, mut message: SimMessage, now: u64) -> Option<Arrival> {
         let queue = self.queues.get_mut(queue_name)?;
         if queue.destination {
+            // What a consumer receives: the broker strips the BCC keys.
+            message.bcc.clear();
             return Some(Arrival { queue: queue_name.to_string(), at_ms: now, message });
         }
         let ttl = [queue.ttl, message.expiration_ms].into_iter().flatten().min();
@@ -475,7 +481,9 @@ impl AmqpBroker {
             ),
         }
         if let Some(key) = routing_key {
+            // A dead-letter routing key replaces every key the message had, BCC included.
             message.routing_key = key;
+            message.bcc.clear();
         }
         // The broker drops the expiration so the message does not expire again downstream.
         message.expiration_ms = None;

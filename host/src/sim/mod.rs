@@ -52,7 +52,14 @@ pub struct Hop {
 #[serde(tag = "via", rename_all = "kebab-case")]
 pub enum HopStep {
     /// Routed by an exchange to queues and exchanges (`queue:NAME`, `exchange:NAME`).
-    Exchange { name: String, routing_key: String, routed_to: Vec<String> },
+    Exchange {
+        name: String,
+        routing_key: String,
+        /// The `BCC` keys it was routed on as well.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        bcc: Vec<String>,
+        routed_to: Vec<String>,
+    },
     /// Waited in a queue, then left (`dead-lettered to exchange:NAME`, `arrived`).
     Queue { name: String, waited_ms: u64, then: String },
     /// Waited in an SQS queue until visible.
@@ -66,6 +73,9 @@ pub enum HopStep {
 pub struct SimMessage {
     pub id: String,
     pub routing_key: String,
+    /// The broker's copy of the `BCC` keys: routed on, dropped on the way to a consumer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bcc: Vec<String>,
     pub headers: FieldTable,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub sqs_attributes: BTreeMap<String, String>,
@@ -80,6 +90,7 @@ impl SimMessage {
         SimMessage {
             id: id.to_string(),
             routing_key: String::new(),
+            bcc: Vec::new(),
             headers,
             sqs_attributes: BTreeMap::new(),
             expiration_ms: None,
@@ -193,8 +204,9 @@ impl Simulator {
     /// its route on every hop of a long-cycling message.
     pub fn execute(&mut self, command: &Command, mut message: SimMessage) -> Result<(), SimError> {
         match command {
-            Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } => {
+            Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } => {
                 message.routing_key = routing_key.clone();
+                message.bcc = bcc.clone();
                 message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
                 message.expiration_ms = *expiration_ms;
                 let outcome = self.amqp.publish(exchange, message, self.now_ms)?;

@@ -19,7 +19,7 @@ fn bind(queue: &str, exchange: &str, key: &str) -> Command {
 }
 
 fn publish(exchange: &str, key: &str, expiration_ms: Option<u64>) -> Command {
-    Command::Publish { exchange: exchange.into(), routing_key: key.into(), headers: FieldTable::new(), expiration_ms, mandatory: true }
+    Command::Publish { exchange: exchange.into(), routing_key: key.into(), bcc: Vec::new(), headers: FieldTable::new(), expiration_ms, mandatory: true }
 }
 
 fn run(sim: &mut Simulator) {
@@ -257,4 +257,39 @@ fn classic_dead_lettering_drops_what_routes_nowhere() {
     sim.execute(&publish("", "wait", None), SimMessage::new("m", FieldTable::new())).unwrap();
     run(&mut sim);
     assert_eq!(sim.lost().len(), 1);
+}
+
+/// RabbitMQ routes on the BCC keys as on the routing key, keeps them when it
+/// dead-letters, and strips them before a consumer; an exchange none of whose
+/// bindings match passes the message to its alternate.
+#[test]
+fn bcc_keys_route_survive_dead_lettering_and_never_reach_the_consumer() {
+    let mut sim = Simulator::new();
+    sim.declare_destination_queue("dest");
+    for command in [
+        exchange("delivery", ExchangeKind::Direct),
+        Command::DeclareExchange { name: "low".into(), kind: ExchangeKind::Direct, durable: true, arguments: table(&[text("alternate-exchange", "delivery")]) },
+        Command::DeclareExchange { name: "high".into(), kind: ExchangeKind::Direct, durable: true, arguments: table(&[text("alternate-exchange", "low")]) },
+        queue("high", &[ttl(200), dlx("low")]),
+        queue("low", &[ttl(100), dlx("delivery")]),
+        bind("high", "high", "bit:1"),
+        bind("low", "low", "bit:0"),
+        bind("dest", "delivery", "to:dest"),
+    ] {
+        sim.apply(&command).unwrap();
+    }
+    let send = |bcc: &[&str]| Command::Publish {
+        exchange: "high".into(),
+        routing_key: "bit:1".into(),
+        bcc: bcc.iter().map(|k| k.to_string()).collect(),
+        headers: FieldTable::new(),
+        expiration_ms: None,
+        mandatory: true,
+    };
+    sim.execute(&send(&["bit:0", "to:dest"]), SimMessage::new("both", FieldTable::new())).unwrap();
+    sim.execute(&send(&["to:dest"]), SimMessage::new("high-only", FieldTable::new())).unwrap();
+    run(&mut sim);
+    let arrivals: Vec<(String, u64, usize)> = sim.arrivals().iter().map(|a| (a.message.id.clone(), a.at_ms, a.message.bcc.len())).collect();
+    assert_eq!(arrivals, vec![("high-only".to_string(), 200, 0), ("both".to_string(), 300, 0)]);
+    assert!(sim.lost().is_empty(), "{:?}", sim.lost().iter().map(|l| &l.reason).collect::<Vec<_>>());
 }

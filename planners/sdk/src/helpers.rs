@@ -78,7 +78,13 @@ pub fn bind_exchange(source: &str, destination: &str, routing_key: &str) -> Comm
 /// Publishes the planned message with `mandatory` set, so an unroutable message
 /// comes back to the host instead of vanishing. A `String` passed in is moved, not copied.
 pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>, headers: Vec<Field>) -> Command {
-    Command::Publish(Publish { exchange: exchange.into(), routing_key: routing_key.into(), headers, expiration_ms: None, mandatory: true })
+    publish_bcc(exchange, routing_key, Vec::new(), headers)
+}
+
+/// [`publish`] with more routing keys, which the broker routes and
+/// dead-letters on and strips before any consumer (RabbitMQ's `BCC`).
+pub fn publish_bcc(exchange: impl Into<String>, routing_key: impl Into<String>, bcc: Vec<String>, headers: Vec<Field>) -> Command {
+    Command::Publish(Publish { exchange: exchange.into(), routing_key: routing_key.into(), bcc, headers, expiration_ms: None, mandatory: true })
 }
 
 pub fn sqs_attribute(name: &str, value: impl Into<String>) -> SqsAttribute {

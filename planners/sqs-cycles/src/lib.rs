@@ -182,6 +182,14 @@ impl Planner for SqsCycles {
         // copy keeps the old stamp, so fall back to the host clock then.
         let now = if message.receive_count <= 1 { message.first_receive_timestamp_ms } else { message.host_now_ms };
         let remaining = due.saturating_sub(now);
+        // No message accepted here waits longer than max_delay: more means its
+        // state was damaged (a first send in the future), and it would cycle forever.
+        if remaining > self.max_delay_ms {
+            return Err(format!(
+                "message {} on {}: {remaining}ms still to wait, above max_delay {}ms; its {CYCLE_ATTRIBUTE} {encoded:?} is not one this planner wrote",
+                message.message_id, message.queue, self.max_delay_ms
+            ));
+        }
         if remaining > self.cycle_ms {
             state.cycle += 1;
             return Ok(DueAction::Recycle(vec![self.to_delay_queue(&message.message_id, &state)]));
@@ -237,6 +245,15 @@ mod tests {
         let second = p.handle_due(&due(send.attributes.clone(), 904_100, 1_806_000)).unwrap();
         // due = 1_000 + 1_925_000 = 1_926_000; now 1_806_000 -> 120 s left.
         assert_eq!(second, DueAction::HandOver(vec![sqs_send("orders", 120, vec![])]));
+    }
+
+    #[test]
+    fn a_state_that_would_wait_past_max_delay_is_refused_not_cycled_forever() {
+        let p = planner();
+        // First sent 10^15 ms from now: corrupt, not something plan() ever wrote.
+        let state = CycleState { cycle: 35, first_sent_ms: Some(1_000_000_000_000_000), delay_ms: 1_925_000, destination: "orders".into() };
+        let err = p.handle_due(&due(vec![sqs_attribute(CYCLE_ATTRIBUTE, state.encode())], 1_000, 904_000)).unwrap_err();
+        assert!(err.contains("above max_delay"), "{err}");
     }
 
     #[test]

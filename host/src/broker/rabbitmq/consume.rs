@@ -211,8 +211,7 @@ async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery,
     properties.headers.retain(|name, _| !is_routing_header(name));
     properties.headers.extend(added.iter().map(|(k, v)| (k.clone(), v.clone())));
     let id = properties.message_id.clone().unwrap_or_else(|| format!("a message from {}", delivery.queue));
-    let publish =
-        [Command::Publish { exchange: String::new(), routing_key: queue.to_string(), headers: FieldTable::new(), expiration_ms: None, mandatory: true }];
+    let publish = [Command::forward("", queue)];
     let mut envelope = Envelope { id, body: delivery.body.clone(), headers: FieldTable::new(), properties, stamp_message_id: false };
     match publisher.send(&publish, &envelope).await {
         Err(why) if envelope.properties.user_id.is_some() => {

@@ -21,7 +21,8 @@ pub fn default_management_url(amqp_url: &str) -> Option<String> {
     for node in super::nodes::each(amqp_url) {
         let Ok(uri) = node.parse::<AMQPUri>() else { continue };
         let user = &uri.authority.userinfo;
-        let base = format!("http://{}:{}@{}:15672", user.username, user.password, uri.authority.host);
+        // Written back percent-encoded: a password may hold `@`, `/`, `:` or `,`.
+        let base = format!("http://{}:{}@{}:15672", encode(&user.username), encode(&user.password), uri.authority.host);
         if !bases.contains(&base) {
             bases.push(base);
         }
@@ -152,6 +153,8 @@ impl Management {
 fn endpoint(url: &str) -> Result<Endpoint, String> {
     let (scheme, rest) = url.split_once("://").ok_or("management URL needs http:// or https://")?;
     let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    // URL credentials are percent-encoded; Basic authentication wants them as they are.
+    let credentials = percent_encoding::percent_decode_str(credentials).decode_utf8().map_err(|_| "management URL credentials are not UTF-8 once decoded")?;
     Ok(Endpoint { base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization: format!("Basic {}", BASE64.encode(credentials.as_bytes())) })
 }
 
@@ -178,6 +181,16 @@ mod tests {
         let urls = "amqp://u:p@a:5672/%2f,amqp://u:p@b:5672/%2f,amqp://u:p@a:5673/%2f";
         assert_eq!(default_management_url(urls).as_deref(), Some("http://u:p@a:15672,http://u:p@b:15672"));
         assert_eq!(vhost_of("amqp://u:p@a:5672/orders,amqp://u:p@b:5672/orders"), "orders");
+    }
+
+    #[test]
+    fn credentials_with_url_characters_reach_the_api_as_they_are() {
+        // The AMQP URL's password is `p,w@x/y` (percent-encoded where it must be).
+        let management = default_management_url("amqp://u:p,w%40x%2Fy@a:5672/%2f").unwrap();
+        assert_eq!(management, "http://u:p%2Cw%40x%2Fy@a:15672");
+        let endpoint = endpoint(&management).unwrap();
+        assert_eq!(endpoint.base, "http://a:15672", "no credentials in what errors quote");
+        assert_eq!(endpoint.authorization, format!("Basic {}", BASE64.encode("u:p,w@x/y")));
     }
 
     #[test]

@@ -42,9 +42,20 @@ fn mark(node: &str, failed: bool) {
     }
 }
 
-/// The node URLs in a setting, in order (blanks between commas skipped).
+/// The node URLs in a setting, in order (blanks between commas skipped). A
+/// comma separates nodes only where a URL with a scheme follows: a password
+/// may hold a raw comma (`amqp://u:p,w@host`), and it stays in its URL.
 pub fn each(urls: &str) -> impl Iterator<Item = &str> {
-    urls.split(',').map(str::trim).filter(|url| !url.is_empty())
+    let starts_url = |rest: &str| {
+        let rest = rest.trim_start();
+        rest.split_once("://").is_some_and(|(scheme, _)| {
+            scheme.starts_with(|c: char| c.is_ascii_alphabetic()) && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        })
+    };
+    let mut cuts = vec![0];
+    cuts.extend(urls.match_indices(',').map(|(at, _)| at + 1).filter(|at| starts_url(&urls[*at..]) || urls[*at..].trim().is_empty()));
+    cuts.push(urls.len() + 1);
+    cuts.windows(2).map(move |pair| urls[pair[0]..pair[1] - 1].trim()).filter(|url| !url.is_empty()).collect::<Vec<_>>().into_iter()
 }
 
 /// The first node: where the vhost and the user are read from (every node has the same).
@@ -71,6 +82,8 @@ pub fn with_frame_max(urls: &str, frame_max: u32) -> String {
         .join(",")
 }
 
+/// One URL with its password replaced by `***`. Text that is not a URL with
+/// a scheme is not shown at all: it may be the tail of a password.
 fn redact_one(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
@@ -80,7 +93,8 @@ fn redact_one(url: &str) -> String {
                 None => url.to_string(),
             }
         }
-        _ => url.to_string(),
+        (Some(_), _) => url.to_string(),
+        (None, _) => "<not a URL: hidden>".to_string(),
     }
 }
 
@@ -125,6 +139,18 @@ mod tests {
         assert_eq!(redact(urls), "amqp://guest:***@a:5672/%2f,amqp://guest:***@b:5673/%2f");
         assert_eq!(redact("amqp://guest:secret@127.0.0.1:5672/%2f"), "amqp://guest:***@127.0.0.1:5672/%2f");
         assert_eq!(redact("amqps://host/vhost"), "amqps://host/vhost");
+    }
+
+    #[test]
+    fn a_comma_in_a_password_stays_in_its_url_and_is_never_shown() {
+        let urls = "amqp://u:p,w@a:5672/%2f,amqp://u:x,y@b:5672/%2f";
+        assert_eq!(each(urls).collect::<Vec<_>>(), ["amqp://u:p,w@a:5672/%2f", "amqp://u:x,y@b:5672/%2f"]);
+        let uri: lapin::uri::AMQPUri = first(urls).parse().unwrap();
+        assert_eq!(uri.authority.userinfo.password, "p,w");
+        let redacted = redact(urls);
+        assert!(!redacted.contains("p,w") && !redacted.contains("x,y"), "{redacted}");
+        assert_eq!(redacted, "amqp://u:***@a:5672/%2f,amqp://u:***@b:5672/%2f");
+        assert_eq!(redact("u:secret@host"), "<not a URL: hidden>", "fails closed");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::command::{Command, ExchangeKind, FieldTable};
-use crate::headers::is_routing_header;
+use crate::headers::{BCC_HEADER, is_routing_header};
 use crate::message::HeaderValue;
 
 pub use super::batch::CONFIRM_TIMEOUT;
@@ -262,7 +262,7 @@ impl RabbitMqExecutor {
     }
 
     async fn publish(&self, command: &Command, envelope: &Envelope) -> Result<(), ExecutorError> {
-        let Command::Publish { exchange, routing_key, headers, expiration_ms, mandatory } = command else {
+        let Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } = command else {
             return self.apply_one(command).await;
         };
         let invalid = |reason: String| ExecutorError::Invalid(format!("message {}: {reason}", envelope.id));
@@ -271,6 +271,10 @@ impl RabbitMqExecutor {
         message.headers.extend(envelope.headers.iter().chain(headers).map(|(k, v)| (k.clone(), HeaderValue::from(v))));
         if let Some(name) = message.headers.keys().find(|name| is_routing_header(name)) {
             return Err(invalid(format!("header {name:?} would copy the message to other queues; it is never sent")));
+        }
+        // The plan's own extra keys, checked where the plan was converted.
+        if !bcc.is_empty() {
+            message.headers.insert(BCC_HEADER.to_string(), HeaderValue::Array(bcc.iter().map(|key| HeaderValue::Text(key.clone().into_bytes())).collect()));
         }
         // A producer's own message id stays; otherwise the message carries hourglass's.
         if envelope.stamp_message_id && message.message_id.is_none() {

@@ -192,7 +192,7 @@ async fn send_and_answer<S: SendBatch>(sender: &S, queue: &str, url: &str, batch
 }
 
 /// An entry SQS did not accept: the sender's mistake is refused, SQS's own is "unavailable".
-fn entry_failure(queue: &str, failure: &BatchResultErrorEntry) -> ExecutorError {
+pub(super) fn entry_failure(queue: &str, failure: &BatchResultErrorEntry) -> ExecutorError {
     let reason = format!("{}: {}", failure.code(), failure.message().unwrap_or("no message"));
     if failure.sender_fault() {
         ExecutorError::Refused(format!("SQS refused the message to {queue}: {reason}"))

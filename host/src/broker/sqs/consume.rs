@@ -126,11 +126,8 @@ impl<H: Handler> SqsConsumer<H> {
         }
         let mut move_failed: HashMap<String, String> = HashMap::new();
         for (to, entries) in moves {
-            let ids: Vec<String> = entries.iter().map(|(entry, _)| entry.id().to_string()).collect();
-            match self.executor.send_batches(&to, entries).await {
-                Ok(failed) => move_failed.extend(failed.into_iter().map(|id| (id, format!("SQS did not take the move to {to}")))),
-                Err(err) => move_failed.extend(ids.into_iter().map(|id| (id, err.to_string()))),
-            }
+            let failed = self.executor.send_batches(&to, entries).await;
+            move_failed.extend(failed.into_iter().map(|(id, err)| (id, format!("SQS did not take the move to {to}: {err}"))));
         }
         for (index, message) in messages.iter().enumerate() {
             if matches!(decided[index].0, Outcome::MoveTo { .. }) && !move_failed.contains_key(&index.to_string()) {
@@ -260,25 +257,43 @@ pub(super) fn set_aside_entry(
     extra: &[(String, String)],
     fifo: bool,
 ) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-    let mut attributes: HashMap<String, MessageAttributeValue> = message.message_attributes().cloned().unwrap_or_default();
-    for (name, text) in extra {
-        if attributes.len() >= SQS_MAX_MESSAGE_ATTRIBUTES {
-            tracing::warn!(attribute = %name, "the message set aside already has ten attributes; this one is left off");
-            continue;
+    let message_id = message.message_id().unwrap_or_default();
+    let group = message.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).map_or(message_id, String::as_str);
+    let attributes = message.message_attributes().cloned().unwrap_or_default();
+    let set_aside = SetAside { id: index.to_string(), message_id, group, body: message.body().unwrap_or_default(), attributes };
+    set_aside.entry(extra, fifo)
+}
+
+/// A message to move aside, by its parts: one received, or one out of a bundle.
+pub(super) struct SetAside<'m> {
+    /// The batch entry's id.
+    pub id: String,
+    pub message_id: &'m str,
+    pub group: &'m str,
+    pub body: &'m str,
+    pub attributes: HashMap<String, MessageAttributeValue>,
+}
+
+impl SetAside<'_> {
+    /// See [`set_aside_entry`].
+    pub fn entry(self, extra: &[(String, String)], fifo: bool) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
+        let mut attributes = self.attributes;
+        for (name, text) in extra {
+            if attributes.len() >= SQS_MAX_MESSAGE_ATTRIBUTES {
+                tracing::warn!(attribute = %name, "the message set aside already has ten attributes; this one is left off");
+                continue;
+            }
+            // Reasons quote planner and broker errors: keep them short.
+            let text: String = text.chars().take(1_000).collect();
+            let value = MessageAttributeValue::builder().data_type("String").string_value(text).build().map_err(|e| ExecutorError::Refused(e.to_string()))?;
+            attributes.insert(name.clone(), value);
         }
-        // Reasons quote planner and broker errors: keep them short.
-        let text: String = text.chars().take(1_000).collect();
-        let value = MessageAttributeValue::builder().data_type("String").string_value(text).build().map_err(|e| ExecutorError::Refused(e.to_string()))?;
-        attributes.insert(name.clone(), value);
+        let size = message_size(self.body, &attributes);
+        let mut entry = SendMessageBatchRequestEntry::builder().id(self.id).message_body(self.body).set_message_attributes(Some(attributes));
+        if fifo {
+            entry = entry.message_group_id(self.group).message_deduplication_id(format!("{}-set-aside", self.message_id));
+        }
+        let entry = entry.build().map_err(|e| ExecutorError::Refused(format!("batch entry: {e}")))?;
+        Ok((entry, size))
     }
-    let body = message.body().unwrap_or_default();
-    let size = message_size(body, &attributes);
-    let mut entry = SendMessageBatchRequestEntry::builder().id(index.to_string()).message_body(body).set_message_attributes(Some(attributes));
-    if fifo {
-        let message_id = message.message_id().unwrap_or_default();
-        let group = message.attributes().and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId)).map_or(message_id, String::as_str);
-        entry = entry.message_group_id(group).message_deduplication_id(format!("{message_id}-set-aside"));
-    }
-    let entry = entry.build().map_err(|e| ExecutorError::Refused(format!("batch entry: {e}")))?;
-    Ok((entry, size))
 }

@@ -5,6 +5,8 @@
 //!   `SendMessageBatch` requests.
 //! * [`pump`]: receives messages that fell due on a pumped queue and sends
 //!   them on as their strategy decides.
+//! * [`bundle`]: what a pump sends around again travels several to one SQS
+//!   message, so a visit's requests are shared by more messages.
 //! * [`pumped`]: finds pumped queues by their tag and gives each its
 //!   dead-letter queue and visibility timeout.
 //! * [`consume`]: the consumer under the SQS ingress queue, carrying out a
@@ -13,6 +15,7 @@
 //!   (`content-type` and one JSON `hourglass-properties`), and back.
 
 pub mod batcher;
+pub mod bundle;
 pub mod consume;
 pub mod properties;
 pub mod pump;

@@ -99,8 +99,10 @@ impl SqsExecutor {
     }
 
     /// Messages in `queue` by SQS's approximate counts: visible, in flight and
-    /// delayed (a cycling message is delayed most of its time). `None` when
-    /// the queue is missing or SQS does not answer.
+    /// delayed (a cycling message is delayed most of its time), times the
+    /// messages per SQS message this host's pumps received there lately (a
+    /// bundle counts once in SQS's counts): an estimate, as SQS's own counts
+    /// are. `None` when the queue is missing or SQS does not answer.
     pub async fn queue_depth(&self, queue: &str) -> Option<u64> {
         let url = self.url(queue).await.ok()??;
         count(&self.requests.get_queue_attributes);
@@ -111,7 +113,8 @@ impl SqsExecutor {
         ];
         let output = self.client().get_queue_attributes().queue_url(url).set_attribute_names(Some(counts.to_vec())).send().await.ok()?;
         let attributes = output.attributes()?;
-        Some(counts.iter().filter_map(|name| attributes.get(name)?.parse::<u64>().ok()).sum())
+        let sqs_messages: u64 = counts.iter().filter_map(|name| attributes.get(name)?.parse::<u64>().ok()).sum();
+        Some((sqs_messages as f64 * self.carried_per_message(queue)).round() as u64)
     }
 
     /// Gives `queue` its dead-letter queue, redrive policy and visibility

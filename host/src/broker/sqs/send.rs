@@ -30,6 +30,11 @@ pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
 const SETTABLE_ATTRIBUTES: [&str; 2] = ["DeduplicationScope", "FifoThroughputLimit"];
 /// The delay queue keeps messages at least this long (4 days).
 pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
+/// Room a message sent to a pumped queue keeps below SQS's size limit: its
+/// planner's state grows on later visits (`sqs-cycles` adds the first send's
+/// time and a longer cycle count, about 35 bytes), and a message accepted
+/// right at the limit would otherwise be parked on its first visit.
+pub const PUMPED_HEADROOM_BYTES: usize = 64;
 
 pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
@@ -42,6 +47,11 @@ pub struct SqsExecutor {
     batch_requests: BatchRequests,
     /// First sends, coalesced per target queue.
     batcher: Batcher<BatchRequests>,
+    /// Per pumped queue, messages per SQS message its pumps received lately
+    /// (bundles hold many): what scales SQS's counts into messages.
+    carried: std::sync::Mutex<HashMap<String, f64>>,
+    /// Queues set up as pumped here: first sends to them keep [`PUMPED_HEADROOM_BYTES`].
+    pumped: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// `SendMessageBatch` through the SDK, counted: the pump's onward sends and the batcher's first sends.
@@ -117,7 +127,8 @@ fn attribute(data_type: &str, value: String) -> Result<MessageAttributeValue, Ex
 
 /// Body plus attributes, as SQS counts them against its size limit.
 pub fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> usize {
-    body.len() + attributes.iter().map(|(k, v)| k.len() + v.data_type().len() + v.string_value().map_or(0, str::len)).sum::<usize>()
+    let value = |v: &MessageAttributeValue| v.string_value().map_or(0, str::len) + v.binary_value().map_or(0, |b| b.as_ref().len());
+    body.len() + attributes.iter().map(|(k, v)| k.len() + v.data_type().len() + value(v)).sum::<usize>()
 }
 
 /// The parts of an SQS send command.
@@ -134,14 +145,16 @@ fn checked_send<'c>(
     body: &str,
     base: &BTreeMap<String, FieldValue>,
     properties: &PropertyAttributes,
+    headroom: usize,
 ) -> Result<(SendParts<'c>, HashMap<String, MessageAttributeValue>, usize), ExecutorError> {
     let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
         return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
     };
     let message_attributes = message_attributes(properties, base, attributes)?;
     let size = message_size(body, &message_attributes);
-    if size > SQS_MAX_MESSAGE_BYTES {
-        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}")));
+    if size + headroom > SQS_MAX_MESSAGE_BYTES {
+        let room = if headroom > 0 { format!(", less {headroom} for the state it gathers while it cycles through {queue}") } else { String::new() };
+        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}{room}")));
     }
     Ok((SendParts { queue, delay_seconds, group_id, dedup_id }, message_attributes, size))
 }
@@ -153,8 +166,9 @@ fn checked_entry<'c>(
     body: &str,
     base: &BTreeMap<String, FieldValue>,
     properties: &PropertyAttributes,
+    headroom: usize,
 ) -> Result<(&'c str, SendMessageBatchRequestEntry, usize), ExecutorError> {
-    let (send, message_attributes, size) = checked_send(command, body, base, properties)?;
+    let (send, message_attributes, size) = checked_send(command, body, base, properties, headroom)?;
     let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
     let mut entry = SendMessageBatchRequestEntry::builder()
         .id(id)
@@ -190,11 +204,32 @@ impl SqsExecutor {
         let requests = Arc::<RequestCounts>::default();
         let batch_requests = BatchRequests { client: client.clone(), requests: requests.clone() };
         let batcher = Batcher::new(batch_requests.clone(), send_batch_window);
-        Ok(SqsExecutor { client, urls: Mutex::new(HashMap::new()), requests, batch_requests, batcher })
+        Ok(SqsExecutor { client, urls: Mutex::new(HashMap::new()), requests, batch_requests, batcher, carried: Default::default(), pumped: Default::default() })
     }
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// A pump on `queue` received `messages` in `sqs_messages` SQS messages.
+    pub(super) fn note_carried(&self, queue: &str, sqs_messages: usize, messages: usize) {
+        if sqs_messages == 0 {
+            return;
+        }
+        let ratio = messages as f64 / sqs_messages as f64;
+        let mut carried = self.carried.lock().unwrap_or_else(|p| p.into_inner());
+        // Smoothed over the last receives: first sends (alone) and bundles share a queue.
+        let smoothed = carried.entry(queue.to_string()).or_insert(ratio);
+        *smoothed = 0.8 * *smoothed + 0.2 * ratio;
+    }
+
+    fn is_pumped(&self, queue: &str) -> bool {
+        self.pumped.lock().unwrap_or_else(|p| p.into_inner()).contains(queue)
+    }
+
+    /// Messages per SQS message on `queue` lately (1 where no pump of this host received any).
+    pub(super) fn carried_per_message(&self, queue: &str) -> f64 {
+        self.carried.lock().unwrap_or_else(|p| p.into_inner()).get(queue).copied().unwrap_or(1.0)
     }
 
     /// A queue's URL, looked up once.
@@ -294,7 +329,7 @@ impl SqsExecutor {
         base: &BTreeMap<String, FieldValue>,
         properties: &PropertyAttributes,
     ) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-        checked_entry(id, command, body, base, properties).map(|(_, entry, size)| (entry, size))
+        checked_entry(id, command, body, base, properties, 0).map(|(_, entry, size)| (entry, size))
     }
 
     /// One receive of up to ten messages from `queue` at `url`, with every
@@ -316,10 +351,15 @@ impl SqsExecutor {
     }
 
     /// Sends entries to one queue in batches of at most 10 and 256 KiB.
-    /// Returns the ids of entries SQS did not accept; a queue that does not
-    /// exist (or no longer does) is an error, `Refused`.
-    pub async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Result<Vec<String>, ExecutorError> {
-        let url = self.existing_url(queue).await?;
+    /// Returns the entries that did not go, by id, each with why: `Refused`
+    /// when SQS blames the entry or the queue does not exist (or no longer
+    /// does: the entries not yet sent then), `Unavailable` when it may pass.
+    pub async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Vec<(String, ExecutorError)> {
+        let ids = |entries: &[(SendMessageBatchRequestEntry, usize)]| entries.iter().map(|(e, _)| e.id().to_string()).collect::<Vec<_>>();
+        let url = match self.existing_url(queue).await {
+            Ok(url) => url,
+            Err(err) => return ids(&entries).into_iter().map(|id| (id, err.clone())).collect(),
+        };
         let mut failed = Vec::new();
         let mut batch: Vec<SendMessageBatchRequestEntry> = Vec::new();
         let mut batch_bytes = 0;
@@ -330,22 +370,25 @@ impl SqsExecutor {
             if entries.peek().is_some_and(|(_, next)| fits_in_batch(batch.len(), batch_bytes, *next)) {
                 continue;
             }
-            let ids: Vec<String> = batch.iter().map(|e| e.id().to_string()).collect();
-            match self.batch_requests.send_batch(queue, &url, std::mem::take(&mut batch)).await {
-                Ok(refused) => failed.extend(refused.iter().map(|f| f.id().to_string())),
-                // The queue is gone (deleted since its URL was looked up): no entry can go there.
+            let sent = std::mem::take(&mut batch);
+            let sent_ids: Vec<String> = sent.iter().map(|e| e.id().to_string()).collect();
+            match self.batch_requests.send_batch(queue, &url, sent).await {
+                Ok(refused) => failed.extend(refused.iter().map(|f| (f.id().to_string(), super::batcher::entry_failure(queue, f)))),
+                // The queue is gone (deleted since its URL was looked up): nothing more can go there.
                 Err(err @ ExecutorError::Refused(_)) => {
                     self.urls.lock().await.remove(queue);
-                    return Err(err);
+                    let rest: Vec<(SendMessageBatchRequestEntry, usize)> = entries.collect();
+                    failed.extend(sent_ids.into_iter().chain(ids(&rest)).map(|id| (id, err.clone())));
+                    return failed;
                 }
                 Err(err) => {
                     tracing::warn!(queue, error = %err, "SendMessageBatch failed");
-                    failed.extend(ids);
+                    failed.extend(sent_ids.into_iter().map(|id| (id, err.clone())));
                 }
             }
             batch_bytes = 0;
         }
-        Ok(failed)
+        failed
     }
 }
 
@@ -353,8 +396,11 @@ impl Executor for SqsExecutor {
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         for command in commands {
             match command {
-                Command::SqsEnsureQueue { name, attributes, .. } => {
+                Command::SqsEnsureQueue { name, attributes, pumped } => {
                     self.ensure_queue(name, attributes).await?;
+                    if *pumped {
+                        self.pumped.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
+                    }
                 }
                 other => return Err(ExecutorError::Refused(format!("{other:?} is not an SQS command: the strategy is for RabbitMQ"))),
             }
@@ -373,7 +419,11 @@ impl Executor for SqsExecutor {
         let mut sends = Vec::with_capacity(commands.len());
         for command in commands {
             // The batcher gives the entry an id unique within its request.
-            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties)?;
+            let headroom = match command {
+                Command::SqsSend { queue, .. } if self.is_pumped(queue) => PUMPED_HEADROOM_BYTES,
+                _ => 0,
+            };
+            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, headroom)?;
             let url = self.existing_url(queue).await?;
             sends.push((queue, url, entry, size));
         }
@@ -401,6 +451,13 @@ mod tests {
         let properties = super::super::properties::to_attributes(&typed).unwrap();
         let err = message_attributes(&properties, &headers, &[("a".to_string(), "1".to_string())].into()).unwrap_err().to_string();
         assert!(err.contains("11 attributes; SQS allows 10") && err.contains("content-type"), "{err}");
+    }
+
+    #[test]
+    fn binary_attribute_values_count_toward_the_size_limit() {
+        let blob = MessageAttributeValue::builder().data_type("Binary").binary_value(aws_sdk_sqs::primitives::Blob::new(vec![0u8; 1_000])).build().unwrap();
+        let attributes: HashMap<String, MessageAttributeValue> = [("b".to_string(), blob)].into();
+        assert_eq!(message_size("body", &attributes), 4 + 1 + "Binary".len() + 1_000);
     }
 
     #[test]

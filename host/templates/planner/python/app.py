@@ -55,7 +55,7 @@ class Planner(exports.Planner):
         if step is None:
             raise Err(f"delay {request.delay_ms}ms is above the longest step {Configured.steps.steps[-1]}ms")
         exchange = Configured.steps.step_name(step) if step else ""
-        return t.DelayPlan([t.Command_Publish(t.Publish(exchange, request.destination, [], None, True))], step)
+        return t.DelayPlan([t.Command_Publish(t.Publish(exchange, request.destination, [], [], None, True))], step)
 
     def handle_due(self, message):
         raise Err("{{name}} is not pump-driven")

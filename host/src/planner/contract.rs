@@ -1,0 +1,167 @@
+//! The contract versions a planner may be built against, behind one face:
+//! [`ContractPre`] picks the version a component implements, and each call
+//! on a [`Contract`] answers in the current version's types.
+
+use wasmtime::Store;
+use wasmtime::component::{ComponentType, InstancePre, Linker, Lower, TypedFunc};
+
+use super::bindings::hourglass::planner::{diagnostics, types as wit};
+use super::bindings::v0_1::hourglass::planner::{diagnostics as diagnostics_v0_1, types as wit_v0_1};
+use super::bindings::{PlannerWorld, PlannerWorldPre, v0_1};
+use super::instance::StoreState;
+use super::upgrade;
+
+/// The contract's `plan-request`, borrowing the host's strings: lowering
+/// copies them straight into the planner's memory, without the owned copy of
+/// each that the generated `wit::PlanRequest` would need first. It is the
+/// same record in every version.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct PlanRequestRef<'a> {
+    pub destination: &'a str,
+    #[component(name = "delay-ms")]
+    pub delay_ms: u64,
+    #[component(name = "message-id")]
+    pub message_id: &'a str,
+    #[component(name = "routing-key")]
+    pub routing_key: Option<&'a str>,
+}
+
+/// `plan` typed with the borrowing request, in a version's result types.
+type PlanFunc<'a, P> = TypedFunc<(PlanRequestRef<'a>,), (Result<P, String>,)>;
+
+// The shared types interfaces have no functions; bindgen still asks for their traits.
+impl wit::Host for StoreState {}
+impl wit_v0_1::Host for StoreState {}
+
+impl diagnostics::Host for StoreState {
+    fn report_panic(&mut self, message: String) {
+        self.panic_message = Some(message);
+    }
+}
+
+impl diagnostics_v0_1::Host for StoreState {
+    fn report_panic(&mut self, message: String) {
+        self.panic_message = Some(message);
+    }
+}
+
+/// What the host gives a planner of any version (only diagnostics).
+pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    use wasmtime::component::HasSelf;
+    PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)?;
+    v0_1::PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)
+}
+
+/// A pre-linked planner and the contract version it implements.
+pub(crate) enum ContractPre {
+    Current(PlannerWorldPre<StoreState>),
+    V0_1(v0_1::PlannerWorldPre<StoreState>),
+}
+
+impl ContractPre {
+    /// The newest version the component implements; the error says why neither fits.
+    pub fn new(pre: InstancePre<StoreState>) -> Result<ContractPre, String> {
+        let current = match PlannerWorldPre::new(pre.clone()) {
+            Ok(current) => return Ok(ContractPre::Current(current)),
+            Err(err) => err,
+        };
+        v0_1::PlannerWorldPre::new(pre).map(ContractPre::V0_1).map_err(|old| format!("as 0.2.0: {current:#}; as 0.1.0: {old:#}"))
+    }
+
+    /// An instance; its `plan` is type-checked once here against [`PlanRequestRef`].
+    pub fn instantiate(&self, store: &mut Store<StoreState>) -> wasmtime::Result<Result<Contract, String>> {
+        let world = match self {
+            ContractPre::Current(pre) => World::Current(pre.instantiate(&mut *store)?),
+            ContractPre::V0_1(pre) => World::V0_1(pre.instantiate(&mut *store)?),
+        };
+        let checked = match &world {
+            World::Current(world) => {
+                world.hourglass_planner_planner().func_plan().func().typed::<(PlanRequestRef<'static>,), (Result<wit::DelayPlan, String>,)>(&*store).map(drop)
+            }
+            World::V0_1(world) => world
+                .hourglass_planner_planner()
+                .func_plan()
+                .func()
+                .typed::<(PlanRequestRef<'static>,), (Result<wit_v0_1::DelayPlan, String>,)>(&*store)
+                .map(drop),
+        };
+        Ok(checked.map(|()| Contract { world }).map_err(|e| format!("its plan does not have the contract's types: {e:#}")))
+    }
+}
+
+/// An instantiated planner; every answer comes in the current version's
+/// types. Made only by [`ContractPre::instantiate`], which checks the types
+/// `plan` is called with.
+pub(crate) struct Contract {
+    world: World,
+}
+
+enum World {
+    Current(PlannerWorld),
+    V0_1(v0_1::PlannerWorld),
+}
+
+type Answer<T> = wasmtime::Result<Result<T, String>>;
+
+impl Contract {
+    pub fn describe(&self, store: &mut Store<StoreState>) -> wasmtime::Result<wit::PlannerInfo> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_describe(store),
+            World::V0_1(w) => w.hourglass_planner_planner().call_describe(store).map(upgrade::info),
+        }
+    }
+
+    pub fn configure(&self, store: &mut Store<StoreState>, config_json: &str) -> Answer<wit::DelayRange> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_configure(store, config_json),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_configure(store, config_json)?.map(upgrade::delay_range)),
+        }
+    }
+
+    pub fn topology(&self, store: &mut Store<StoreState>) -> Answer<Vec<wit::Command>> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_topology(store),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_topology(store)?.map(upgrade::commands)),
+        }
+    }
+
+    pub fn destination_setup(&self, store: &mut Store<StoreState>, destination: &str) -> Answer<Vec<wit::Command>> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_destination_setup(store, destination),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_destination_setup(store, destination)?.map(upgrade::commands)),
+        }
+    }
+
+    pub fn plan(&self, store: &mut Store<StoreState>, request: PlanRequestRef<'_>) -> Answer<wit::DelayPlan> {
+        // SAFETY (both arms): `ContractPre::instantiate` type-checked this
+        // instance's `plan` against these parameter and result types (the
+        // lifetime aside, which the check does not depend on).
+        match &self.world {
+            World::Current(w) => {
+                let plan = unsafe { PlanFunc::<wit::DelayPlan>::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
+                plan.call(store, (request,)).map(|(result,)| result)
+            }
+            World::V0_1(w) => {
+                let plan = unsafe { PlanFunc::<wit_v0_1::DelayPlan>::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
+                plan.call(store, (request,)).map(|(result,)| result.map(upgrade::delay_plan))
+            }
+        }
+    }
+
+    pub fn handle_due(&self, store: &mut Store<StoreState>, message: &wit::DueMessage) -> Answer<wit::DueAction> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_handle_due(store, message),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_handle_due(store, &upgrade::due_message(message))?.map(upgrade::due_action)),
+        }
+    }
+
+    pub fn decide_redelivery(&self, store: &mut Store<StoreState>, request: &wit::RedeliveryRequest) -> Answer<wit::RedeliveryDecision> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_decide_redelivery(store, request),
+            World::V0_1(w) => {
+                Ok(w.hourglass_planner_planner().call_decide_redelivery(store, &upgrade::redelivery_request(request))?.map(upgrade::redelivery_decision))
+            }
+        }
+    }
+}
