@@ -10,6 +10,7 @@ pub mod private_node;
 pub mod process;
 pub mod serve;
 pub mod sqs;
+pub mod throttle;
 pub mod vhost;
 
 pub use amqp::*;

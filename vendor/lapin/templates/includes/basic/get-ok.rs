@@ -1,0 +1,1 @@
+/// Server response to `basic.get`, carrying the next message from the queue.

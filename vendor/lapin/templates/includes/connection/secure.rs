@@ -1,0 +1,1 @@
+/// Server challenge for multi-step SASL authentication (e.g. `RABBIT-CR-DEMO`).

@@ -1,0 +1,1 @@
+/// Client response to `connection.start`, providing the chosen security mechanism and initial credentials.

@@ -1,0 +1,1 @@
+/// Server confirmation that the authentication secret has been successfully updated.
