@@ -20,7 +20,7 @@ use hourglass::config::Config;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
-use support::{declare_queue, ingress_config_text, publish_to_ingress};
+use support::{CpuClock, declare_queue, ingress_config_text, publish_to_ingress};
 
 /// Messages preloaded for each run.
 const MESSAGES: usize = 20_000;
@@ -44,24 +44,33 @@ async fn preload(channel: &Channel, queue: &str, destination: &str) {
     }
 }
 
-/// Messages per second between the first and the last of `MESSAGES` counted by `done`.
-async fn rate(done: &AtomicUsize) -> f64 {
+/// A drain: messages per second, and CPU per message (µs) of this process and of the broker.
+#[derive(Clone, Copy)]
+struct Drain {
+    rate: f64,
+    own_cpu_us: f64,
+    broker_cpu_us: f64,
+}
+
+/// The drain between the first and the last of `MESSAGES` counted by `done`.
+async fn rate(done: &AtomicUsize) -> Drain {
     let deadline = Instant::now() + Duration::from_secs(300);
     while done.load(Ordering::Relaxed) == 0 {
         assert!(Instant::now() < deadline, "nothing was processed");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let (first, start) = (done.load(Ordering::Relaxed), Instant::now());
+    let (first, start, cpu) = (done.load(Ordering::Relaxed), Instant::now(), CpuClock::now());
     while done.load(Ordering::Relaxed) < MESSAGES {
         assert!(Instant::now() < deadline, "only {} of {MESSAGES} processed", done.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    (MESSAGES - first) as f64 / start.elapsed().as_secs_f64()
+    let (own_cpu_us, broker_cpu_us) = CpuClock::now().per_message_since(&cpu, MESSAGES - first);
+    Drain { rate: (MESSAGES - first) as f64 / start.elapsed().as_secs_f64(), own_cpu_us, broker_cpu_us }
 }
 
 /// The baseline: consume with `prefetch`, publish each to `target` with a
 /// confirm (persistent, mandatory), ack once confirmed; `prefetch` in flight.
-async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), prefetch: u16, headers: Option<FieldTable>) -> f64 {
+async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), prefetch: u16, headers: Option<FieldTable>) -> Drain {
     let connection = Connection::connect(url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let consuming = connection.create_channel().await.unwrap();
     let publishing = connection.create_channel().await.unwrap();
@@ -94,7 +103,7 @@ async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), pr
 }
 
 /// hourglass's ingress on `source`, binary levels of `queue_type` and `routing`, with `prefetch`.
-async fn hourglass_ingress(url: &str, source: &str, prefix: &str, (queue_type, routing): (&str, &str), prefetch: u16) -> (f64, Config) {
+async fn hourglass_ingress(url: &str, source: &str, prefix: &str, (queue_type, routing): (&str, &str), prefetch: u16) -> (Drain, Config) {
     // `BENCH_PUBLISH_CHANNELS=N` sweeps the channel count; unset, the default applies.
     let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
     // `BENCH_BITS=N` gives binary-levels N levels instead of its default 28.
@@ -159,9 +168,10 @@ fn bcc_header(keys: &[String]) -> Option<FieldTable> {
     Some(headers)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The median round by rate.
+fn median(mut drains: Vec<Drain>) -> Drain {
+    drains.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    drains[drains.len() / 2]
 }
 
 #[tokio::main]
@@ -173,6 +183,7 @@ async fn main() {
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
+    println!("msg/s, then CPU per message in µs (bench process / broker) of the median round");
     println!("| levels | routing | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (queue_type, routing) in support::level_variants(["classic", "quorum"]) {
@@ -187,7 +198,11 @@ async fn main() {
                 declare_queue(&channel, &source, false).await;
                 declare_queue(&channel, &target, queue_type == "quorum").await;
                 preload(&channel, &source, &destination).await;
-                raw.push(raw_relay(&url, &source, ("", &target), prefetch, None).await);
+                // `BENCH_PROFILE=1` leaves the baselines out, so a profiler sees hourglass alone.
+                let profiling = std::env::var("BENCH_PROFILE").is_ok();
+                if !profiling {
+                    raw.push(raw_relay(&url, &source, ("", &target), prefetch, None).await);
+                }
                 for queue in [&source, &target] {
                     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 }
@@ -205,10 +220,12 @@ async fn main() {
                 let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
                 let Some(hourglass::command::Command::Publish { exchange, routing_key, bcc, .. }) = plan.commands.first() else { panic!("a publish first") };
                 let again = format!("{source}.again");
-                declare_queue(&channel, &again, false).await;
-                preload(&channel, &again, &destination).await;
-                into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch, bcc_header(bcc)).await);
-                channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                if !profiling {
+                    declare_queue(&channel, &again, false).await;
+                    preload(&channel, &again, &destination).await;
+                    into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch, bcc_header(bcc)).await);
+                    channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                }
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();
                 for queue in [source.clone(), format!("{source}.invalid"), destination] {
@@ -218,11 +235,20 @@ async fn main() {
                 }
                 support::delete_topology(&connection.create_channel().await.unwrap(), &config).await;
             }
+            if raw.is_empty() {
+                let ours = median(ours);
+                println!("| {queue_type} | {routing} | {prefetch} | — | — | {:.0} ({:.0} / {:.0}) | — | — |", ours.rate, ours.own_cpu_us, ours.broker_cpu_us);
+                continue;
+            }
             let (raw, into_levels, ours) = (median(raw), median(into_levels), median(ours));
+            let cell = |d: Drain| format!("{:.0} ({:.0} / {:.0})", d.rate, d.own_cpu_us, d.broker_cpu_us);
             println!(
-                "| {queue_type} | {routing} | {prefetch} | {raw:.0} | {into_levels:.0} | {ours:.0} | {:.0} % | {:.0} % |",
-                100.0 * ours / raw,
-                100.0 * ours / into_levels,
+                "| {queue_type} | {routing} | {prefetch} | {} | {} | {} | {:.0} % | {:.0} % |",
+                cell(raw),
+                cell(into_levels),
+                cell(ours),
+                100.0 * ours.rate / raw.rate,
+                100.0 * ours.rate / into_levels.rate,
             );
         }
     }

@@ -1,5 +1,6 @@
-//! Planner call and load costs. Run: `cargo bench -p hourglass --bench planner`.
-//! Method: BENCHMARKS.md.
+//! Planner call and load costs. Run: `cargo bench -p hourglass --bench planner
+//! [PART…]`, parts `languages`, `plan`, `parallel`, `loading` (all when none is
+//! named; `plan` alone suits `valgrind --tool=callgrind`). Method: BENCHMARKS.md.
 
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -103,11 +104,28 @@ fn languages() {
 }
 
 fn main() {
-    languages();
+    let parts: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let wanted = |part: &str| parts.is_empty() || parts.iter().any(|p| p == part);
+    if wanted("languages") {
+        languages();
+    }
+    let runtime = PlannerRuntime::new(PlannerLimits::default(), None).unwrap();
+    if wanted("plan") {
+        plan_against_native(&runtime);
+    }
+    if wanted("parallel") {
+        parallel(&runtime);
+    }
+    if wanted("loading") {
+        loading();
+    }
+}
+
+/// plan() of binary-levels through the component and natively, same delays.
+fn plan_against_native(runtime: &PlannerRuntime) {
     let delays = [10_000u64, 1_925_000, 86_400_000, 0, 268_435_455_000];
 
     // plan() through the component, as the host calls it.
-    let runtime = PlannerRuntime::new(PlannerLimits::default(), None).unwrap();
     let planner = runtime.load(&PlannerSource::Builtin("binary-levels"), "{}".into()).unwrap();
     let mut i = 0;
     let wasm = measure(21, 20_000, || {
@@ -138,7 +156,9 @@ fn main() {
     show("  through WebAssembly (host call, checks, conversion)", wasm);
     show("  native Rust, same logic", native);
     println!("{:<52} {:>10.1} x", "  ratio", wasm / native);
+}
 
+fn parallel(runtime: &PlannerRuntime) {
     // Parallel calls: two strategies (each its own pool), one thread vs two;
     // and the same two threads behind one lock, as every call was before pools.
     let strategies = [
@@ -164,7 +184,9 @@ fn main() {
     rate("  two threads, both on binary-levels (its pool)", two_threads_same);
     rate("  two threads behind one lock (before pools)", two_threads_locked);
     println!("{:<52} {:>10.2} x", "  two threads / one thread", two_threads / one_thread);
+}
 
+fn loading() {
     // Loading: compile from scratch vs load the cached compiled component.
     let cache = std::env::temp_dir().join(format!("hourglass-bench-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);

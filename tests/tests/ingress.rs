@@ -370,6 +370,98 @@ async fn a_handler_panicking_on_a_message_requeues_it_then_sets_it_aside_and_goe
     }
 }
 
+/// A handler that holds the body "slow" until told what to do with it, and acks the rest at once.
+struct Gated {
+    queue: String,
+    /// Every settled delivery: body, whether it was a redelivery, and how it settled.
+    settled: tokio::sync::mpsc::UnboundedSender<(String, bool, Settled)>,
+    /// The outcome for "slow", once given.
+    gate: tokio::sync::watch::Receiver<Option<Outcome>>,
+}
+
+impl Handler for Gated {
+    type Note = (String, bool);
+
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    fn prefetch(&self) -> u16 {
+        64
+    }
+
+    fn declarations(&self) -> Vec<Command> {
+        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() }]
+    }
+
+    async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, (String, bool)) {
+        let body = String::from_utf8_lossy(&delivery.body).into_owned();
+        let outcome = match (body.as_str(), delivery.redelivered) {
+            ("slow", false) => {
+                let mut gate = self.gate.clone();
+                gate.wait_for(Option::is_some).await.expect("the test holds the gate").clone().expect("given")
+            }
+            _ => Outcome::Ack,
+        };
+        (outcome, (body, delivery.redelivered))
+    }
+
+    fn poisoned(&self, _delivery: &hourglass::message::Delivery, _reason: &str) -> Outcome {
+        Outcome::Requeue
+    }
+
+    fn settled(&self, note: Option<(String, bool)>, _outcome: &Outcome, settled: &Settled) {
+        if let Some((body, redelivered)) = note {
+            let _ = self.settled.send((body, redelivered, settled.clone()));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_of_the_messages_behind_a_slow_one_never_cover_it() {
+    // The consumer acks many finished deliveries with one multiple ack. Were
+    // the slow message covered by the acks of those behind it, its requeue
+    // below would name an unknown delivery tag: the broker would close the
+    // channel and the message, acked unhandled, would never come back.
+    let (settled, mut settled_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (open_gate, gate) = tokio::sync::watch::channel(None);
+    let handler = Arc::new(Gated { queue: unique("acks-in"), settled, gate });
+    let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
+    let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
+    consumer.declare().await.expect("declares its queue");
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    publish(&channel, &handler.queue, "slow", vec![], BasicProperties::default()).await;
+    let behind: Vec<String> = (0..40).map(|i| format!("fast-{i}")).collect();
+    for body in &behind {
+        publish(&channel, &handler.queue, body, vec![], BasicProperties::default()).await;
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(consumer.clone().run(stopped));
+
+    // The ones behind are acked while the slow one is still in hand (acked alone after a short wait).
+    let first = receive_within(&mut settled_rx, behind.len(), Duration::from_secs(15), &handler.queue).await;
+    let mut bodies: Vec<&str> = first.iter().map(|(body, _, _)| body.as_str()).collect();
+    bodies.sort_by_key(|body| body.trim_start_matches("fast-").parse::<u32>().unwrap_or(u32::MAX));
+    assert_eq!(bodies, behind.iter().map(String::as_str).collect::<Vec<_>>(), "all behind the slow one, each once");
+    assert!(first.iter().all(|(_, redelivered, how)| !redelivered && *how == Settled::Acked), "{first:?}");
+
+    open_gate.send(Some(Outcome::Requeue)).unwrap();
+    let again = receive_within(&mut settled_rx, 2, Duration::from_secs(15), &handler.queue).await;
+    assert_eq!(again[0], ("slow".to_string(), false, Settled::Requeued), "requeued, on a channel still open");
+    assert_eq!(again[1], ("slow".to_string(), true, Settled::Acked), "the broker gave it back: it was never acked by the others");
+    until("the queue drained", Duration::from_secs(5), async || queue_depth(&channel, &handler.queue).await == 0).await;
+    assert!(consumer.is_consuming(), "the consumer kept its channel");
+    if let Ok(Some(extra)) = tokio::time::timeout(Duration::from_millis(500), settled_rx.recv()).await {
+        panic!("nothing else is delivered again: {extra:?}");
+    }
+
+    stop.send(true).unwrap();
+    running.await.unwrap();
+    channel.queue_delete(handler.queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+}
+
 /// The management API: `method` on `path` with a JSON body.
 fn management(method: &str, path: &str, body: Option<serde_json::Value>) {
     use base64::Engine;

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::time::Duration;
 
 use hourglass::broker::{Broker, amqp_url};
 use hourglass::command::Command;
@@ -168,4 +169,44 @@ pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &st
          [service.canary]\nenabled = false\n\
          [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
     )
+}
+
+/// CPU time (user + system) this process and the broker's processes (every
+/// `beam.smp` on the machine) have used so far: what a phase cost each side.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuClock {
+    pub own: Duration,
+    pub broker: Duration,
+}
+
+impl CpuClock {
+    pub fn now() -> CpuClock {
+        let broker = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|comm| comm.trim() == "beam.smp"))
+            .map(|entry| cpu_of(&entry.path().join("stat")))
+            .sum();
+        CpuClock { own: cpu_of(Path::new("/proc/self/stat")), broker }
+    }
+
+    /// Microseconds of CPU per message, (own, broker), since `earlier`.
+    pub fn per_message_since(&self, earlier: &CpuClock, messages: usize) -> (f64, f64) {
+        let per = |now: Duration, then: Duration| now.saturating_sub(then).as_secs_f64() * 1e6 / messages.max(1) as f64;
+        (per(self.own, earlier.own), per(self.broker, earlier.broker))
+    }
+}
+
+/// utime + stime of a `/proc/<pid>/stat`, zero if it is gone.
+fn cpu_of(stat: &Path) -> Duration {
+    let Ok(text) = std::fs::read_to_string(stat) else { return Duration::ZERO };
+    // The command name, in parentheses, may hold spaces: count fields after it.
+    let Some(after_name) = text.rsplit_once(')').map(|(_, rest)| rest) else { return Duration::ZERO };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); the first after the name is field 3.
+    let ticks: u64 = fields.get(11..13).into_iter().flatten().filter_map(|f| f.parse::<u64>().ok()).sum();
+    // SAFETY: sysconf only reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_nanos(ticks * 1_000_000_000 / per_second)
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use lapin::ConnectionProperties;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use tokio::sync::watch;
 
@@ -40,6 +40,7 @@ use crate::headers::is_routing_header;
 pub use crate::message::Handler;
 use crate::message::{Delivery, Headers, Outcome, Settled};
 
+use super::acks::Acks;
 use super::convert::from_amqp_delivery;
 use super::link::CONNECT_TIMEOUT;
 use super::nodes::{self, redact};
@@ -129,10 +130,17 @@ impl<H: Handler> Consumer<H> {
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
         let publisher = self.publisher.as_ref();
-        let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| async move {
-            match delivery {
-                Ok(delivery) => self.process(delivery, publisher).await,
-                Err(err) => tracing::warn!(error = %err, "delivery failed"),
+        let acks = &Acks::default();
+        let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| {
+            // In hand from here, in delivery order: no multiple ack may cover it before it is done.
+            if let Ok(delivery) = &delivery {
+                acks.taken(delivery.delivery_tag);
+            }
+            async move {
+                match delivery {
+                    Ok(delivery) => self.process(delivery, publisher, acks).await,
+                    Err(err) => tracing::warn!(error = %err, "delivery failed"),
+                }
             }
         });
         tokio::pin!(processing);
@@ -150,7 +158,7 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// One delivery: the handler's decision (a panic caught and counted), carried out.
-    async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor) {
+    async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor, acks: &Acks) {
         let delivery = from_amqp_delivery(self.handler.queue(), &raw);
         let (outcome, note) = match AssertUnwindSafe(self.handler.handle(&delivery)).catch_unwind().await {
             Ok((outcome, note)) => {
@@ -169,28 +177,29 @@ impl<H: Handler> Consumer<H> {
                 }
             }
         };
-        let settled = self.carry_out(&raw, &delivery, &outcome, publisher).await;
+        let settled = self.carry_out(&raw, &delivery, &outcome, publisher, acks).await;
         if let (Outcome::MoveTo { .. }, Settled::Acked | Settled::AckLost) = (&outcome, &settled) {
             self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(&delivery);
         }
         self.handler.settled(note, &outcome, &settled);
     }
 
-    async fn carry_out(&self, raw: &lapin::message::Delivery, delivery: &Delivery, outcome: &Outcome, publisher: &RabbitMqExecutor) -> Settled {
+    async fn carry_out(&self, raw: &lapin::message::Delivery, delivery: &Delivery, outcome: &Outcome, publisher: &RabbitMqExecutor, acks: &Acks) -> Settled {
+        let tag = raw.delivery_tag;
         match outcome {
-            Outcome::Ack => ack(raw).await,
+            Outcome::Ack => acks.ack(tag, &raw.acker).await,
             Outcome::Requeue => {
-                requeue(raw).await;
+                acks.alone(tag, requeue(raw)).await;
                 Settled::Requeued
             }
             Outcome::MoveTo { queue, headers, reason } => match move_to(publisher, queue, delivery, headers).await {
                 Ok(()) => {
                     tracing::info!(from = %delivery.queue, to = %queue, %reason, "message set aside");
-                    ack(raw).await
+                    acks.ack(tag, &raw.acker).await
                 }
                 Err(err) => {
                     tracing::warn!(from = %delivery.queue, to = %queue, error = %err, "could not set a message aside; requeued it");
-                    requeue(raw).await;
+                    acks.alone(tag, requeue(raw)).await;
                     Settled::MoveFailed(err.to_string())
                 }
             },
@@ -227,14 +236,6 @@ async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery,
 async fn requeue(delivery: &lapin::message::Delivery) {
     tokio::time::sleep(REQUEUE_PAUSE).await;
     delivery.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.ok();
-}
-
-/// Acks; an ack that could not be sent means the broker will deliver the message again.
-async fn ack(delivery: &lapin::message::Delivery) -> Settled {
-    match delivery.acker.ack(BasicAckOptions::default()).await {
-        Ok(true) => Settled::Acked,
-        _ => Settled::AckLost,
-    }
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

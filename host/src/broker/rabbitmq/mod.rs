@@ -7,11 +7,13 @@
 //! * [`nodes`]: several cluster nodes behind one URL setting; every connection fails over between them.
 //! * [`convert`]: neutral properties and headers to and from AMQP.
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
+//! * [`acks`]: a consume channel's acks, many finished deliveries in one.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`verify`]: compares a broker with a strategy's topology.
 //! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
 //! * [`take`]: takes messages off a queue unacked, one `basic.get` at a time (transfer).
 
+pub mod acks;
 pub mod batch;
 pub mod channels;
 pub mod consume;
