@@ -27,8 +27,10 @@ async fn burst(connection: &Connection, url: &str, (queue_type, routing): (&str,
     }
     // `BENCH_PREFETCH=N` sets the ingress's prefetch (the ingress table comes last, so it is appended).
     let prefetch = std::env::var("BENCH_PREFETCH").map(|n| format!("prefetch = {n}\n")).unwrap_or_default();
-    let text =
-        ingress_config_text(url, &format!("bench-burst-{run}"), &ingress, &format!("queue_type = \"{queue_type}\"\nrouting = \"{routing}\"\n"), "") + &prefetch;
+    // `BENCH_UNIT=100ms` sets binary-levels' unit (default 1 s: a delay rounds up to whole seconds).
+    let unit = std::env::var("BENCH_UNIT").map(|u| format!("unit = \"{u}\"\n")).unwrap_or_default();
+    let strategy = format!("queue_type = \"{queue_type}\"\nrouting = \"{routing}\"\n{unit}");
+    let text = ingress_config_text(url, &format!("bench-burst-{run}"), &ingress, &strategy, "") + &prefetch;
     let config = Config::parse(Path::new("bench.toml"), text).expect("bench config");
     let served = Served::start(config.clone()).await;
     // Each body is its due time (the send time plus the delay): lateness is measured from the producer's send.
