@@ -78,6 +78,9 @@ pub struct BinaryLevels {
     /// Where `plan` publishes, made once: the delivery exchange for no delay,
     /// then level `L`'s exchange at `L + 1`.
     entries: Vec<String>,
+    /// Each level's direct key (`bit:N`), made once: formatting is most of a
+    /// plan's cost in WebAssembly, and a plan names up to every level.
+    bit_keys: Vec<String>,
 }
 
 impl BinaryLevels {
@@ -164,7 +167,11 @@ impl BinaryLevels {
 
     /// The delivery exchange's key for a destination, with direct routing.
     fn destination_key(destination: &str) -> String {
-        format!("to:{destination}")
+        // Pushed, not formatted: this runs on every plan.
+        let mut key = String::with_capacity(3 + destination.len());
+        key.push_str("to:");
+        key.push_str(destination);
+        key
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), String> {
@@ -258,7 +265,8 @@ impl Planner for BinaryLevels {
         }
         let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1);
         let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
-        let mut planner = BinaryLevels { preset: config.preset, prefix, routing, levels, unit_ms, queue_type, redelivery, entries: Vec::new() };
+        let bit_keys = (0..levels).map(Self::bit_key).collect();
+        let mut planner = BinaryLevels { preset: config.preset, prefix, routing, levels, unit_ms, queue_type, redelivery, entries: Vec::new(), bit_keys };
         planner.entries = std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).collect();
         Ok(planner)
     }
@@ -340,7 +348,7 @@ impl Planner for BinaryLevels {
             Routing::Topic => publish(entry, self.routing_key(units, &request.destination), vec![]),
             Routing::Direct => {
                 // Set bits from the highest down, then the destination: the first is the routing key.
-                let mut keys = (0..self.levels).rev().filter(|level| units >> level & 1 == 1).map(Self::bit_key);
+                let mut keys = (0..self.levels).rev().filter(|level| units >> level & 1 == 1).map(|level| self.bit_keys[level as usize].clone());
                 let destination = Self::destination_key(&request.destination);
                 match keys.next() {
                     None => publish(entry, destination, vec![]),

@@ -26,6 +26,11 @@
 //! register_planner!(Direct);
 //! ```
 
+// One global allocator per program: the `talc` feature (on by default) sets it.
+#[cfg(all(feature = "talc", target_family = "wasm", not(target_feature = "atomics")))]
+#[global_allocator]
+static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+
 mod adapter;
 mod durability;
 mod duration;
