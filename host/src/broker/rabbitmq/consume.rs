@@ -4,9 +4,10 @@
 //! It connects, declares what its handler needs (as [`Command`]s), sets
 //! prefetch, and hands each delivery, converted to a neutral
 //! [`Delivery`], to the handler with at most `prefetch` in flight. The
-//! handler answers with an [`Outcome`] and the consumer carries it out: ack,
-//! requeue, or move the message aside (a confirmed publish, then the ack; a
-//! requeue if the publish fails). Declares and moves go through the
+//! handler answers with an [`Outcome`] and the consumer carries it out: ack
+//! (many finished deliveries in one, see [`super::acks`]), requeue, or move
+//! the message aside (a confirmed publish, then the ack; a requeue if the
+//! publish fails). Declares and moves go through the
 //! [`RabbitMqExecutor`] it is given, the service's own: its channels are
 //! leased per publish, so a channel the broker closes fails only that move,
 //! and no consumer pays for connections of its own (lapin holds 8 MiB of
