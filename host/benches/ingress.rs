@@ -180,6 +180,8 @@ async fn main() {
     let connection = Connection::connect(&url, ConnectionProperties::default()).await.expect("RabbitMQ");
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    // `BENCH_PROFILE=1` leaves the baselines out, so a profiler sees hourglass alone.
+    let profiling = std::env::var("BENCH_PROFILE").is_ok();
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
@@ -198,8 +200,6 @@ async fn main() {
                 declare_queue(&channel, &source, false).await;
                 declare_queue(&channel, &target, queue_type == "quorum").await;
                 preload(&channel, &source, &destination).await;
-                // `BENCH_PROFILE=1` leaves the baselines out, so a profiler sees hourglass alone.
-                let profiling = std::env::var("BENCH_PROFILE").is_ok();
                 if !profiling {
                     raw.push(raw_relay(&url, &source, ("", &target), prefetch, None).await);
                 }

@@ -81,14 +81,13 @@ impl<A: SendAck> Acks<A> {
 
     /// Acks a finished delivery, with others when they are ready too.
     pub async fn ack(&self, tag: u64, acker: &A) -> Settled {
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         {
             let mut state = self.lock();
             state.in_hand.remove(&tag);
             state.finished.insert(tag, Waiting { acker: acker.clone(), reply });
         }
         self.send_ready().await;
-        let mut answer = answer;
         if let Ok(settled) = tokio::time::timeout(STRAGGLER_WAIT, &mut answer).await {
             return settled.unwrap_or(Settled::AckLost);
         }
