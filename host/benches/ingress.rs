@@ -50,6 +50,8 @@ struct Drain {
     rate: f64,
     own_cpu_us: f64,
     broker_cpu_us: f64,
+    /// Context switches of the bench process per message.
+    switches: f64,
 }
 
 /// The drain between the first and the last of `MESSAGES` counted by `done`.
@@ -64,8 +66,10 @@ async fn rate(done: &AtomicUsize) -> Drain {
         assert!(Instant::now() < deadline, "only {} of {MESSAGES} processed", done.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let (own_cpu_us, broker_cpu_us) = CpuClock::now().per_message_since(&cpu, MESSAGES - first);
-    Drain { rate: (MESSAGES - first) as f64 / start.elapsed().as_secs_f64(), own_cpu_us, broker_cpu_us }
+    let now = CpuClock::now();
+    let (own_cpu_us, broker_cpu_us) = now.per_message_since(&cpu, MESSAGES - first);
+    let switches = now.switches_per_message_since(&cpu, MESSAGES - first);
+    Drain { rate: (MESSAGES - first) as f64 / start.elapsed().as_secs_f64(), own_cpu_us, broker_cpu_us, switches }
 }
 
 /// The baseline: consume with `prefetch`, publish each to `target` with a
@@ -168,6 +172,11 @@ fn bcc_header(keys: &[String]) -> Option<FieldTable> {
     Some(headers)
 }
 
+/// A table cell: rate (CPU µs per message, bench process / broker; context switches per message).
+fn cell(d: Drain) -> String {
+    format!("{:.0} ({:.0} / {:.0}; {:.1} cs)", d.rate, d.own_cpu_us, d.broker_cpu_us, d.switches)
+}
+
 /// The median round by rate.
 fn median(mut drains: Vec<Drain>) -> Drain {
     drains.sort_by(|a, b| a.rate.total_cmp(&b.rate));
@@ -185,7 +194,7 @@ async fn main() {
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
     println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
-    println!("msg/s, then CPU per message in µs (bench process / broker) of the median round");
+    println!("msg/s, then CPU per message in µs (bench process / broker) and the bench process's context switches per message, of the median round");
     println!("| levels | routing | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (queue_type, routing) in support::level_variants(["classic", "quorum"]) {
@@ -237,11 +246,10 @@ async fn main() {
             }
             if raw.is_empty() {
                 let ours = median(ours);
-                println!("| {queue_type} | {routing} | {prefetch} | — | — | {:.0} ({:.0} / {:.0}) | — | — |", ours.rate, ours.own_cpu_us, ours.broker_cpu_us);
+                println!("| {queue_type} | {routing} | {prefetch} | — | — | {} | — | — |", cell(ours));
                 continue;
             }
             let (raw, into_levels, ours) = (median(raw), median(into_levels), median(ours));
-            let cell = |d: Drain| format!("{:.0} ({:.0} / {:.0})", d.rate, d.own_cpu_us, d.broker_cpu_us);
             println!(
                 "| {queue_type} | {routing} | {prefetch} | {} | {} | {} | {:.0} % | {:.0} % |",
                 cell(raw),

@@ -177,6 +177,8 @@ pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &st
 pub struct CpuClock {
     pub own: Duration,
     pub broker: Duration,
+    /// Context switches of this process's threads, voluntary and not (`getrusage`).
+    pub own_switches: u64,
 }
 
 impl CpuClock {
@@ -188,7 +190,14 @@ impl CpuClock {
             .filter(|entry| std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|comm| comm.trim() == "beam.smp"))
             .map(|entry| cpu_of(&entry.path().join("stat")))
             .sum();
-        CpuClock { own: cpu_of(Path::new("/proc/self/stat")), broker }
+        CpuClock { own: cpu_of(Path::new("/proc/self/stat")), broker, own_switches: context_switches() }
+    }
+
+    /// This process's context switches per message since `earlier`: each is a
+    /// thread going to sleep or being preempted, so it counts the hand-offs
+    /// between threads a message costs.
+    pub fn switches_per_message_since(&self, earlier: &CpuClock, messages: usize) -> f64 {
+        self.own_switches.saturating_sub(earlier.own_switches) as f64 / messages.max(1) as f64
     }
 
     /// Microseconds of CPU per message, (own, broker), since `earlier`.
@@ -196,6 +205,16 @@ impl CpuClock {
         let per = |now: Duration, then: Duration| now.saturating_sub(then).as_secs_f64() * 1e6 / messages.max(1) as f64;
         (per(self.own, earlier.own), per(self.broker, earlier.broker))
     }
+}
+
+/// Voluntary and involuntary context switches of every thread of this process, ended ones included.
+fn context_switches() -> u64 {
+    // SAFETY: getrusage writes only the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    (usage.ru_nvcsw + usage.ru_nivcsw) as u64
 }
 
 /// utime + stime of a `/proc/<pid>/stat`, zero if it is gone.
