@@ -30,6 +30,7 @@ pub mod builtin;
 mod cache;
 mod contract;
 mod convert;
+mod epoch;
 mod inert_wasi;
 mod instance;
 mod runtime;
@@ -37,7 +38,7 @@ mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
 pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, RedeliveryDecision};
-pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource, engines_created};
+pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource, engines_created, epoch_ticker_asleep};
 
 use std::time::Duration;
 

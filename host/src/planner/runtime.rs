@@ -6,8 +6,8 @@
 //! reloads, pumps, verify and the CLI.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use wasmtime::component::{Component, Linker};
@@ -17,6 +17,7 @@ use super::PlannerError;
 use super::builtin;
 use super::cache::ComponentCache;
 use super::contract::ContractPre;
+use super::epoch::{self, Ticker};
 use super::instance::{LoadedPlanner, StoreState};
 
 /// Epoch ticks bound every planner call; this is their period.
@@ -43,8 +44,24 @@ impl Default for PlannerLimits {
 }
 
 /// Epoch ticks for a wall-clock budget (one more, so a call never gets less).
-pub(crate) fn deadline_ticks(budget: Duration) -> u64 {
+fn deadline_ticks(budget: Duration) -> u64 {
     (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+}
+
+/// The deadline, in epoch ticks, for a call with this `budget` starting now;
+/// the ticker is told, so it ticks (or wakes) until then.
+pub(crate) fn epoch_deadline(budget: Duration) -> u64 {
+    let ticks = deadline_ticks(budget);
+    if let Some(ticker) = TICKER.get() {
+        ticker.keep_ticking(ticks);
+    }
+    ticks
+}
+
+/// Whether the epoch ticker sleeps, no call having needed it for a while
+/// (false before any planner is loaded).
+pub fn epoch_ticker_asleep() -> bool {
+    TICKER.get().is_some_and(|ticker| ticker.is_asleep())
 }
 
 /// Where a planner's component comes from: the binary, or a file.
@@ -82,6 +99,8 @@ impl PlannerSource {
 }
 
 static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+/// Advances `ENGINE`'s epoch while calls need it.
+static TICKER: OnceLock<Arc<Ticker>> = OnceLock::new();
 static ENGINES_CREATED: AtomicUsize = AtomicUsize::new(0);
 
 /// The process's engine, made (with its epoch ticker) on first use.
@@ -94,7 +113,8 @@ fn shared_engine() -> Result<Engine, PlannerError> {
             config.epoch_interruption(true);
             let engine = Engine::new(&config).map_err(|e| e.to_string())?;
             ENGINES_CREATED.fetch_add(1, Ordering::SeqCst);
-            spawn_epoch_ticker(engine.clone());
+            let ticking = engine.clone();
+            TICKER.get_or_init(|| Ticker::start("planner-epoch", EPOCH_TICK, epoch::GRACE, move || ticking.increment_epoch()));
             Ok(engine)
         })
         .clone()
@@ -190,17 +210,4 @@ impl PlannerRuntime {
         let pre = ContractPre::new(pre).map_err(|reason| PlannerError::WrongContract { planner: label.clone(), reason })?;
         LoadedPlanner::start(label, self.engine.clone(), pre, limits, self.instances, config_json)
     }
-}
-
-/// The engine lives as long as the process, and so does its ticker.
-fn spawn_epoch_ticker(engine: Engine) {
-    std::thread::Builder::new()
-        .name("planner-epoch".into())
-        .spawn(move || {
-            loop {
-                engine.increment_epoch();
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
-        .expect("spawn the planner epoch thread");
 }
