@@ -15,7 +15,8 @@
 //! * [`config`] reads `delay.toml`. [`command`] is the broker command
 //!   vocabulary (the WIT types, checked), [`message`] the broker-neutral
 //!   message properties, [`headers`] names every header,
-//!   [`clock`] is Unix-ms time: leaves every layer may use.
+//!   [`clock`] is Unix-ms time, [`backoff`] the jittered waits between
+//!   reconnects and restarts: leaves every layer may use.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
 //!   process, the compiled-component cache, the built-in planners.
 //! * [`scheduler`] takes one message from request to confirmed publish and
@@ -38,6 +39,7 @@
 //!
 //! The `hourglass` binary (`main.rs`, `cli/`) is a thin command line over these.
 
+pub mod backoff;
 pub mod broker;
 pub mod clock;
 pub mod command;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::backoff::Backoff;
 use crate::metrics::Metrics;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
@@ -104,7 +105,7 @@ where
     F: FnMut() -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     while !*stop.borrow() {
         let started = Instant::now();
         task.set_down(None);
@@ -120,16 +121,16 @@ where
             Err(join) => format!("cancelled: {join}"),
         };
         if started.elapsed() >= HEALTHY_RUN {
-            backoff = FIRST_BACKOFF;
+            backoff.reset();
         }
-        tracing::error!(task = %task.name, %reason, restart_in = ?backoff, "background task down; restarting");
+        let wait = backoff.next_wait();
+        tracing::error!(task = %task.name, %reason, restart_in = ?wait, "background task down; restarting");
         metrics.task_restarted(&task.name);
         task.set_down(Some(reason));
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
     task.set_down(Some("stopped".into()));
 }
@@ -194,10 +195,10 @@ mod tests {
         supervisor.spawn("pump:q", None, || async { Err("queue gone".to_string()) });
         until("the failure seen", || supervisor.down().iter().any(|d| d.reason == "queue gone")).await;
         assert_eq!(supervisor.down(), vec![Down { task: "pump:q".into(), reason: "queue gone".into() }]);
-        // Backoff: 250 ms, then 500 ms: two more attempts take at least 0.75 s.
+        // Backoff steps of 250 ms, then 500 ms, each wait at least half its step: two more attempts take at least 0.375 s.
         let started = Instant::now();
         until("two more restarts", || metrics.encode().contains("hourglass_task_restarts_total{task=\"pump:q\"} 3")).await;
-        assert!(started.elapsed() >= Duration::from_millis(700), "restarted after {:?}: no backoff", started.elapsed());
+        assert!(started.elapsed() >= Duration::from_millis(375), "restarted after {:?}: no backoff", started.elapsed());
     }
 
     #[tokio::test]

@@ -35,6 +35,7 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, 
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use tokio::sync::watch;
 
+use crate::backoff::Backoff;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
 use crate::headers::is_routing_header;
@@ -93,21 +94,21 @@ impl<H: Handler> Consumer<H> {
 
     /// Consumes until `stop` turns true, reconnecting with backoff; returns only then.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut retry = FIRST_RETRY;
+        let mut backoff = Backoff::new(FIRST_RETRY, MAX_RETRY);
         while !*stop.borrow() {
             match self.consume(&mut stop).await {
                 Ok(()) => break,
                 Err((was_consuming, err)) => {
                     self.consuming.store(false, Ordering::Relaxed);
                     if was_consuming {
-                        retry = FIRST_RETRY;
+                        backoff.reset();
                     }
-                    tracing::warn!(queue = %self.handler.queue(), error = %err, retry_in = ?retry, "consumer lost; reconnecting");
+                    let wait = backoff.next_wait();
+                    tracing::warn!(queue = %self.handler.queue(), error = %err, retry_in = ?wait, "consumer lost; reconnecting");
                     tokio::select! {
-                        _ = tokio::time::sleep(retry) => {}
+                        _ = tokio::time::sleep(wait) => {}
                         _ = stop.changed() => {}
                     }
-                    retry = (retry * 2).min(MAX_RETRY);
                 }
             }
         }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties};
 
+use crate::backoff::Backoff;
 use crate::broker::ExecutorError;
 
 use super::nodes::{self, redact};
@@ -111,13 +112,14 @@ pub struct Slot {
     name: String,
     current: std::sync::Mutex<Option<Arc<Link>>>,
     /// Held only by the one caller that is connecting.
-    connecting: tokio::sync::Mutex<Backoff>,
+    connecting: tokio::sync::Mutex<Connecting>,
     /// How many connections this slot opened after losing one.
     reconnects: AtomicU64,
 }
 
-struct Backoff {
-    delay: Duration,
+/// The connecting caller's state: when it may try again, and how many links it opened.
+struct Connecting {
+    backoff: Backoff,
     next_attempt: Instant,
     opened: u64,
 }
@@ -131,7 +133,7 @@ impl Slot {
             url: url.to_string(),
             name,
             current: std::sync::Mutex::new(Some(Arc::new(link))),
-            connecting: tokio::sync::Mutex::new(Backoff { delay: FIRST_RETRY, next_attempt: Instant::now(), opened: 1 }),
+            connecting: tokio::sync::Mutex::new(Connecting { backoff: Backoff::new(FIRST_RETRY, MAX_RETRY), next_attempt: Instant::now(), opened: 1 }),
             reconnects: AtomicU64::new(0),
         })
     }
@@ -159,7 +161,7 @@ impl Slot {
             return Ok(link.clone());
         }
         // Single flight: whoever holds the lock connects; everyone else hears "not now".
-        let Ok(mut backoff) = self.connecting.try_lock() else {
+        let Ok(mut connecting) = self.connecting.try_lock() else {
             // A link that is only worn out still works while its successor opens.
             return match current {
                 Some(link) if link.connected() => Ok(link),
@@ -174,14 +176,14 @@ impl Slot {
             return Ok(link.clone());
         }
         let lost = current.as_ref().is_none_or(|link| !link.connected());
-        if lost && Instant::now() < backoff.next_attempt {
+        if lost && Instant::now() < connecting.next_attempt {
             return Err(self.unavailable("connection lost; reconnecting"));
         }
         match Link::open(&self.url, &self.name).await {
             Ok(mut link) => {
-                backoff.opened += 1;
-                link.number = backoff.opened;
-                backoff.delay = FIRST_RETRY;
+                connecting.opened += 1;
+                link.number = connecting.opened;
+                connecting.backoff.reset();
                 let link = Arc::new(link);
                 *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
                 if lost {
@@ -193,8 +195,7 @@ impl Slot {
                 Ok(link)
             }
             Err(err) => {
-                backoff.next_attempt = Instant::now() + backoff.delay;
-                backoff.delay = (backoff.delay * 2).min(MAX_RETRY);
+                connecting.next_attempt = Instant::now() + connecting.backoff.next_wait();
                 Err(err)
             }
         }
