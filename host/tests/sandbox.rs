@@ -108,6 +108,20 @@ fn a_core_module_is_not_a_component() {
     assert!(err.contains("is not a WebAssembly component"), "{err}");
 }
 
+/// A component of some other world (here the smallest: an empty one) fits
+/// neither contract version the host knows, and the error says which it tried.
+#[test]
+fn a_component_fitting_neither_contract_version_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other-world.wasm");
+    // Magic, then the component model's version 0x0d and layer 1: a valid component exporting nothing.
+    std::fs::write(&path, b"\0asm\x0d\0\x01\0").unwrap();
+    let err = common::runtime().load(&PlannerSource::File(path), "{}".into()).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, PlannerError::WrongContract { .. }), "{text}");
+    assert!(text.contains("other-world.wasm") && text.contains("0.2.0") && text.contains("0.1.0"), "{text}");
+}
+
 #[test]
 fn a_missing_file_is_named_in_the_error() {
     let err = common::runtime().load(&PlannerSource::File("/nonexistent/planner.wasm".into()), "{}".into()).unwrap_err().to_string();
