@@ -24,8 +24,8 @@ use support::{CpuClock, declare_queue, ingress_config_text, publish_to_ingress};
 
 /// Messages preloaded for each run.
 const MESSAGES: usize = 20_000;
-/// Rounds of each pair (raw, hourglass); the median is reported.
-const ROUNDS: usize = 3;
+/// Rounds of each baseline and hourglass; medians are reported.
+const ROUNDS: usize = 5;
 
 /// Publishes `MESSAGES` persistent 100-byte messages to `queue` with ingress
 /// headers for `destination` (1 h delays, so nothing is delivered during the run).
@@ -177,6 +177,26 @@ fn cell(d: Drain) -> String {
     format!("{:.0} ({:.0} / {:.0}; {:.1} cs)", d.rate, d.own_cpu_us, d.broker_cpu_us, d.switches)
 }
 
+/// The baseline: preloads a queue, relays it into a queue of `queue_type`, deletes both.
+async fn relay_into_queue(url: &str, channel: &lapin::Channel, prefix: &str, destination: &str, queue_type: &str, prefetch: u16) -> Drain {
+    let (source, target) = (format!("{prefix}.raw-in"), format!("{prefix}.raw-out"));
+    declare_queue(channel, &source, false).await;
+    declare_queue(channel, &target, queue_type == "quorum").await;
+    preload(channel, &source, destination).await;
+    let drain = raw_relay(url, &source, ("", &target), prefetch, None).await;
+    for queue in [&source, &target] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+    }
+    drain
+}
+
+/// The median over rounds of `ours / baseline`, each taken within its round.
+fn median_ratio(ours: &[Drain], baseline: &[Drain]) -> f64 {
+    let mut ratios: Vec<f64> = ours.iter().zip(baseline).map(|(ours, base)| ours.rate / base.rate).collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
 /// The median round by rate.
 fn median(mut drains: Vec<Drain>) -> Drain {
     drains.sort_by(|a, b| a.rate.total_cmp(&b.rate));
@@ -193,27 +213,26 @@ async fn main() {
     let profiling = std::env::var("BENCH_PROFILE").is_ok();
     let prefetches: Vec<u16> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let prefetches = if prefetches.is_empty() { vec![64, 1_000] } else { prefetches };
-    println!("{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; median of {ROUNDS} rounds");
-    println!("msg/s, then CPU per message in µs (bench process / broker) and the bench process's context switches per message, of the median round");
+    println!(
+        "{MESSAGES} persistent 100-byte messages preloaded; binary-levels, 1 h delays; {ROUNDS} rounds, the relay into a queue before hourglass in even rounds and after it in odd ones"
+    );
+    println!(
+        "cells: the median round's msg/s, CPU per message in µs (bench process / broker) and the bench process's context switches per message; ratios: the median of each round's own ratio"
+    );
     println!("| levels | routing | prefetch | raw relay → queue | raw relay → first level | hourglass | ratio to → queue | ratio to → level |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (queue_type, routing) in support::level_variants(["classic", "quorum"]) {
         for &prefetch in &prefetches {
             let (mut raw, mut into_levels, mut ours) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
+            for round in 0..ROUNDS {
                 let run = support::run_id();
                 let destination = format!("bench-ingress-{run}.destination");
                 declare_queue(&channel, &destination, false).await;
-
-                let (source, target) = (format!("bench-ingress-{run}.raw-in"), format!("bench-ingress-{run}.raw-out"));
-                declare_queue(&channel, &source, false).await;
-                declare_queue(&channel, &target, queue_type == "quorum").await;
-                preload(&channel, &source, &destination).await;
-                if !profiling {
-                    raw.push(raw_relay(&url, &source, ("", &target), prefetch, None).await);
-                }
-                for queue in [&source, &target] {
-                    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
+                // Odd rounds run the relay into a queue after hourglass, so a broker that
+                // speeds up or slows down over the run favours neither.
+                let relay_first = round % 2 == 0;
+                if relay_first && !profiling {
+                    raw.push(relay_into_queue(&url, &channel, &format!("bench-ingress-{run}"), &destination, queue_type, prefetch).await);
                 }
 
                 let source = format!("bench-ingress-{run}.in");
@@ -235,6 +254,9 @@ async fn main() {
                     into_levels.push(raw_relay(&url, &again, (exchange, routing_key), prefetch, bcc_header(bcc)).await);
                     channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 }
+                if !relay_first && !profiling {
+                    raw.push(relay_into_queue(&url, &channel, &format!("bench-ingress-{run}"), &destination, queue_type, prefetch).await);
+                }
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();
                 for queue in [source.clone(), format!("{source}.invalid"), destination] {
@@ -249,14 +271,17 @@ async fn main() {
                 println!("| {queue_type} | {routing} | {prefetch} | — | — | {} | — | — |", cell(ours));
                 continue;
             }
+            // Each ratio within its round, then the median: the broker's pace moves between rounds.
+            let to_queue = median_ratio(&ours, &raw);
+            let to_level = median_ratio(&ours, &into_levels);
             let (raw, into_levels, ours) = (median(raw), median(into_levels), median(ours));
             println!(
                 "| {queue_type} | {routing} | {prefetch} | {} | {} | {} | {:.0} % | {:.0} % |",
                 cell(raw),
                 cell(into_levels),
                 cell(ours),
-                100.0 * ours.rate / raw.rate,
-                100.0 * ours.rate / into_levels.rate,
+                100.0 * to_queue,
+                100.0 * to_level,
             );
         }
     }
