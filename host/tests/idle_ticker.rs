@@ -38,7 +38,6 @@ fn a_loop_after_a_quiet_spell_is_stopped_by_its_budget_and_the_ticker_sleeps_aga
         assert!(matches!(err, PlannerError::Timeout { function: "plan", .. }), "{err}");
         // The budget, plus a tick or two and a loaded machine's scheduling.
         assert!(started.elapsed() < Duration::from_secs(2), "stopped after {:?}", started.elapsed());
-        assert!(!epoch_ticker_asleep(), "the call woke the ticker");
         planner.plan(&request("fine")).expect("the next call works");
     }
 }

@@ -4,10 +4,12 @@
 //! the deadline its store was given, so something must advance the epoch while
 //! calls run. A thread ticking forever would wake the process hundreds of
 //! times a second even when it has nothing to do; this one ticks only while a
-//! call may still need it: each call, before it sets its deadline, asks for
+//! call may still need it: each call, once it has set its deadline, asks for
 //! ticks up to that deadline (plus [`GRACE`], so steady traffic never puts the
 //! thread to sleep between calls), and the thread sleeps once they are all
-//! given, until the next call wakes it.
+//! given, until the next call wakes it. What it owes only grows: a call that
+//! ends early still keeps it awake until its whole budget (and the grace) is
+//! over, so after each instance start (`start_timeout`) it ticks that long.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -47,7 +49,7 @@ impl Ticker {
         ticker
     }
 
-    /// Called before a call sets a deadline `ticks` ahead: the thread ticks at
+    /// Called once a call has set a deadline `ticks` ahead: the thread ticks at
     /// least that far from now, woken if it slept.
     pub(crate) fn keep_ticking(&self, ticks: u64) {
         // One more: the engine's epoch may be a tick ahead of the count.
@@ -125,9 +127,10 @@ mod tests {
         assert_eq!(count.load(Ordering::SeqCst), slept_at, "no ticks while asleep");
     }
 
-    /// The race that matters: a call asking just as the thread decides to
-    /// sleep. A lost wake-up would leave a looping planner with no deadline;
-    /// here it would leave `keep_ticking` without its ticks and time out.
+    /// A call asking just as the thread decides to sleep, or after it slept:
+    /// a lost wake-up would leave a looping planner with no deadline; here it
+    /// would leave `keep_ticking` without its ticks and time out. (It guards
+    /// the wake-up; weaker memory orderings would most likely still pass.)
     #[test]
     fn every_call_gets_its_ticks_however_it_meets_the_thread_going_to_sleep() {
         let (ticker, count) = counting(0);
@@ -139,6 +142,8 @@ mod tests {
             ticker.keep_ticking(3);
             wait_for(&format!("3 ticks after asking in round {round}"), || count.load(Ordering::SeqCst) >= before + 3);
         }
+        // Asleep, no tick is under way: every tick made was counted.
+        wait_for("the ticker to sleep", || ticker.is_asleep());
         assert_eq!(ticker.ticks(), count.load(Ordering::SeqCst));
     }
 }

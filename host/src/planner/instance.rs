@@ -8,7 +8,7 @@ use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use super::PlannerError;
 use super::bindings::hourglass::planner::types as wit;
 use super::contract::{Contract, ContractPre, PlanRequestRef};
-use super::runtime::{PlannerLimits, epoch_deadline};
+use super::runtime::{PlannerLimits, set_epoch_deadline};
 use crate::command::{Command, DueAction, DueMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -256,7 +256,7 @@ impl LoadedPlanner {
             StoreState { limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(), panic_message: None };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
-        store.set_epoch_deadline(epoch_deadline(self.limits.start_timeout));
+        set_epoch_deadline(&mut store, self.limits.start_timeout);
         let contract = self
             .pre
             .instantiate(&mut store)
@@ -339,7 +339,7 @@ impl PlannerInstance<'_> {
             self.live = Some(planner.instantiate()?.0);
         }
         let live = self.live.as_mut().expect("just made live");
-        live.store.set_epoch_deadline(epoch_deadline(planner.limits.call_timeout));
+        set_epoch_deadline(&mut live.store, planner.limits.call_timeout);
         match f(&live.contract, &mut live.store) {
             Ok(result) => Ok(result),
             Err(err) => {

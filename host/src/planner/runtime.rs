@@ -48,14 +48,18 @@ fn deadline_ticks(budget: Duration) -> u64 {
     (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
 }
 
-/// The deadline, in epoch ticks, for a call with this `budget` starting now;
-/// the ticker is told, so it ticks (or wakes) until then.
-pub(crate) fn epoch_deadline(budget: Duration) -> u64 {
+/// Gives `store` a deadline `budget` from now, and tells the ticker to tick
+/// until then (waking it if it slept).
+///
+/// In this order: wasmtime counts the deadline from the epoch when it is set,
+/// and the ticker's promise is counted from a tick read after that, so it
+/// always reaches the deadline, however long the thread stalled in between.
+pub(crate) fn set_epoch_deadline<T>(store: &mut wasmtime::Store<T>, budget: Duration) {
     let ticks = deadline_ticks(budget);
+    store.set_epoch_deadline(ticks);
     if let Some(ticker) = TICKER.get() {
         ticker.keep_ticking(ticks);
     }
-    ticks
 }
 
 /// Whether the epoch ticker sleeps, no call having needed it for a while

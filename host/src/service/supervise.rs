@@ -192,11 +192,12 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let (_stop_tx, stop) = watch::channel(false);
         let supervisor = Supervisor::new(metrics.clone(), stop);
+        // Taken before the first attempt, so both waits fall inside the measured span.
+        let started = Instant::now();
         supervisor.spawn("pump:q", None, || async { Err("queue gone".to_string()) });
         until("the failure seen", || supervisor.down().iter().any(|d| d.reason == "queue gone")).await;
         assert_eq!(supervisor.down(), vec![Down { task: "pump:q".into(), reason: "queue gone".into() }]);
         // Backoff steps of 250 ms, then 500 ms, each wait at least half its step: two more attempts take at least 0.375 s.
-        let started = Instant::now();
         until("two more restarts", || metrics.encode().contains("hourglass_task_restarts_total{task=\"pump:q\"} 3")).await;
         assert!(started.elapsed() >= Duration::from_millis(375), "restarted after {:?}: no backoff", started.elapsed());
     }
