@@ -225,20 +225,20 @@ async fn main() {
         for &prefetch in &prefetches {
             let (mut raw, mut into_levels, mut ours) = (Vec::new(), Vec::new(), Vec::new());
             for round in 0..ROUNDS {
-                let run = support::run_id();
-                let destination = format!("bench-ingress-{run}.destination");
+                let prefix = format!("bench-ingress-{}", support::run_id());
+                let destination = format!("{prefix}.destination");
                 declare_queue(&channel, &destination, false).await;
                 // Odd rounds run the relay into a queue after hourglass, so a broker that
                 // speeds up or slows down over the run favours neither.
                 let relay_first = round % 2 == 0;
                 if relay_first && !profiling {
-                    raw.push(relay_into_queue(&url, &channel, &format!("bench-ingress-{run}"), &destination, queue_type, prefetch).await);
+                    raw.push(relay_into_queue(&url, &channel, &prefix, &destination, queue_type, prefetch).await);
                 }
 
-                let source = format!("bench-ingress-{run}.in");
+                let source = format!("{prefix}.in");
                 declare_queue(&channel, &source, false).await;
                 preload(&channel, &source, &destination).await;
-                let (rate, config) = hourglass_ingress(&url, &source, &format!("bench-ingress-{run}"), (queue_type, routing), prefetch).await;
+                let (rate, config) = hourglass_ingress(&url, &source, &prefix, (queue_type, routing), prefetch).await;
                 ours.push(rate);
                 // The same relay again, publishing where hourglass's first hop goes (its
                 // topology is still declared): what the levels cost the broker.
@@ -255,7 +255,7 @@ async fn main() {
                     channel.queue_delete(again.as_str().into(), QueueDeleteOptions::default()).await.ok();
                 }
                 if !relay_first && !profiling {
-                    raw.push(relay_into_queue(&url, &channel, &format!("bench-ingress-{run}"), &destination, queue_type, prefetch).await);
+                    raw.push(relay_into_queue(&url, &channel, &prefix, &destination, queue_type, prefetch).await);
                 }
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();

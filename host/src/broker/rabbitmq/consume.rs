@@ -35,7 +35,6 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, 
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use tokio::sync::watch;
 
-use crate::backoff::Backoff;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
 use crate::headers::is_routing_header;
@@ -44,12 +43,10 @@ use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
-use super::link::CONNECT_TIMEOUT;
+use super::link::{CONNECT_TIMEOUT, reconnect_backoff};
 use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const MAX_RETRY: Duration = Duration::from_secs(5);
 /// How long a message waits before it is requeued (so a broker outage or a
 /// panicking handler is not a hot loop).
 const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
@@ -94,7 +91,7 @@ impl<H: Handler> Consumer<H> {
 
     /// Consumes until `stop` turns true, reconnecting with backoff; returns only then.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut backoff = Backoff::new(FIRST_RETRY, MAX_RETRY);
+        let mut backoff = reconnect_backoff();
         while !*stop.borrow() {
             match self.consume(&mut stop).await {
                 Ok(()) => break,

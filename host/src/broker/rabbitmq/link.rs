@@ -32,8 +32,15 @@ pub const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
 /// channel number lapin will not use again; RabbitMQ allows 2,047 per connection).
 pub const WEAR_LIMIT: usize = 1_000;
 
+/// The first step of the backoff between reconnects (links and consumers alike).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
+/// The longest step of that backoff.
 const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// The waits between attempts to reconnect to RabbitMQ.
+pub fn reconnect_backoff() -> Backoff {
+    Backoff::new(FIRST_RETRY, MAX_RETRY)
+}
 
 /// One connection to the broker.
 pub struct Link {
@@ -133,7 +140,7 @@ impl Slot {
             url: url.to_string(),
             name,
             current: std::sync::Mutex::new(Some(Arc::new(link))),
-            connecting: tokio::sync::Mutex::new(Connecting { backoff: Backoff::new(FIRST_RETRY, MAX_RETRY), next_attempt: Instant::now(), opened: 1 }),
+            connecting: tokio::sync::Mutex::new(Connecting { backoff: reconnect_backoff(), next_attempt: Instant::now(), opened: 1 }),
             reconnects: AtomicU64::new(0),
         })
     }
