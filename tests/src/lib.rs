@@ -4,6 +4,7 @@
 //! A missing broker fails the tests with instructions; it never skips them.
 
 mod amqp;
+pub mod blackhole;
 pub mod cluster;
 pub mod ports;
 pub mod private_node;

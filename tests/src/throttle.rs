@@ -59,7 +59,7 @@ impl Throttle {
 }
 
 /// The `host:port` of `url`, and `url` with 127.0.0.1:`port` in their place.
-fn split_host(url: &str, port: u16) -> (String, String) {
+pub(crate) fn split_host(url: &str, port: u16) -> (String, String) {
     let (scheme, rest) = url.split_once("://").expect("an AMQP URL");
     let (credentials, rest) = rest.rsplit_once('@').map_or(("", rest), |(c, r)| (c, r));
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));

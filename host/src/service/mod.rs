@@ -6,7 +6,8 @@
 //!   nothing is published; a broker that cannot be reached gives `503`.
 //! * [`startup`]: what [`Service::start`] runs for a config — planners,
 //!   broker, topology, and the background tasks: the AMQP [`ingress`] and
-//!   [`redelivery`] consumers and the lateness [`canary`] on RabbitMQ, a pump
+//!   [`redelivery`] consumers, the lateness [`canary`] and the connection
+//!   keeper (`broker-connections`) on RabbitMQ, a pump
 //!   for every pumped queue on SQS, the wall clock of the memory broker, each
 //!   run by the [`supervise`] supervisor, which restarts a task that panicked
 //!   or failed and tells readiness which task is down.
@@ -108,7 +109,7 @@ impl Background {
 #[derive(Debug, serde::Serialize)]
 pub struct Readiness {
     pub ready: bool,
-    /// Whether the broker answers.
+    /// Whether the broker connections are up (and publishing not blocked).
     pub broker: bool,
     /// Every background task that should run and does not, and why.
     pub down: Vec<Down>,
@@ -198,7 +199,8 @@ impl Service {
     }
 
     /// Broker connected and every background task that should run running:
-    /// ingress and redelivery consuming, every pump pumping.
+    /// ingress and redelivery consuming, every pump pumping. Reads state and
+    /// never connects, so a probe with a short timeout always gets its answer.
     pub async fn readiness(&self) -> Readiness {
         let down = self.background.supervisor.down();
         let broker = self.scheduler.executor().is_ready().await;

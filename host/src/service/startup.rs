@@ -1,7 +1,8 @@
 //! Starting the service for a config: planners, broker, topology (applied or
 //! verified), redelivery set-up, configured destinations, and the background
-//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue),
-//! each under the [`Supervisor`](super::supervise::Supervisor).
+//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue,
+//! the RabbitMQ connection keeper), each under the
+//! [`Supervisor`](super::supervise::Supervisor).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,6 +104,7 @@ impl Service {
             pending: Default::default(),
         });
         watch_the_broker(&service);
+        supervise_broker_connections(&service);
         super::pending::spawn_poll(&service);
         if matches!(service.scheduler.executor(), Broker::Memory(_)) {
             let (clocked, stop) = (service.clone(), service.background.stop.subscribe());
@@ -202,6 +204,20 @@ fn watch_the_broker(service: &Arc<Service>) {
         Some(Broker::RabbitMq(rabbitmq)) => vec![("publishing", rabbitmq.open_channels() as i64)],
         _ => Vec::new(),
     }));
+}
+
+/// On RabbitMQ: `broker-connections` reconnects the executor's connections,
+/// which readiness only reads, so an idle host comes back by itself.
+fn supervise_broker_connections(service: &Arc<Service>) {
+    let Broker::RabbitMq(rabbitmq) = service.scheduler.executor() else { return };
+    let (rabbitmq, stop) = (rabbitmq.clone(), service.background.stop.subscribe());
+    service.background.supervisor.spawn("broker-connections", None, move || {
+        let (rabbitmq, stop) = (rabbitmq.clone(), stop.clone());
+        async move {
+            rabbitmq.keep_connected(stop).await;
+            Ok(())
+        }
+    });
 }
 
 /// The canary's probes, sent every `service.canary.every` while the service runs.

@@ -102,7 +102,7 @@ pub async fn page(service: &Service) -> String {
 fn down_list(readiness: &super::Readiness) -> String {
     let mut parts: Vec<String> = readiness.down.iter().map(|d| format!("{} ({})", d.task, d.reason)).collect();
     if !readiness.broker {
-        parts.insert(0, "the broker does not answer".into());
+        parts.insert(0, "not connected to the broker (or it blocked publishing)".into());
     }
     parts.join("; ")
 }

@@ -1,4 +1,5 @@
-//! Supervised background tasks: the AMQP ingress, redelivery, each SQS pump.
+//! Supervised background tasks: the AMQP ingress, redelivery, each SQS pump,
+//! the RabbitMQ connection keeper.
 //!
 //! A task is made by a factory closure, so it can be made again. When it
 //! panics, returns an error, or ends while the service is not stopping, the

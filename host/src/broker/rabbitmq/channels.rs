@@ -132,11 +132,6 @@ impl PublishPool {
         };
         Ok(Lease { pool: self, channel: Some(channel), _permit: permit })
     }
-
-    /// Whether the publishing connection is up and not blocked; reconnects if it is down.
-    pub async fn ready(&self) -> bool {
-        self.slot.link().await.is_ok_and(|link| !link.blocked())
-    }
 }
 
 /// The broker stopped accepting publishes on this connection.

@@ -10,7 +10,8 @@
 //! A [`Slot`] reconnects single-flight: one caller connects (bounded by
 //! [`CONNECT_TIMEOUT`]) while every other caller is told "unavailable" at
 //! once instead of queueing behind it; failed attempts back off from 250 ms
-//! to 5 s.
+//! to 5 s. Readiness only [`Slot::peek`]s; in `serve` a background task
+//! (`RabbitMqExecutor::keep_connected`) reconnects, so no probe waits on a connect.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -154,9 +155,15 @@ impl Slot {
         self.reconnects.load(Ordering::Acquire)
     }
 
-    /// The current link if it is connected, without trying to reconnect.
+    /// The current link if it is connected (lapin's live connection state),
+    /// without trying to reconnect.
     pub fn peek(&self) -> Option<Arc<Link>> {
         self.current.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|link| link.connected())
+    }
+
+    /// Whether [`Self::link`] would open a connection: the current one is lost or worn out.
+    pub fn needs_connecting(&self) -> bool {
+        !self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|link| link.usable())
     }
 
     /// A usable link: the current one, or a new one if it was lost or worn out.
@@ -202,7 +209,9 @@ impl Slot {
                 Ok(link)
             }
             Err(err) => {
-                connecting.next_attempt = Instant::now() + connecting.backoff.next_wait();
+                let wait = connecting.backoff.next_wait();
+                connecting.next_attempt = Instant::now() + wait;
+                tracing::warn!(connection = %self.name, error = %err, retry_in = ?wait, "connecting to RabbitMQ failed");
                 Err(err)
             }
         }

@@ -24,6 +24,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use crate::command::{Command, ExchangeKind, FieldTable};
 use crate::headers::{BCC_HEADER, is_routing_header};
 use crate::message::HeaderValue;
@@ -39,6 +41,11 @@ use crate::broker::{Envelope, Executor, ExecutorError};
 /// The URL used when neither the config nor the environment gives one.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// How often [`RabbitMqExecutor::keep_connected`] looks for a lost or worn-out
+/// connection. Each slot's backoff (250 ms doubling to 5 s) decides when it
+/// may try again, and a look it turns away costs a lock, so this only bounds
+/// how late a recovery starts: half a second, well inside a probe's period.
+pub const KEEP_CONNECTED_EVERY: Duration = Duration::from_millis(500);
 /// How long one declare or passive check may take.
 pub const DECLARE_TIMEOUT: Duration = Duration::from_secs(30);
 /// A content header frame's own bytes besides the properties: frame header
@@ -125,9 +132,35 @@ impl RabbitMqExecutor {
     }
 
     /// Whether the broker can take messages now: both connections up and
-    /// publishing not blocked. Reconnects (with backoff) if not.
+    /// publishing not blocked. Only reads their state, so it answers at once
+    /// (a readiness probe has about a second); [`Self::keep_connected`] reconnects.
     pub async fn is_ready(&self) -> bool {
-        self.publishing.ready().await && self.control.slot().link().await.is_ok()
+        let publishing = self.publishing.slot().peek().is_some_and(|link| !link.blocked());
+        publishing && self.control.slot().peek().is_some()
+    }
+
+    /// Reconnects a lost connection (or replaces a worn-out one) until `stop`
+    /// turns true, so they come back with no traffic to ask for them. Each
+    /// slot's backoff paces the attempts; this only looks every
+    /// [`KEEP_CONNECTED_EVERY`].
+    pub async fn keep_connected(&self, mut stop: watch::Receiver<bool>) {
+        async fn renew(slot: &Slot) {
+            if slot.needs_connecting() {
+                // A failure is logged by the slot and retried on a later look.
+                let _ = slot.link().await;
+            }
+        }
+        let look = async {
+            loop {
+                tokio::join!(renew(self.publishing.slot()), renew(self.control.slot()));
+                tokio::time::sleep(KEEP_CONNECTED_EVERY).await;
+            }
+        };
+        // A connect may hang for CONNECT_TIMEOUT: stop cuts it short.
+        tokio::select! {
+            _ = look => {}
+            _ = stop.wait_for(|stopping| *stopping) => {}
+        }
     }
 
     /// Channels open now (at most the pool's size plus the control channel).
