@@ -2,22 +2,28 @@
 //! list, replay, drop (`hourglass parked`).
 //!
 //! Set aside are: a strategy's parking queue (its delay ended and the
-//! destination was gone), a cancellable strategy's `<release queue>.parked`,
-//! and the ingress's invalid queue. Listing takes each message unacked and
-//! gives it back, so nothing moves; replaying publishes it again (to its
-//! destination, or an invalid message to the ingress) with a confirm, then
-//! acks it; dropping acks it. A message that cannot be replayed (its
-//! destination is still gone) is given back and counted.
+//! destination was gone, or a delay level on its way was missing), a
+//! cancellable strategy's `<release queue>.parked`, and the ingress's invalid
+//! queue. Listing takes each message unacked and gives it back, so nothing
+//! moves; replaying publishes it again (to its destination, through its
+//! strategy again if it is not due yet, or an invalid message to the
+//! ingress) with a confirm, then acks it; dropping acks it. A message that
+//! cannot be replayed (its destination is still gone) is given back and
+//! counted.
+
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
 
 use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
+use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable};
 use crate::config::Config;
-use crate::headers::{DUE_AT_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
+use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
 use crate::message::{Delivery, HeaderValue};
-use crate::scheduler::Scheduler;
+use crate::scheduler::validate::is_death_record;
+use crate::scheduler::{ScheduleRequest, Scheduler};
 
 /// A queue of set-aside messages, and where its messages go when replayed.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -53,31 +59,50 @@ pub struct ParkedMessage {
 }
 
 impl ParkedMessage {
-    fn of(delivery: &Delivery) -> ParkedMessage {
-        let headers = &delivery.properties.headers;
-        let text = |name: &str| headers.get(name).and_then(|v| v.as_text());
-        let reason = text(PARKED_REASON_HEADER).or_else(|| text(INVALID_REASON_HEADER)).or_else(|| dead_letter_reason(delivery));
+    /// The message as listed at `now_ms` (whether it is due yet changes its reason).
+    fn of(delivery: &Delivery, now_ms: u64) -> ParkedMessage {
+        let text = |name: &str| header_text(delivery, name);
+        let due_at_ms = due_at(delivery);
+        let reason = text(PARKED_REASON_HEADER).or_else(|| text(INVALID_REASON_HEADER)).or_else(|| dead_letter_reason(delivery, due_at_ms, now_ms));
         ParkedMessage {
             queue: delivery.queue.clone(),
             message_id: delivery.properties.message_id.clone(),
             destination: text(TARGET_HEADER),
-            due_at_ms: headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()),
+            due_at_ms,
             reason,
             bytes: delivery.body.len(),
         }
     }
 }
 
+fn header_text(delivery: &Delivery, name: &str) -> Option<String> {
+    delivery.properties.headers.get(name).and_then(|v| v.as_text())
+}
+
+/// The message's `hourglass-due-at` (Unix ms), if it has one.
+fn due_at(delivery: &Delivery) -> Option<u64> {
+    delivery.properties.headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok())
+}
+
 /// Parked through an alternate exchange, a message carries no reason of
-/// hourglass's; its last death record says where it came from.
-fn dead_letter_reason(delivery: &Delivery) -> Option<String> {
+/// hourglass's. Its due time says whether its delay had ended (the
+/// destination was gone) or not (a delay level's queue was missing, so a
+/// level's hold exchange parked it); its last death record says where it
+/// came from, and none means it was parked as it was published.
+fn dead_letter_reason(delivery: &Delivery, due_at_ms: Option<u64>, now_ms: u64) -> Option<String> {
     // `x-death` lists the newest death first (RabbitMQ 3.10 has no `x-last-death-*` headers yet).
-    let Some(HeaderValue::Array(deaths)) = delivery.properties.headers.get("x-death") else { return None };
-    let queue = deaths.iter().find_map(|death| match death {
-        HeaderValue::Table(death) => death.get("queue").and_then(|v| v.as_text()),
+    let last_queue = match delivery.properties.headers.get("x-death") {
+        Some(HeaderValue::Array(deaths)) => deaths.iter().find_map(|death| match death {
+            HeaderValue::Table(death) => death.get("queue").and_then(|v| v.as_text()),
+            _ => None,
+        }),
         _ => None,
-    })?;
-    Some(format!("unroutable after its delay (last in {queue}): the destination queue was gone"))
+    };
+    if due_at_ms.is_some_and(|due| due > now_ms) {
+        let from = last_queue.map_or_else(|| "on entry".to_string(), |queue| format!("last in {queue}"));
+        return Some(format!("parked before its due time ({from}): a delay level on its way was missing; replay sends it round again for its due time"));
+    }
+    Some(format!("unroutable after its delay (last in {}): the destination queue was gone", last_queue?))
 }
 
 /// What `replay` or `drop` did to one queue.
@@ -85,6 +110,8 @@ fn dead_letter_reason(delivery: &Delivery) -> Option<String> {
 pub struct Handled {
     pub queue: String,
     pub done: u64,
+    /// Of `done`, those replay sent round their strategy again because they were not due yet.
+    pub rescheduled: u64,
     /// Given back, with why (the first reason seen).
     pub left: u64,
     pub why_left: Option<String>,
@@ -93,7 +120,8 @@ pub struct Handled {
 /// Up to `limit` messages of `queue`, taken and given back.
 pub async fn list(taker: &Taker, queue: &str, limit: usize) -> Result<Vec<ParkedMessage>, ExecutorError> {
     let taken = taker.take(queue, limit).await?;
-    let listed = taken.iter().map(|t| ParkedMessage::of(&t.delivery)).collect();
+    let now_ms = unix_now_ms();
+    let listed = taken.iter().map(|t| ParkedMessage::of(&t.delivery, now_ms)).collect();
     for message in taken {
         taker.give_back(message).await?;
     }
@@ -105,13 +133,20 @@ fn selected(delivery: &Delivery, id: Option<&str>) -> bool {
     id.is_none_or(|id| delivery.properties.message_id.as_deref() == Some(id))
 }
 
+/// What became of a message that is then acked.
+enum Done {
+    Forwarded,
+    Rescheduled,
+    Dropped,
+}
+
 /// Takes every message of `queue` once, applies `act` to the selected ones
-/// (`Ok(true)`: done, ack it; `Ok(false)` or `Err`: give it back), then gives back the rest.
+/// (`Ok`: done, ack it; `Err`: give it back), then gives back the rest.
 async fn each_message(
     taker: &Taker,
     queue: &str,
     id: Option<&str>,
-    mut act: impl AsyncFnMut(&Delivery) -> Result<(), String>,
+    mut act: impl AsyncFnMut(&Delivery) -> Result<Done, String>,
 ) -> Result<Handled, ExecutorError> {
     let mut handled = Handled { queue: queue.to_string(), ..Default::default() };
     let mut kept: Vec<Taken> = Vec::new();
@@ -127,9 +162,12 @@ async fn each_message(
                     continue;
                 }
                 match act(&message.delivery).await {
-                    Ok(()) => {
+                    Ok(done) => {
                         taker.ack(message).await?;
                         handled.done += 1;
+                        if let Done::Rescheduled = done {
+                            handled.rescheduled += 1;
+                        }
                     }
                     Err(why) => {
                         handled.left += 1;
@@ -147,31 +185,143 @@ async fn each_message(
     result.map(|()| handled)
 }
 
-/// Publishes each selected message again: a parked one to its destination
-/// queue (it is past due), an invalid one to the ingress queue.
+/// Publishes each selected message again: an invalid one to the ingress
+/// queue; a parked one to its destination queue if it is due, and otherwise
+/// (a delay level on its way was missing) through the strategy that parks in
+/// `parking` again, due when it was. That scheduling declares the strategy's
+/// topology on the scheduler's first use of it, the missing level included.
 pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &ParkingQueue, ingress: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
+    let owner = scheduler.parking_queues().into_iter().find(|(_, queues)| queues.contains(&parking.queue)).map(|(strategy, _)| strategy);
     each_message(taker, &parking.queue, id, async |delivery: &Delivery| {
-        let target = if parking.kind == "invalid" {
-            ingress.to_string()
-        } else {
-            delivery.properties.headers.get(TARGET_HEADER).and_then(|v| v.as_text()).ok_or("no hourglass-target header: replay it by hand")?
-        };
-        let mut properties = delivery.properties.clone();
-        properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);
-        let publish = [Command::forward("", &target)];
-        let envelope = Envelope {
-            id: properties.message_id.clone().unwrap_or_default(),
-            body: delivery.body.clone(),
-            headers: FieldTable::new(),
-            properties,
-            stamp_message_id: false,
-        };
-        scheduler.executor().send(&publish, &envelope).await.map_err(|e| format!("to {target}: {e}"))
+        if parking.kind == "invalid" {
+            return forward(scheduler, delivery, ingress).await;
+        }
+        let target = header_text(delivery, TARGET_HEADER).ok_or("no hourglass-target header: replay it by hand")?;
+        match due_at(delivery).filter(|due| *due > unix_now_ms()) {
+            // Forwarded now, it would arrive early.
+            Some(due) => reschedule(scheduler, delivery, owner.as_deref(), &target, due).await,
+            None => forward(scheduler, delivery, &target).await,
+        }
     })
     .await
 }
 
+/// Publishes the message as it is (without the reasons it was set aside for) to `queue`, confirmed.
+async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str) -> Result<Done, String> {
+    let mut properties = delivery.properties.clone();
+    properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);
+    let publish = [Command::forward("", queue)];
+    let envelope = Envelope {
+        id: properties.message_id.clone().unwrap_or_default(),
+        body: delivery.body.clone(),
+        headers: FieldTable::new(),
+        properties,
+        stamp_message_id: false,
+    };
+    scheduler.executor().send(&publish, &envelope).await.map(|()| Done::Forwarded).map_err(|e| format!("to {queue}: {e}"))
+}
+
+/// Schedules a message parked before its due time through `strategy` again, due at `due_at_ms`.
+async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy: Option<&str>, target: &str, due_at_ms: u64) -> Result<Done, String> {
+    let not_due = format!("not due until {}", humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(due_at_ms)));
+    let Some(strategy) = strategy else {
+        return Err(format!("{not_due} and no strategy of this config parks in {}: replay it after its due time", delivery.queue));
+    };
+    let request = reschedule_request(delivery, strategy, target, due_at_ms);
+    scheduler.schedule(request).await.map(|_| Done::Rescheduled).map_err(|e| format!("{not_due}; rescheduling it through strategy {strategy:?} failed: {e}"))
+}
+
+/// The request that sends `delivery` round `strategy` again: body and
+/// properties kept, under the id it was scheduled with (a cancellable
+/// strategy's), due at `due_at_ms`.
+fn reschedule_request(delivery: &Delivery, strategy: &str, target: &str, due_at_ms: u64) -> ScheduleRequest {
+    let mut properties = delivery.properties.clone();
+    // hourglass's headers are written afresh; a kept x-death could get it dropped as a dead-letter cycle, CC/BCC are refused.
+    properties.headers.retain(|name, _| !is_reserved(name) && !is_death_record(name) && !is_routing_header(name));
+    ScheduleRequest {
+        destination: target.to_string(),
+        deliver_at_ms: Some(due_at_ms),
+        body: delivery.body.clone(),
+        properties,
+        strategy: Some(strategy.to_string()),
+        as_is: true,
+        id: header_text(delivery, ID_HEADER),
+        ..Default::default()
+    }
+}
+
 /// Acks (deletes) each selected message.
 pub async fn drop(taker: &Taker, queue: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
-    each_message(taker, queue, id, async |_: &Delivery| Ok(())).await
+    each_message(taker, queue, id, async |_: &Delivery| Ok(Done::Dropped)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::message::Headers;
+    use crate::scheduler::validate;
+
+    const NOW: u64 = 1_000_000;
+
+    fn parked(headers: &[(&str, HeaderValue)]) -> Delivery {
+        let mut delivery = Delivery { queue: "hourglass.parked".into(), body: b"body".to_vec(), ..Default::default() };
+        delivery.properties.headers = headers.iter().map(|(name, value)| (name.to_string(), value.clone())).collect();
+        delivery
+    }
+
+    fn died_in(queue: &str) -> (&'static str, HeaderValue) {
+        let death: Headers = [("queue".to_string(), HeaderValue::text(queue)), ("reason".to_string(), HeaderValue::text("expired"))].into();
+        ("x-death", HeaderValue::Array(vec![HeaderValue::Table(death)]))
+    }
+
+    fn due(at: u64) -> (&'static str, HeaderValue) {
+        (DUE_AT_HEADER, HeaderValue::I64(at as i64))
+    }
+
+    fn reason(headers: &[(&str, HeaderValue)]) -> Option<String> {
+        ParkedMessage::of(&parked(headers), NOW).reason
+    }
+
+    #[test]
+    fn a_message_parked_before_its_due_time_says_a_level_was_missing_and_where_it_came_from() {
+        let on_the_way = reason(&[due(NOW + 2_000), died_in("hourglass.direct-level-02")]).unwrap();
+        assert!(on_the_way.starts_with("parked before its due time (last in hourglass.direct-level-02)"), "{on_the_way}");
+        assert!(on_the_way.contains("a delay level on its way was missing"), "{on_the_way}");
+        assert!(!on_the_way.contains("destination queue was gone"), "{on_the_way}");
+        let on_entry = reason(&[due(NOW + 2_000)]).unwrap();
+        assert!(on_entry.starts_with("parked before its due time (on entry)"), "{on_entry}");
+    }
+
+    #[test]
+    fn a_message_past_or_without_its_due_time_was_parked_because_its_destination_was_gone() {
+        for headers in [vec![due(NOW), died_in("hourglass.direct-level-00")], vec![died_in("hourglass.direct-level-00")]] {
+            let reason = reason(&headers).unwrap();
+            assert_eq!(reason, "unroutable after its delay (last in hourglass.direct-level-00): the destination queue was gone");
+        }
+        assert_eq!(reason(&[due(NOW - 1)]), None, "no death record and no reason of hourglass's: nothing to say");
+        let own = reason(&[due(NOW + 2_000), (PARKED_REASON_HEADER, HeaderValue::text("destination \"d\": gone"))]);
+        assert_eq!(own.as_deref(), Some("destination \"d\": gone"), "hourglass's own reason comes first");
+    }
+
+    #[test]
+    fn a_rescheduled_message_keeps_body_properties_and_id_without_what_validation_refuses() {
+        let mut delivery = parked(&[
+            due(NOW + 2_000),
+            died_in("hourglass.direct-level-02"),
+            ("x-first-death-reason", HeaderValue::text("expired")),
+            (TARGET_HEADER, HeaderValue::text("orders")),
+            (ID_HEADER, HeaderValue::text("id-1")),
+            ("CC", HeaderValue::Array(vec![HeaderValue::text("elsewhere")])),
+            ("tenant", HeaderValue::text("acme")),
+        ]);
+        delivery.properties.message_id = Some("id-1".into());
+        let mut request = reschedule_request(&delivery, "main", "orders", NOW + 2_000);
+        assert_eq!(request.properties.headers.keys().collect::<Vec<_>>(), vec!["tenant"]);
+        assert_eq!(request.properties.message_id.as_deref(), Some("id-1"));
+        assert_eq!((request.destination.as_str(), request.deliver_at_ms, request.strategy.as_deref()), ("orders", Some(NOW + 2_000), Some("main")));
+        assert_eq!((request.body.as_slice(), request.id.as_deref()), (&b"body"[..], Some("id-1")));
+        assert_eq!(validate::check(&mut request, &HashSet::new()), Ok(()));
+    }
 }

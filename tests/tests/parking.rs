@@ -2,7 +2,9 @@
 //! quorum queues that dead-letter at least once, classic is an explicit choice
 //! that `at_most_once_dead_lettering` names, and a message whose destination
 //! queue is deleted while it waits ends in the strategy's parking queue instead
-//! of vanishing — while the valid messages beside it arrive on time.
+//! of vanishing — while the valid messages beside it arrive on time. A
+//! message parked before its due time (a delay level on its way was gone) is
+//! replayed through its strategy again, never early.
 
 use std::time::Duration;
 
@@ -233,6 +235,67 @@ async fn a_serving_host_declares_a_deleted_level_again_at_its_next_depth_reading
     assert!((0..=1_000).contains(&late), "arrived {late}ms from due, through the level declared again");
     assert_eq!(queue_depth(&channel, &format!("{prefix}.parked")).await, 0, "nothing was parked");
     served.stop().await;
+    delete_declared(&connection, &topology_of(&config)).await;
+    destination.delete().await;
+}
+
+/// A message parked before its due time (the level it was to wait in next
+/// was deleted, so that level's hold exchange parked it) is listed as such,
+/// and `parked replay` sends it round its strategy again instead of
+/// forwarding it: it arrives at or after its due time, never early. Beside
+/// it a message that never needs that level arrives on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_sends_a_message_parked_before_its_due_time_round_again_instead_of_delivering_it_early() {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::clock::unix_now_ms;
+    use hourglass::parked;
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let prefix = unique("park-early");
+    let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nlevels = 4"));
+    let mut destination = Destination::declare(&connection, "park-early").await;
+    // As `hourglass parked replay` does, replay schedules with a scheduler of
+    // its own, whose first use declares the topology (the deleted level
+    // included). Loaded now, so the replay itself is quick.
+    let replaying = scheduler(&config).await;
+    let scheduler = scheduler(&config).await;
+    let schedule = async |delay_ms: u64, body: &str| -> Scheduled {
+        let request = ScheduleRequest { destination: destination.name.clone(), delay_ms, body: body.as_bytes().to_vec(), ..Default::default() };
+        scheduler.schedule(request).await.expect("schedule")
+    };
+    // 6 s waits 4 s in level 02, then 2 s in level 01; 5 s waits in level 02, then 1 s in level 00.
+    let early = schedule(6_000, "parked-early").await;
+    let canary = schedule(5_000, "canary").await;
+    channel.queue_delete(format!("{prefix}.direct-level-01").as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+
+    let parking = format!("{prefix}.parked");
+    until("the message parked on its way into the deleted level", Duration::from_secs(10), async || queue_depth(&channel, &parking).await == 1).await;
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let listed = parked::list(&taker, &parking, 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let reason = listed[0].reason.clone().unwrap_or_default();
+    assert!(reason.contains("before its due time") && reason.contains(&format!("last in {prefix}.direct-level-02")), "{reason}");
+    assert_eq!(listed[0].due_at_ms, Some(early.due_at_ms));
+
+    let queue = parked::parking_queues(&config, &replaying).into_iter().find(|q| q.queue == parking).expect("the strategy's parking queue");
+    let handled = parked::replay(&replaying, &taker, &queue, &config.service.ingress.queue, None).await.unwrap();
+    assert!(unix_now_ms() < early.due_at_ms, "the replay must happen before the due time for this test to mean anything");
+    assert_eq!((handled.done, handled.rescheduled, handled.left), (1, 1, 0), "{handled:?}");
+    assert_eq!(queue_depth(&channel, &parking).await, 0, "the parked copy is acked once rescheduled");
+
+    let received = destination.receive(2, Duration::from_secs(10)).await;
+    for message in &received {
+        let (body, at_ms) = (message.delivery.data.as_slice(), message.at_ms as i64);
+        let late = match body {
+            b"canary" => at_ms - canary.due_at_ms as i64,
+            b"parked-early" => at_ms - early.due_at_ms as i64,
+            other => panic!("unexpected message {:?}", String::from_utf8_lossy(other)),
+        };
+        assert!((0..=1_500).contains(&late), "{} arrived {late}ms from due", String::from_utf8_lossy(body));
+    }
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    assert_eq!(queue_depth(&channel, &parking).await, 0, "nothing parked again: the level was declared again");
+    taker.close().await;
     delete_declared(&connection, &topology_of(&config)).await;
     destination.delete().await;
 }

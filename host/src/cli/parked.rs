@@ -31,7 +31,8 @@ pub enum Action {
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
-    /// Publish them again: to their destination (or the ingress), then remove them.
+    /// Publish them again: to their destination (one not due yet through its
+    /// strategy again, for its due time; an invalid one to the ingress), then remove them.
     Replay {
         #[arg(long)]
         queue: Option<String>,
@@ -77,7 +78,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
                 for queue in &queues {
                     results.push(parked::replay(&scheduler, &taker, queue, &config.service.ingress.queue, id.as_deref()).await?);
                 }
-                report("replayed", &results)
+                report("replayed", &results, true)
             }
             Action::Drop { id, all, .. } => {
                 if id.is_none() && !all {
@@ -87,7 +88,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
                 for queue in &queues {
                     results.push(parked::drop(&taker, &queue.queue, id.as_deref()).await?);
                 }
-                report("dropped", &results)
+                report("dropped", &results, false)
             }
         };
         taker.close().await;
@@ -122,14 +123,19 @@ async fn list(taker: &Taker, queues: &[ParkingQueue], limit: usize, format: Text
 }
 
 /// One line per queue touched; exit 1 when any selected message stayed.
-fn report(verb: &str, results: &[Handled]) -> ExitCode {
+/// With `split`, how many went round their strategy again (not due yet) and how many straight on.
+fn report(verb: &str, results: &[Handled], split: bool) -> ExitCode {
+    let how = |done: u64, rescheduled: u64| {
+        if split { format!(" ({rescheduled} rescheduled for their due time, {} forwarded)", done - rescheduled) } else { String::new() }
+    };
     for handled in results.iter().filter(|h| h.done > 0 || h.left > 0) {
+        let done = format!("{}: {verb} {}{}", handled.queue, handled.done, how(handled.done, handled.rescheduled));
         match &handled.why_left {
-            Some(why) => println!("{}: {verb} {}, {} left ({why})", handled.queue, handled.done, handled.left),
-            None => println!("{}: {verb} {}", handled.queue, handled.done),
+            Some(why) => println!("{done}, {} left ({why})", handled.left),
+            None => println!("{done}"),
         }
     }
-    let (done, left): (u64, u64) = results.iter().fold((0, 0), |(d, l), h| (d + h.done, l + h.left));
-    println!("{verb} {done} messages; {left} left in place");
+    let (done, rescheduled, left) = results.iter().fold((0, 0, 0), |(d, r, l), h| (d + h.done, r + h.rescheduled, l + h.left));
+    println!("{verb} {done} messages{}; {left} left in place", how(done, rescheduled));
     if left == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
