@@ -6,6 +6,10 @@
 // Each bench uses part of this.
 #![allow(dead_code)]
 
+/// The allocator the `hourglass` binary uses (src/main.rs), for hourglass and the raw baselines alike.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Duration;
 
