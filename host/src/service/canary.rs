@@ -44,22 +44,31 @@ impl Canary {
         while !*stop.borrow() {
             tokio::select! {
                 _ = ticks.tick() => {}
-                _ = stop.changed() => return,
+                _ = stop.wait_for(|stopping| *stopping) => return,
             }
-            for strategy in scheduler.strategy_names() {
-                let request = ScheduleRequest {
-                    destination: config.queue.clone(),
-                    delay_ms: config.delay.ms(),
-                    body: strategy.clone().into_bytes(),
-                    strategy: Some(strategy.clone()),
-                    ..Default::default()
-                };
-                match scheduler.schedule(request).await {
-                    // A strategy that cannot plan the probe's delay (redelivery-only, say) has no canary.
-                    Ok(_) | Err(ScheduleError::Planner(PlannerError::Refused { .. })) => {}
-                    Err(err) => tracing::warn!(%strategy, error = %err, "canary probe not sent; trying again next period"),
-                }
+            // A send may wait on a broker that does not answer; stop cuts it short (a probe is only the host's own).
+            tokio::select! {
+                () = send_each(&scheduler, &config) => {}
+                _ = stop.wait_for(|stopping| *stopping) => return,
             }
+        }
+    }
+}
+
+/// One probe through every strategy that can plan its delay.
+async fn send_each(scheduler: &Scheduler<Broker>, config: &CanaryConfig) {
+    for strategy in scheduler.strategy_names() {
+        let request = ScheduleRequest {
+            destination: config.queue.clone(),
+            delay_ms: config.delay.ms(),
+            body: strategy.clone().into_bytes(),
+            strategy: Some(strategy.clone()),
+            ..Default::default()
+        };
+        match scheduler.schedule(request).await {
+            // A strategy that cannot plan the probe's delay (redelivery-only, say) has no canary.
+            Ok(_) | Err(ScheduleError::Planner(PlannerError::Refused { .. })) => {}
+            Err(err) => tracing::warn!(%strategy, error = %err, "canary probe not sent; trying again next period"),
         }
     }
 }

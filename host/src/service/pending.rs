@@ -140,24 +140,35 @@ pub(super) fn spawn_poll(service: &Arc<Service>) {
     let management = management_for(&service.scheduler.config());
     service.spawn(tokio::spawn(async move {
         loop {
-            let pumped = polled.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let depths = read(&polled.scheduler, true, &pumped, management.clone()).await;
-            for strategy in &depths {
-                polled.metrics.set_parked(&strategy.strategy, strategy.parked);
-                for queue in &strategy.queues {
-                    if let Some(messages) = queue.messages {
-                        polled.metrics.set_pending(&strategy.strategy, &queue.queue, messages);
-                    }
-                }
+            // A reading may wait on a broker that does not answer (a reconnect
+            // bounded by CONNECT_TIMEOUT per node); stop cuts it short.
+            tokio::select! {
+                () = poll_once(&polled, management.clone()) => {}
+                _ = stop.wait_for(|stopping| *stopping) => return,
             }
-            redeclare_missing(&polled.scheduler, &depths).await;
-            *polled.pending.lock().unwrap_or_else(|p| p.into_inner()) = depths;
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
-                _ = stop.changed() => return,
+                _ = stop.wait_for(|stopping| *stopping) => return,
             }
         }
     }));
+}
+
+/// Reads the depths once into the metrics and the service's last reading,
+/// and declares again the topology of a strategy whose waiting queues are gone.
+async fn poll_once(service: &Service, management: Option<Arc<Management>>) {
+    let pumped = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let depths = read(&service.scheduler, true, &pumped, management).await;
+    for strategy in &depths {
+        service.metrics.set_parked(&strategy.strategy, strategy.parked);
+        for queue in &strategy.queues {
+            if let Some(messages) = queue.messages {
+                service.metrics.set_pending(&strategy.strategy, &queue.queue, messages);
+            }
+        }
+    }
+    redeclare_missing(&service.scheduler, &depths).await;
+    *service.pending.lock().unwrap_or_else(|p| p.into_inner()) = depths;
 }
 
 /// A waiting queue of a strategy whose topology is on the broker that the

@@ -7,6 +7,10 @@
 //! the task down (so `/readyz` names it) and starts it again after a backoff
 //! that doubles from 250 ms to at most 30 s; a task that ran a while restarts
 //! quickly again.
+//!
+//! Each task watches the stop signal itself; one that has not ended
+//! [`SLOW_STOP`] after it is named in the log, so whatever holds up a
+//! shutdown says what it is.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -22,6 +26,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A task that ran this long before failing starts again at the first backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// A task still running this long after the stop is named as holding up shutdown.
+const SLOW_STOP: Duration = Duration::from_secs(2);
 
 /// Whether a running task is doing its job (a consumer attached to its queue, say).
 pub type Probe = Box<dyn Fn() -> bool + Send + Sync>;
@@ -111,7 +117,14 @@ where
         let started = Instant::now();
         task.set_down(None);
         // Its own tokio task, so a panic ends only the attempt, not the supervisor.
-        let outcome = tokio::spawn(make()).await;
+        let mut attempt = tokio::spawn(make());
+        let outcome = tokio::select! {
+            outcome = &mut attempt => outcome,
+            () = stopped_for(SLOW_STOP, stop.clone()) => {
+                tracing::warn!(task = %task.name, waited = ?SLOW_STOP, "background task has not stopped yet; it holds up shutdown");
+                attempt.await
+            }
+        };
         if *stop.borrow() {
             break;
         }
@@ -134,6 +147,15 @@ where
         }
     }
     task.set_down(Some("stopped".into()));
+}
+
+/// Returns `after` the stop was sent; never, if it is not.
+async fn stopped_for(after: Duration, mut stop: watch::Receiver<bool>) {
+    if stop.wait_for(|stopping| *stopping).await.is_err() {
+        // No one is left to send a stop.
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(after).await;
 }
 
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -201,6 +223,62 @@ mod tests {
         // Backoff steps of 250 ms, then 500 ms, each wait at least half its step: two more attempts take at least 0.375 s.
         until("two more restarts", || metrics.encode().contains("hourglass_task_restarts_total{task=\"pump:q\"} 3")).await;
         assert!(started.elapsed() >= Duration::from_millis(375), "restarted after {:?}: no backoff", started.elapsed());
+    }
+
+    /// Log lines, as the service's own subscriber would write them.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn lines_with(&self, text: &str) -> usize {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).lines().filter(|line| line.contains(text)).count()
+        }
+    }
+
+    // Paused time on one thread: the subscriber (thread-local) sees every task, and seconds pass at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_outlives_the_stop_is_named_once_and_still_awaited() {
+        let log = Captured::default();
+        let writer = log.clone();
+        let _logging = tracing::subscriber::set_default(tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish());
+        let (stop_tx, stop) = watch::channel(false);
+        let supervisor = Supervisor::new(Arc::new(Metrics::default()), stop.clone());
+        let (release_tx, release) = watch::channel(false);
+        supervisor.spawn("stubborn", None, move || {
+            let mut release = release.clone();
+            async move {
+                let _ = release.wait_for(|r| *r).await;
+                Ok(())
+            }
+        });
+        supervisor.spawn("prompt", None, move || {
+            let mut stop = stop.clone();
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+                Ok(())
+            }
+        });
+        until("both running", || supervisor.down().is_empty()).await;
+        let stopped_at = tokio::time::Instant::now();
+        stop_tx.send(true).unwrap();
+        until("the stubborn task named", || log.lines_with("holds up shutdown") > 0).await;
+        assert!(stopped_at.elapsed() >= SLOW_STOP, "named after {:?}", stopped_at.elapsed());
+        tokio::time::sleep(SLOW_STOP * 5).await;
+        assert_eq!(log.lines_with("holds up shutdown"), 1, "named once");
+        assert_eq!(log.lines_with("task=stubborn"), 1, "by name");
+        assert_eq!(log.lines_with("task=prompt"), 0, "a task that stopped is not named");
+        release_tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), supervisor.join()).await.expect("the supervisor waits for it, then stops");
     }
 
     #[tokio::test]

@@ -20,7 +20,8 @@
 //!
 //! After a lost connection it reconnects with backoff; unacked messages are
 //! the broker's to deliver again. On stop it cancels the consumer, lets the
-//! handler finish the deliveries in hand, then closes.
+//! handler finish the deliveries in hand, then closes; a stop that comes
+//! while it is still declaring or connecting ends that at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -30,9 +31,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
-use lapin::ConnectionProperties;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
+use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::watch;
 
 use crate::broker::{Envelope, Executor, ExecutorError};
@@ -43,7 +44,7 @@ use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
-use super::link::{CONNECT_TIMEOUT, reconnect_backoff};
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, reconnect_backoff};
 use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
@@ -104,7 +105,7 @@ impl<H: Handler> Consumer<H> {
                     tracing::warn!(queue = %self.handler.queue(), error = %err, retry_in = ?wait, "consumer lost; reconnecting");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => {}
+                        _ = stop.wait_for(|stopping| *stopping) => {}
                     }
                 }
             }
@@ -115,17 +116,18 @@ impl<H: Handler> Consumer<H> {
     /// One connection's worth of consuming. `Err((consumed at all, why))` when it was lost.
     async fn consume(&self, stop: &mut watch::Receiver<bool>) -> Result<(), (bool, String)> {
         let queue = self.handler.queue().to_string();
-        let lost = |e: lapin::Error| (false, format!("RabbitMQ at {}: {e}", redact(&self.url)));
-        self.declare().await.map_err(|e| (false, e.to_string()))?;
-        // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
-        let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
-        let (connection, node) =
-            nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|e| (false, format!("RabbitMQ at {}: {e}", redact(&self.url))))?;
-        let channel = connection.create_channel().await.map_err(lost)?;
-        channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await.map_err(lost)?;
         let tag = format!("hourglass-{queue}");
-        let consumer =
-            channel.basic_consume(queue.as_str().into(), tag.as_str().into(), BasicConsumeOptions::default(), AmqpTable::default()).await.map_err(lost)?;
+        // Attaching may wait CONNECT_TIMEOUT per node on a broker that does not
+        // answer; a stop meanwhile ends it at once. What was opened is dropped:
+        // lapin closes a dropped connection, and the broker requeues whatever a
+        // half-made consumer was given.
+        let (connection, channel, consumer, node) = tokio::select! {
+            attached = self.attach(&queue, &tag) => attached.map_err(|why| (false, why))?,
+            _ = stop.wait_for(|stopping| *stopping) => {
+                tracing::info!(%queue, "consumer stopped while attaching");
+                return Ok(());
+            }
+        };
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
         let publisher = self.publisher.as_ref();
@@ -145,7 +147,7 @@ impl<H: Handler> Consumer<H> {
         tokio::pin!(processing);
         tokio::select! {
             _ = &mut processing => return Err((true, format!("consumer on {queue} ended: connection or channel lost"))),
-            _ = stop.changed() => {}
+            _ = stop.wait_for(|stopping| *stopping) => {}
         }
         // Stop taking new messages; the broker keeps the ones not yet delivered.
         channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await.ok();
@@ -154,6 +156,27 @@ impl<H: Handler> Consumer<H> {
         connection.close(200, "hourglass stopping".into()).await.ok();
         tracing::info!(%queue, "consumer stopped");
         Ok(())
+    }
+
+    /// Declares the handler's queues, connects, and consumes `queue` as `tag`:
+    /// the connection, its channel, the deliveries, and the node reached.
+    async fn attach(&self, queue: &str, tag: &str) -> Result<(Connection, Channel, lapin::Consumer, String), String> {
+        self.declare().await.map_err(|e| e.to_string())?;
+        // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
+        let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
+        let (connection, node) = nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|e| format!("RabbitMQ at {}: {e}", redact(&self.url)))?;
+        let subscribe = async {
+            let channel = connection.create_channel().await?;
+            channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await?;
+            let consumer = channel.basic_consume(queue.into(), tag.into(), BasicConsumeOptions::default(), AmqpTable::default()).await?;
+            Ok::<_, lapin::Error>((channel, consumer))
+        };
+        // A broker that accepted the connection can still go silent.
+        let (channel, consumer) = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
+            Ok(subscribed) => subscribed.map_err(|e| format!("RabbitMQ at {}: {e}", redact(&self.url)))?,
+            Err(_) => return Err(format!("RabbitMQ at {}: no consumer on {queue} within {CHANNEL_TIMEOUT:?}", redact(&self.url))),
+        };
+        Ok((connection, channel, consumer, node))
     }
 
     /// One delivery: the handler's decision (a panic caught and counted), carried out.

@@ -8,15 +8,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
-use lapin::ConnectionProperties;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable};
+use lapin::{Connection, ConnectionProperties};
 use tokio::sync::{mpsc, watch};
 
 use crate::broker::ExecutorError;
 use crate::command::{Command, FieldValue};
 
-use super::link::CONNECT_TIMEOUT;
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT};
 use super::nodes::{self, redact};
 
 /// Entries the broker sends ahead of the reader (streams need a prefetch to be read at all).
@@ -41,20 +41,17 @@ pub async fn read(
     attached: &AtomicBool,
 ) -> Result<(), ExecutorError> {
     let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
-    let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
-        .await
-        .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url))))?;
-    let channel = connection.create_channel().await.map_err(lost)?;
-    channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await.map_err(lost)?;
-    let mut arguments = AmqpTable::default();
-    arguments.insert("x-stream-offset".into(), AMQPValue::LongLongInt(from as i64));
-    let tag = format!("hourglass-read-{}", uuid::Uuid::new_v4());
-    let mut consumer = channel.basic_consume(stream.into(), tag.as_str().into(), BasicConsumeOptions::default(), arguments).await.map_err(lost)?;
+    // Attaching may wait CONNECT_TIMEOUT per node on a broker that does not
+    // answer; a stop meanwhile ends it at once (lapin closes what was dropped).
+    let (connection, mut consumer) = tokio::select! {
+        attached = attach(url, stream, from) => attached?,
+        _ = stop.wait_for(|stopping| *stopping) => return Ok(()),
+    };
     attached.store(true, Ordering::Relaxed);
     let result = loop {
         let delivery = tokio::select! {
             next = consumer.next() => next,
-            _ = stop.changed() => break Ok(()),
+            _ = stop.wait_for(|stopping| *stopping) => break Ok(()),
         };
         let delivery = match delivery {
             Some(Ok(delivery)) => delivery,
@@ -81,4 +78,24 @@ pub async fn read(
     attached.store(false, Ordering::Relaxed);
     connection.close(200, "hourglass stopped reading".into()).await.ok();
     result
+}
+
+/// A connection with a consumer of `stream` from offset `from`.
+async fn attach(url: &str, stream: &str, from: u64) -> Result<(Connection, lapin::Consumer), ExecutorError> {
+    let unavailable = |e: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
+    let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT).await.map_err(unavailable)?;
+    let subscribe = async {
+        let channel = connection.create_channel().await?;
+        channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await?;
+        let mut arguments = AmqpTable::default();
+        arguments.insert("x-stream-offset".into(), AMQPValue::LongLongInt(from as i64));
+        let tag = format!("hourglass-read-{}", uuid::Uuid::new_v4());
+        channel.basic_consume(stream.into(), tag.as_str().into(), BasicConsumeOptions::default(), arguments).await
+    };
+    // A broker that accepted the connection can still go silent.
+    let consumer = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
+        Ok(subscribed) => subscribed.map_err(|e| unavailable(e.to_string()))?,
+        Err(_) => return Err(unavailable(format!("no consumer within {CHANNEL_TIMEOUT:?}"))),
+    };
+    Ok((connection, consumer))
 }
