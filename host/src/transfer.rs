@@ -9,7 +9,8 @@
 //! time left, rounded up), never lost (a message not yet acked goes back to
 //! its queue if anything fails). A message without hourglass's due time and
 //! destination headers (scheduled by another client, or before hourglass
-//! wrote its destination) is given back and counted, not guessed at.
+//! wrote its destination) is given back and counted, not guessed at; so is a
+//! queue that exists but cannot be read now.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +41,10 @@ pub struct QueueSummary {
     pub moved: u64,
     /// Given back, by reason.
     pub left: BTreeMap<String, u64>,
+    /// Why the queue could not be read (it exists but is out of reach: its
+    /// home node down, exclusive to another connection): whatever it holds stays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -50,6 +55,9 @@ pub struct Summary {
     pub queues: Vec<QueueSummary>,
     pub moved: u64,
     pub left: u64,
+    /// Queues that could not be read: never taken for empty, so the old
+    /// topology is not deleted with messages still in it.
+    pub unreadable: u64,
     /// The earliest and latest due time (Unix ms) among the moved messages.
     pub earliest_due_ms: Option<u64>,
     pub latest_due_ms: Option<u64>,
@@ -126,7 +134,15 @@ pub async fn transfer(
     let queues = source_queues(scheduler, management, from, to)?;
     let mut summary = Summary { from: from.into(), to: to.into(), dry_run, ..Default::default() };
     for queue in queues {
-        let found = taker.depth(&queue).await?.unwrap_or(0) as u64;
+        // A queue the broker says does not exist holds nothing; one it cannot read now may hold anything.
+        let found = match taker.depth(&queue).await {
+            Ok(depth) => depth.unwrap_or(0) as u64,
+            Err(err) => {
+                summary.unreadable += 1;
+                summary.queues.push(QueueSummary { queue, unreadable: Some(err.to_string()), ..Default::default() });
+                continue;
+            }
+        };
         let mut counts = QueueSummary { queue: queue.clone(), found, ..Default::default() };
         if !dry_run && found > 0 {
             move_queue(scheduler, taker, &queue, to, batch.max(1), &mut counts, &mut summary, &mut progress).await?;

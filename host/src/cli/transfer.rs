@@ -60,16 +60,17 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         TextOrJson::Json => print_json(&summary)?,
         TextOrJson::Table => print_summary(&summary, took),
     }
-    Ok(if summary.left == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if summary.left == 0 && summary.unreadable == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn print_summary(summary: &Summary, took: std::time::Duration) {
     let rows: Vec<Vec<String>> = summary
         .queues
         .iter()
-        .filter(|q| q.found > 0 || q.moved > 0 || !q.left.is_empty())
+        .filter(|q| q.found > 0 || q.moved > 0 || !q.left.is_empty() || q.unreadable.is_some())
         .map(|q| {
-            let left = q.left.iter().map(|(why, n)| format!("{n} ({why})")).collect::<Vec<_>>().join("; ");
+            let unreadable = q.unreadable.iter().map(|why| format!("all: could not be read ({why})"));
+            let left = q.left.iter().map(|(why, n)| format!("{n} ({why})")).chain(unreadable).collect::<Vec<_>>().join("; ");
             vec![q.queue.clone(), q.found.to_string(), q.moved.to_string(), left]
         })
         .collect();
@@ -77,6 +78,9 @@ fn print_summary(summary: &Summary, took: std::time::Duration) {
     let due = |ms: Option<u64>| {
         ms.map_or("-".to_string(), |ms| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string())
     };
+    if summary.unreadable > 0 {
+        println!("{} of {}'s queues could not be read: what they hold was not counted or moved", summary.unreadable, summary.from);
+    }
     if summary.dry_run {
         let found: u64 = summary.queues.iter().map(|q| q.found).sum();
         println!("dry run: {found} messages wait in {}'s queues; nothing was moved", summary.from);

@@ -5,6 +5,7 @@
 //! * [`channels`]: its channels — a pool for publishes, one for declares.
 //! * [`link`]: one connection that reconnects, and wears out by broker-closed channels.
 //! * [`nodes`]: several cluster nodes behind one URL setting; every connection fails over between them.
+//! * [`passive`]: what a passive declare's refusal means (missing, or not answerable now).
 //! * [`convert`]: neutral properties and headers to and from AMQP.
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`acks`]: a consume channel's acks, many finished deliveries in one.
@@ -21,6 +22,7 @@ pub mod convert;
 pub mod link;
 pub mod manage;
 pub mod nodes;
+pub mod passive;
 pub mod publish;
 pub mod stream;
 pub mod take;

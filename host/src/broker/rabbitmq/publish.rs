@@ -36,6 +36,7 @@ use super::channels::{Control, DEFAULT_PUBLISH_CHANNELS, OpenChannels, PublishPo
 use super::convert::{to_amqp_properties, to_amqp_table};
 use super::link::Slot;
 use super::nodes::{self, redact};
+use super::passive;
 use crate::broker::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
@@ -369,19 +370,16 @@ impl RabbitMqExecutor {
             return Ok(());
         }
         let what = || format!("checking exchange {exchange:?}");
-        let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
+        let options = ExchangeDeclareOptions { passive: true, ..Default::default() };
         let checked = self
-            .control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, passive, AmqpTable::default()).await)
+            .control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, options, AmqpTable::default()).await)
             .await?;
         match checked {
             Ok(()) => {
                 self.remember_exchange(exchange);
                 Ok(())
             }
-            Err(e) if e.is_amqp_soft_error() => {
-                Err(ExecutorError::Refused(format!("exchange {exchange:?} does not exist on RabbitMQ at {} ({e})", self.url())))
-            }
-            Err(e) => Err(self.refused(what(), e)),
+            Err(e) => Err(passive::check_failed(&format!("exchange {exchange:?}"), &self.url(), &e, "")),
         }
     }
 
@@ -446,11 +444,7 @@ impl Executor for RabbitMqExecutor {
         let what = || format!("checking destination queue {destination:?}");
         match self.passive_declare(destination, what).await? {
             Ok(_) => Ok(()),
-            Err(e) if e.is_amqp_soft_error() => Err(ExecutorError::Refused(format!(
-                "destination queue {destination:?} does not exist on RabbitMQ at {}; declare it before scheduling to it ({e})",
-                self.url()
-            ))),
-            Err(e) => Err(self.refused(what(), e)),
+            Err(e) => Err(passive::check_failed(&format!("destination queue {destination:?}"), &self.url(), &e, "; declare it before scheduling to it")),
         }
     }
 

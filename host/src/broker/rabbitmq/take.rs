@@ -13,6 +13,7 @@ use crate::message::Delivery;
 use super::convert::from_amqp_delivery;
 use super::link::CONNECT_TIMEOUT;
 use super::nodes::{self, redact};
+use super::passive::{self, PassiveFailure};
 
 /// One connection and channel to take messages with.
 pub struct Taker {
@@ -41,14 +42,20 @@ impl Taker {
         ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(&self.url)))
     }
 
-    /// Messages ready in `queue` now (a passive declare); `None` when the queue does not exist.
+    /// Messages ready in `queue` now (a passive declare); `None` only when the
+    /// broker says there is no such queue. One that exists but cannot be read
+    /// now (its home node down, say) is an error, never an empty queue.
     pub async fn depth(&self, queue: &str) -> Result<Option<u32>, ExecutorError> {
         // A passive declare of a missing queue closes the channel: use one of its own.
         let channel = self.connection.create_channel().await.map_err(|e| self.lost(e))?;
-        let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-        let depth = channel.queue_declare(queue.into(), passive, AmqpTable::default()).await.ok().map(|q| q.message_count());
+        let options = QueueDeclareOptions { passive: true, ..Default::default() };
+        let declared = channel.queue_declare(queue.into(), options, AmqpTable::default()).await;
         channel.close(200, "done".into()).await.ok();
-        Ok(depth)
+        match declared {
+            Ok(declared) => Ok(Some(declared.message_count())),
+            Err(e) if passive::classify(&e) == PassiveFailure::Missing => Ok(None),
+            Err(e) => Err(passive::check_failed(&format!("queue {queue:?}"), &redact(&self.url), &e, "")),
+        }
     }
 
     /// Up to `max` messages from `queue`, fewer when it runs empty.
