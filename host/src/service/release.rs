@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
-use crate::headers::{ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved};
-use crate::message::{Delivery, Handler, Outcome, Settled};
+use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved};
+use crate::message::{Delivery, Handler, HeaderValue, Outcome, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, release_queue_declaration};
 
 use super::cancel::{Answer, CancelLog};
@@ -100,6 +100,19 @@ impl Release {
     }
 }
 
+/// A message parked because its reschedule failed still carries the due time
+/// it was first scheduled for; it leaves with the one it was rescheduled to,
+/// so `parked list` shows it and `parked replay` does not forward it before then.
+fn due_at_rescheduled(outcome: Outcome, due_at_ms: u64) -> Outcome {
+    match outcome {
+        Outcome::MoveTo { queue, mut headers, reason } => {
+            headers.insert(DUE_AT_HEADER.to_string(), HeaderValue::I64(i64::try_from(due_at_ms).unwrap_or(i64::MAX)));
+            Outcome::MoveTo { queue, headers, reason }
+        }
+        other => other,
+    }
+}
+
 impl Handler for Release {
     type Note = Released;
 
@@ -138,7 +151,10 @@ impl Handler for Release {
                     tracing::warn!(%id, %why, "could not send a rescheduled message round again; requeueing");
                     (Outcome::Requeue, Released::Requeued)
                 }
-                Err(err) => self.park(&format!("rescheduling to {due_at_ms} failed: {err}")),
+                Err(err) => {
+                    let (outcome, released) = self.park(&format!("rescheduling to {due_at_ms} failed: {err}"));
+                    (due_at_rescheduled(outcome, due_at_ms), released)
+                }
             },
             Answer::Release => match self.forward(delivery, &id, &destination).await {
                 Ok(()) => (Outcome::Ack, Released::Forwarded),
@@ -162,5 +178,18 @@ impl Handler for Release {
             (Some(note), _) => note,
         };
         self.scheduler.metrics().released(&self.strategy, outcome.label());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_parked_after_a_failed_reschedule_carries_its_new_due_time() {
+        let parked = Outcome::move_to("hourglass.release.main.parked", PARKED_REASON_HEADER, "rescheduling failed");
+        let Outcome::MoveTo { headers, .. } = due_at_rescheduled(parked, 1_795_456_800_500) else { panic!("still a move") };
+        assert_eq!(headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()), Some(1_795_456_800_500));
+        assert!(headers.contains_key(PARKED_REASON_HEADER));
     }
 }
