@@ -97,6 +97,9 @@ async fn a_consumer_stopped_while_its_declares_reconnect_returns_at_once() {
     // Its declares go through the executor's control connection, lost in the cut: declaring reconnects it.
     let publisher = Arc::new(RabbitMqExecutor::connect(&blackhole.url).await.expect("connect through the blackhole"));
     blackhole.cut();
+    // Once the executor has seen its connections end, a declare reconnects (and meets the
+    // blackhole) rather than going out on a connection in the middle of dying.
+    until("the executor sees the cut", Duration::from_secs(5), async || !publisher.is_ready().await).await;
     let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
     stop_while_held(consumer, &blackhole, 1).await;
     delete_queue(&handler.queue).await;
