@@ -101,6 +101,25 @@ pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
     format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}")
 }
 
+/// Two `binary-levels` strategies for `hourglass transfer`: `classic` (the
+/// default; classic levels under `classic_prefix`) and `quorum` (quorum levels
+/// under `quorum_prefix`), parsed and written to a temp file named after
+/// `file` (with a random suffix) for the binary to read.
+pub fn classic_and_quorum_levels(classic_prefix: &str, quorum_prefix: &str, file: &str) -> (Config, PathBuf) {
+    let text = format!(
+        "default_strategy = \"classic\"\n{}",
+        config_text(
+            &format!("planner = \"binary-levels\"\nprefix = \"{quorum_prefix}\"\nunit = \"1s\""),
+            &format!("[strategies.classic]\nplanner = \"binary-levels\"\nprefix = \"{classic_prefix}\"\nqueue_type = \"classic\"\n"),
+        )
+        .replace("[strategies.main]", "[strategies.quorum]")
+    );
+    let config = Config::parse(Path::new("transfer.toml"), text.clone()).expect("transfer config");
+    let path = std::env::temp_dir().join(format!("{}.toml", unique(file)));
+    std::fs::write(&path, &text).expect("write the transfer config");
+    (config, path)
+}
+
 /// [`config`] with more TOML after the strategy.
 pub fn config_with(strategy_table: &str, more: &str) -> Config {
     Config::parse(Path::new("e2e.toml"), config_text(strategy_table, more)).expect("test config")

@@ -59,17 +59,7 @@ async fn a_destination_exclusive_to_another_connection_is_named_as_such_not_miss
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_counts_a_queue_it_cannot_read_as_left_not_empty() {
     let (classic, quorum) = (unique("unread-classic"), unique("unread-quorum"));
-    let text = format!(
-        "default_strategy = \"classic\"\n{}",
-        config_text(
-            &format!("planner = \"binary-levels\"\nprefix = \"{quorum}\"\nunit = \"1s\""),
-            &format!("[strategies.classic]\nplanner = \"binary-levels\"\nprefix = \"{classic}\"\nqueue_type = \"classic\"\n"),
-        )
-        .replace("[strategies.main]", "[strategies.quorum]")
-    );
-    let config = Config::parse(std::path::Path::new("transfer.toml"), text.clone()).unwrap();
-    let path = std::env::temp_dir().join(format!("{}.toml", unique("transfer-unread")));
-    std::fs::write(&path, &text).unwrap();
+    let (config, path) = classic_and_quorum_levels(&classic, &quorum, "transfer-unread");
     let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
     let source = strategies.get_mut("classic").unwrap().topology().unwrap();
     let (locked, _) = hourglass::command::waiting_queues(&source).into_iter().next().expect("a waiting queue");

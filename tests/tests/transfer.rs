@@ -44,17 +44,7 @@ async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none
     let connection = connect().await;
     let mut destination = Destination::declare(&connection, "transfer-dest").await;
     let (classic, quorum) = (unique("transfer-classic"), unique("transfer-quorum"));
-    let text = format!(
-        "default_strategy = \"classic\"\n{}",
-        config_text(
-            &format!("planner = \"binary-levels\"\nprefix = \"{quorum}\"\nunit = \"1s\""),
-            &format!("[strategies.classic]\nplanner = \"binary-levels\"\nprefix = \"{classic}\"\nqueue_type = \"classic\"\n"),
-        )
-        .replace("[strategies.main]", "[strategies.quorum]")
-    );
-    let config = Config::parse(std::path::Path::new("transfer.toml"), text.clone()).unwrap();
-    let path = std::env::temp_dir().join(format!("{}.toml", unique("transfer")));
-    std::fs::write(&path, &text).unwrap();
+    let (config, path) = classic_and_quorum_levels(&classic, &quorum, "transfer");
 
     // 20 to 30 s out, spread by the millisecond: still waiting when the transfer runs.
     let scheduler = scheduler(&config).await;
