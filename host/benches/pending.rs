@@ -136,7 +136,7 @@ async fn main() {
         peak = peak.max(rss_mib(pid));
         tokio::time::sleep(SAMPLE_SPREAD / SAMPLES as u32).await;
     }
-    let lateness = arrivals.await.unwrap();
+    let lateness = arrivals.await.unwrap().from_send;
     println!(
         "\nloaded in {:.0} s ({:.0} msg/s through the ingress); host RSS now {:.1} MiB, peak {peak:.1} MiB; broker {:.0} MiB",
         loaded_in.as_secs_f64(),

@@ -135,16 +135,7 @@ fn plan_against_native(runtime: &PlannerRuntime) {
     });
 
     // The same planner logic compiled natively.
-    let native_planner = BinaryLevels::new(Config {
-        preset: Default::default(),
-        levels: None,
-        unit: None,
-        queue_type: None,
-        routing: Default::default(),
-        redelivery: None,
-        prefix: None,
-    })
-    .unwrap();
+    let native_planner = BinaryLevels::new(Config::default()).unwrap();
     let mut j = 0;
     let native = measure(21, 20_000, || {
         j += 1;

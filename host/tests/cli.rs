@@ -174,9 +174,13 @@ fn check_planner_passes_for_the_built_ins_and_the_example() {
     let dir = tempfile::tempdir().unwrap();
     let intervals = dir.path().join("intervals.toml");
     std::fs::write(&intervals, "intervals = [\"1s\", \"10s\", \"1m\"]\n").unwrap();
+    // Sub-levels below the unit: every delay is checked to arrive at its promise, to the 125 ms step.
+    let precise = dir.path().join("precise.toml");
+    std::fs::write(&precise, "precision = \"125ms\"\n").unwrap();
     let example = common::wasm("backoff-planner");
     let runs: Vec<Vec<&str>> = vec![
         vec!["check-planner", "binary-levels"],
+        vec!["check-planner", "binary-levels", "--planner-config", precise.to_str().unwrap()],
         vec!["check-planner", "hold-queues"],
         vec!["check-planner", "fixed-intervals", "--planner-config", intervals.to_str().unwrap()],
         vec!["check-planner", "sqs-cycles", "--horizon", "1d", "--samples", "50"],

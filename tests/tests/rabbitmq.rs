@@ -85,6 +85,19 @@ async fn binary_levels_deliver_on_time_with_either_routing_on_quorum_and_classic
     }
 }
 
+/// Seconds levels with `precision = "125ms"`: the part of a delay below the
+/// unit waits in sub-levels first, so a 1.3 s delay arrives after 1.375 s, not
+/// 2 s. The window is the 125 ms step plus the millisecond tests' 100 ms; the
+/// unit's rounding alone would put 300 ms and 1,300 ms 700 ms late.
+#[tokio::test]
+async fn binary_levels_with_sub_second_precision_deliver_to_the_step_on_quorum_and_classic_levels() {
+    for queue_type in ["quorum", "classic"] {
+        let prefix = unique("blp");
+        let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nprecision = \"125ms\"\nqueue_type = \"{queue_type}\"");
+        assert_delays_on_time(&table, &[0, 300, 1_000, 1_300, 2_060, 3_900], 125 + 100).await;
+    }
+}
+
 #[tokio::test]
 async fn binary_levels_with_topic_routing_in_seconds_deliver_on_time() {
     let prefix = unique("blts");

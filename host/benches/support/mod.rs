@@ -99,22 +99,34 @@ pub fn now_ms() -> u64 {
 /// Consumes `queue`, whose message bodies are due times ([`now_ms`] as text),
 /// until `count` arrived or none came for a minute: each one's lateness in ms,
 /// negative when early.
-pub fn collect_lateness(channel: lapin::Channel, queue: &str, count: usize) -> tokio::task::JoinHandle<Vec<i64>> {
+pub fn collect_lateness(channel: lapin::Channel, queue: &str, count: usize) -> tokio::task::JoinHandle<Lateness> {
     use futures_util::StreamExt;
     let queue = queue.to_string();
     tokio::spawn(async move {
         let options = lapin::options::BasicConsumeOptions::default();
         let mut consumer = channel.basic_consume(queue.as_str().into(), "bench-lateness".into(), options, FieldTable::default()).await.unwrap();
-        let mut lateness = Vec::with_capacity(count);
-        while lateness.len() < count {
+        let mut lateness = Lateness { from_send: Vec::with_capacity(count), from_forward: Vec::with_capacity(count) };
+        while lateness.from_send.len() < count {
             let Ok(Some(Ok(delivery))) = tokio::time::timeout(std::time::Duration::from_secs(60), consumer.next()).await else { break };
+            let now = now_ms() as i64;
             let due: i64 = String::from_utf8_lossy(&delivery.data).parse().expect("the body is the due time");
-            lateness.push(now_ms() as i64 - due);
+            lateness.from_send.push(now - due);
+            let forwarded_due = delivery.properties.headers().as_ref().and_then(|h| h.inner().get("hourglass-due-at")).and_then(|v| v.as_long_long_int());
+            lateness.from_forward.extend(forwarded_due.map(|due| now - due));
             delivery.acker.ack(lapin::options::BasicAckOptions::default()).await.ok();
         }
-        lateness.sort();
+        lateness.from_send.sort();
+        lateness.from_forward.sort();
         lateness
     })
+}
+
+/// Arrival lateness in ms, sorted: from the producer's due time (the body),
+/// and from the due time hourglass stamped when it forwarded the message
+/// (`hourglass-due-at`), which leaves out the wait in the ingress queue.
+pub struct Lateness {
+    pub from_send: Vec<i64>,
+    pub from_forward: Vec<i64>,
 }
 
 /// The `q` quantile of sorted values.

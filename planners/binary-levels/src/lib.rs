@@ -16,6 +16,16 @@
 //! their own (`<prefix>.direct-level-NN`), so the topic levels of earlier
 //! versions (`routing = "topic"`) keep draining beside them.
 //!
+//! A level waits whole units, so a delay rounds up to the unit (1 s by
+//! default). With `precision` finer than the unit, direct levels get a second,
+//! shorter chain of its own: sub-levels waiting `precision·2^j` for the bits
+//! below the unit. A message with such bits waits there first; the lowest
+//! sub-level dead-letters to an exit exchange that sends it, on its `enter:N`
+//! key, straight into the level of its highest whole-unit bit (or, with none,
+//! to delivery). Every queue still holds one TTL, so none holds a message
+//! behind another that expires later, and the unit levels' declarations do not
+//! change: existing levels keep working when precision is turned on.
+//!
 //! Level queues are quorum queues that dead-letter at least once unless
 //! `queue_type = "classic"` is chosen. With the `hourglass` preset the delivery
 //! exchange parks what it cannot route (a destination queue deleted while its
@@ -26,6 +36,8 @@ use hourglass_planner_sdk::*;
 use serde::Deserialize;
 
 const MAX_ROUTING_KEY: usize = 255;
+/// Sub-levels below the unit: 1 s down to about 1 ms.
+const MAX_SUB_LEVELS: u32 = 10;
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case")]
@@ -51,13 +63,16 @@ pub enum Routing {
     Direct,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
     pub preset: Preset,
     pub levels: Option<u32>,
     pub unit: Option<DurationMs>,
+    /// The finest step a delay is kept to: the unit divided by a power of two
+    /// (direct routing only). Default: the unit, with no sub-levels.
+    pub precision: Option<DurationMs>,
     pub queue_type: Option<QueueType>,
     /// Name prefix for the `hourglass` preset: `<prefix>.direct-level-NN` (or `.delay-level-NN`).
     pub prefix: Option<String>,
@@ -73,6 +88,8 @@ pub struct BinaryLevels {
     routing: Routing,
     levels: u32,
     unit_ms: u64,
+    /// Sub-levels below the unit: `unit_ms >> sub_levels` is the precision.
+    sub_levels: u32,
     queue_type: QueueType,
     redelivery: Option<RedeliveryPolicy>,
     /// Where `plan` publishes, made once: the delivery exchange for no delay,
@@ -81,6 +98,11 @@ pub struct BinaryLevels {
     /// Each level's direct key (`bit:N`), made once: formatting is most of a
     /// plan's cost in WebAssembly, and a plan names up to every level.
     bit_keys: Vec<String>,
+    /// Sub-level `j`'s exchange, and its key `sub:j`, made once like the above.
+    sub_entries: Vec<String>,
+    sub_keys: Vec<String>,
+    /// `enter:N`: the exit exchange's key into level `N`.
+    enter_keys: Vec<String>,
 }
 
 impl BinaryLevels {
@@ -110,8 +132,9 @@ impl BinaryLevels {
         }
     }
 
-    fn max_units(&self) -> u64 {
-        (1u64 << self.levels) - 1
+    /// The most precision steps a delay may take: every level and sub-level.
+    fn max_steps(&self) -> u64 {
+        (1u64 << (self.levels + self.sub_levels)) - 1
     }
 
     /// Where level `level` dead-letters and routes its zero bit to.
@@ -135,14 +158,17 @@ impl BinaryLevels {
     }
 
     fn queue_arguments(&self, level: u32) -> Vec<Field> {
-        let ttl = (1i64 << level) * self.unit_ms as i64;
+        self.ttl_queue_arguments((1u64 << level) * self.unit_ms, self.next_exchange(level))
+    }
+
+    fn ttl_queue_arguments(&self, ttl_ms: u64, dead_letter_exchange: String) -> Vec<Field> {
         let mut args = self.queue_type.dead_letter_arguments();
         if self.queue_type == QueueType::Classic {
             // As NServiceBus and Celery declare classic levels (and as earlier versions did).
             args.push(text("x-overflow", "reject-publish"));
         }
-        args.push(int("x-message-ttl", ttl));
-        args.push(text("x-dead-letter-exchange", self.next_exchange(level)));
+        args.push(int("x-message-ttl", ttl_ms as i64));
+        args.push(text("x-dead-letter-exchange", dead_letter_exchange));
         args
     }
 
@@ -151,13 +177,38 @@ impl BinaryLevels {
     fn is_own_name(&self, name: &str) -> bool {
         let Some(rest) = name.strip_prefix(&self.prefix).and_then(|rest| rest.strip_prefix('.')) else { return false };
         self.preset == Preset::Hourglass
-            && (["delay-level-", "direct-level-", "direct-hold-"].iter().any(|level| rest.starts_with(level))
+            && (["delay-level-", "direct-level-", "direct-hold-", "direct-sublevel-", "direct-subhold-"].iter().any(|level| rest.starts_with(level))
                 || ["delay-delivery", "direct-delivery"].contains(&rest))
     }
 
     /// Between a direct level's exchange and its queue (see `topology`).
     fn hold_name(&self, level: u32) -> String {
         format!("{}.direct-hold-{level:02}", self.prefix)
+    }
+
+    fn precision_ms(&self) -> u64 {
+        self.unit_ms >> self.sub_levels
+    }
+
+    /// Sub-level `j` waits `precision·2^j`. The precision is in the name, so
+    /// changing it declares a new chain beside the old one, which drains.
+    pub fn sub_level_name(&self, sub_level: u32) -> String {
+        format!("{}.direct-sublevel-{}ms-{sub_level:02}", self.prefix, self.precision_ms())
+    }
+
+    fn sub_hold_name(&self, sub_level: u32) -> String {
+        format!("{}.direct-subhold-{}ms-{sub_level:02}", self.prefix, self.precision_ms())
+    }
+
+    /// Where the lowest sub-level dead-letters: it sends each message on to
+    /// the level of its highest whole-unit bit (`enter:N`), or to delivery.
+    pub fn sub_level_exit(&self) -> String {
+        format!("{}.direct-sublevel-exit", self.prefix)
+    }
+
+    /// Where sub-level `j` dead-letters and routes what is not its bit to.
+    fn next_sub_exchange(&self, sub_level: u32) -> String {
+        if sub_level == 0 { self.sub_level_exit() } else { self.sub_level_name(sub_level - 1) }
     }
 
     /// A direct level's key for one set bit.
@@ -204,6 +255,34 @@ impl BinaryLevels {
     }
 }
 
+/// One direct level or sub-level: its exchange and queue (`name`), its hold
+/// exchange, the key that makes a message wait in it, and the exchange it
+/// passes everything else to and dead-letters to (`next`).
+struct DirectLevel<'a> {
+    name: String,
+    hold: String,
+    key: &'a str,
+    next: String,
+    ttl_ms: u64,
+}
+
+impl BinaryLevels {
+    fn direct_level(&self, level: DirectLevel, hold_arguments: &[Field]) -> [Command; 5] {
+        let DirectLevel { name, hold, key, next, ttl_ms } = level;
+        // The level's key goes to its hold exchange, and only from there to
+        // the queue: with the queue gone, the hold exchange routes nothing and
+        // parks the message, where the level exchange's alternate would have
+        // passed it down a level, early.
+        [
+            declare_exchange(&hold, ExchangeKind::Fanout, hold_arguments.to_vec()),
+            declare_exchange(&name, ExchangeKind::Direct, vec![text("alternate-exchange", &next)]),
+            declare_queue(&name, self.ttl_queue_arguments(ttl_ms, next)),
+            bind_queue(&name, &hold, ""),
+            bind_exchange(&name, &hold, key),
+        ]
+    }
+}
+
 impl Planner for BinaryLevels {
     type Config = Config;
 
@@ -212,6 +291,11 @@ impl Planner for BinaryLevels {
             .key("preset", "naming: hourglass, nsb-v2 or celery", Some("hourglass"))
             .key("levels", "number of delay levels (bits)", Some("28"))
             .key("unit", "delay of level 0; delays round up to it (1ms for sub-second)", Some("1s"))
+            .key(
+                "precision",
+                "the finest step, the unit divided by a power of two (e.g. 125ms): sub-levels below the unit keep delays to it without redeclaring the levels (direct routing)",
+                Some("the unit"),
+            )
             .key("queue_type", "quorum (dead-letters at least once) or classic (a broker crash can lose messages)", Some("quorum"))
             .key("prefix", "name prefix of the hourglass preset", Some("hourglass"))
             .key(
@@ -263,16 +347,40 @@ impl Planner for BinaryLevels {
         if top_ttl.is_none_or(|ttl| ttl > AMQP_MAX_TTL_MS) {
             return Err(format!("levels = {levels} with unit = {unit_ms}ms gives the top level a TTL above the broker's 10-year maximum"));
         }
-        let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1);
+        let sub_levels = match config.precision.map(DurationMs::ms) {
+            None => 0,
+            Some(precision) if precision == unit_ms => 0,
+            Some(_) if routing != Routing::Direct => {
+                return Err("precision: sub-levels need routing = \"direct\" (the hourglass preset's default)".into());
+            }
+            Some(precision) => sub_levels_for(unit_ms, precision)?,
+        };
+        let precision_ms = unit_ms >> sub_levels;
+        let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1) + (unit_ms - precision_ms);
         let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
         let bit_keys = (0..levels).map(Self::bit_key).collect();
-        let mut planner = BinaryLevels { preset: config.preset, prefix, routing, levels, unit_ms, queue_type, redelivery, entries: Vec::new(), bit_keys };
+        let mut planner = BinaryLevels {
+            preset: config.preset,
+            prefix,
+            routing,
+            levels,
+            unit_ms,
+            sub_levels,
+            queue_type,
+            redelivery,
+            entries: Vec::new(),
+            bit_keys,
+            sub_entries: Vec::new(),
+            sub_keys: (0..sub_levels).map(|j| format!("sub:{j}")).collect(),
+            enter_keys: (0..levels).map(|level| format!("enter:{level}")).collect(),
+        };
         planner.entries = std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).collect();
+        planner.sub_entries = (0..sub_levels).map(|j| planner.sub_level_name(j)).collect();
         Ok(planner)
     }
 
     fn delay_range(&self) -> DelayRange {
-        DelayRange::uniform(self.unit_ms, self.max_units() * self.unit_ms)
+        DelayRange::uniform(self.precision_ms(), self.max_steps() * self.precision_ms())
     }
 
     fn topology(&self) -> Result<Vec<Command>, String> {
@@ -286,16 +394,32 @@ impl Planner for BinaryLevels {
             // Lowest first, so each level's alternate exchange exists before it.
             commands.push(declare_exchange(&self.delivery_exchange(), ExchangeKind::Direct, delivery_arguments.clone()));
             for level in 0..self.levels {
-                let (name, hold) = (self.level_name(level), self.hold_name(level));
-                // The level's bit goes to its hold exchange, and only from there to
-                // the queue: with the queue gone, the hold exchange routes nothing and
-                // parks the message, where the level exchange's alternate would have
-                // passed it down a level, early.
-                commands.push(declare_exchange(&hold, ExchangeKind::Fanout, delivery_arguments.clone()));
-                commands.push(declare_exchange(&name, ExchangeKind::Direct, vec![text("alternate-exchange", self.next_exchange(level))]));
-                commands.push(declare_queue(&name, self.queue_arguments(level)));
-                commands.push(bind_queue(&name, &hold, ""));
-                commands.push(bind_exchange(&name, &hold, &Self::bit_key(level)));
+                let level = DirectLevel {
+                    name: self.level_name(level),
+                    hold: self.hold_name(level),
+                    key: &self.bit_keys[level as usize],
+                    next: self.next_exchange(level),
+                    ttl_ms: (1u64 << level) * self.unit_ms,
+                };
+                commands.extend(self.direct_level(level, &delivery_arguments));
+            }
+            if self.sub_levels > 0 {
+                // The exit needs the levels (its bindings) and delivery (its alternate) first.
+                let exit = self.sub_level_exit();
+                commands.push(declare_exchange(&exit, ExchangeKind::Direct, vec![text("alternate-exchange", self.delivery_exchange())]));
+                for level in 0..self.levels {
+                    commands.push(bind_exchange(&exit, &self.level_name(level), &self.enter_keys[level as usize]));
+                }
+                for sub_level in 0..self.sub_levels {
+                    let sub_level = DirectLevel {
+                        name: self.sub_level_name(sub_level),
+                        hold: self.sub_hold_name(sub_level),
+                        key: &self.sub_keys[sub_level as usize],
+                        next: self.next_sub_exchange(sub_level),
+                        ttl_ms: self.precision_ms() << sub_level,
+                    };
+                    commands.extend(self.direct_level(sub_level, &delivery_arguments));
+                }
             }
             return Ok(commands);
         }
@@ -332,32 +456,59 @@ impl Planner for BinaryLevels {
 
     fn plan(&self, request: &PlanRequest) -> Result<Plan, String> {
         self.check_destination(&request.destination)?;
-        let units = units_rounded_up(request.delay_ms, self.unit_ms);
-        if units > self.max_units() {
+        let precision_ms = self.precision_ms();
+        let steps = units_rounded_up(request.delay_ms, precision_ms);
+        if steps > self.max_steps() {
             return Err(format!(
                 "delay {}ms is above the maximum {}ms of {} levels x {}ms",
                 request.delay_ms,
-                self.max_units() * self.unit_ms,
+                self.max_steps() * precision_ms,
                 self.levels,
                 self.unit_ms
             ));
         }
+        let (units, below_unit) = (steps >> self.sub_levels, steps & ((1 << self.sub_levels) - 1));
         // No delay: the delivery exchange; else the level of the highest set bit.
         let entry = &self.entries[(u64::BITS - units.leading_zeros()) as usize];
         let publish = match self.routing {
             Routing::Topic => publish(entry, self.routing_key(units, &request.destination), vec![]),
             Routing::Direct => {
                 // Set bits from the highest down, then the destination: the first is the routing key.
-                let mut keys = (0..self.levels).rev().filter(|level| units >> level & 1 == 1).map(|level| self.bit_keys[level as usize].clone());
+                let bits = (0..self.levels).rev().filter(|level| units >> level & 1 == 1);
+                let mut keys = bits.clone().map(|level| self.bit_keys[level as usize].clone());
                 let destination = Self::destination_key(&request.destination);
+                if below_unit != 0 {
+                    // The sub-levels first, from the highest set one; the exit then enters the unit levels.
+                    let sub_bits = (0..self.sub_levels).rev().filter(|j| below_unit >> j & 1 == 1);
+                    let highest = sub_bits.clone().next().expect("a set bit below the unit") as usize;
+                    let mut sub_keys = sub_bits.map(|j| self.sub_keys[j as usize].clone());
+                    let first = sub_keys.next().expect("a set bit below the unit");
+                    let enter = bits.clone().next().map(|level| self.enter_keys[level as usize].clone());
+                    let bcc = sub_keys.chain(enter).chain(keys).chain([destination]).collect();
+                    let publish = publish_bcc(&self.sub_entries[highest], first, bcc, vec![]);
+                    return Ok(Plan { commands: vec![publish], delivers_after_ms: steps * precision_ms });
+                }
                 match keys.next() {
                     None => publish(entry, destination, vec![]),
                     Some(first) => publish_bcc(entry, first, keys.chain([destination]).collect(), vec![]),
                 }
             }
         };
-        Ok(Plan { commands: vec![publish], delivers_after_ms: units * self.unit_ms })
+        Ok(Plan { commands: vec![publish], delivers_after_ms: steps * precision_ms })
     }
+}
+
+/// How many halvings of `unit_ms` make `precision_ms`, if it is one of them.
+fn sub_levels_for(unit_ms: u64, precision_ms: u64) -> Result<u32, String> {
+    let ratio = unit_ms / precision_ms.max(1);
+    if precision_ms == 0 || precision_ms > unit_ms || ratio * precision_ms != unit_ms || !ratio.is_power_of_two() {
+        return Err(format!("precision: {precision_ms}ms must be the unit ({unit_ms}ms) divided by a power of two, at least 1ms"));
+    }
+    let sub_levels = ratio.trailing_zeros();
+    if sub_levels > MAX_SUB_LEVELS {
+        return Err(format!("precision: {precision_ms}ms needs {sub_levels} sub-levels below the unit; at most {MAX_SUB_LEVELS}"));
+    }
+    Ok(sub_levels)
 }
 
 register_planner!(BinaryLevels);
@@ -367,7 +518,7 @@ mod tests {
     use super::*;
 
     fn config(preset: Preset, routing: Routing) -> Config {
-        Config { preset, levels: None, unit: None, queue_type: None, prefix: None, routing: Some(routing), redelivery: None }
+        Config { preset, routing: Some(routing), ..Config::default() }
     }
 
     fn planner(preset: Preset) -> BinaryLevels {
@@ -503,28 +654,11 @@ mod tests {
 
     #[test]
     fn interop_presets_refuse_settings_that_would_not_interoperate() {
-        let err = BinaryLevels::new(Config {
-            preset: Preset::Celery,
-            levels: Some(20),
-            unit: None,
-            queue_type: None,
-            prefix: None,
-            routing: Some(Routing::Topic),
-            redelivery: None,
-        })
-        .unwrap_err();
+        let err = BinaryLevels::new(Config { preset: Preset::Celery, levels: Some(20), routing: Some(Routing::Topic), ..Config::default() }).unwrap_err();
         assert!(err.contains("levels = 28"), "{err}");
         assert!(
-            BinaryLevels::new(Config {
-                preset: Preset::NsbV2,
-                levels: None,
-                unit: None,
-                queue_type: Some(QueueType::Classic),
-                prefix: None,
-                routing: Some(Routing::Topic),
-                redelivery: None
-            })
-            .is_err()
+            BinaryLevels::new(Config { preset: Preset::NsbV2, queue_type: Some(QueueType::Classic), routing: Some(Routing::Topic), ..Config::default() })
+                .is_err()
         );
     }
 
@@ -555,11 +689,9 @@ mod tests {
         let p = BinaryLevels::new(Config {
             preset: Preset::Hourglass,
             levels: Some(3),
-            unit: None,
             queue_type: Some(QueueType::Classic),
-            prefix: None,
             routing: Some(Routing::Topic),
-            redelivery: None,
+            ..Config::default()
         })
         .unwrap();
         for q in level_queues(&p) {
@@ -589,5 +721,93 @@ mod tests {
         let long = "d".repeat(200);
         let err = planner(Preset::Hourglass).destination_setup(&long).unwrap_err();
         assert!(err.contains("leaves room for 199"), "{err}");
+    }
+
+    fn precise(precision_ms: u64) -> BinaryLevels {
+        BinaryLevels::new(Config { precision: Some(DurationMs(precision_ms)), ..Config::default() }).unwrap()
+    }
+
+    fn keys(plan: &Plan) -> (String, String, Vec<String>) {
+        let Command::Publish(publish) = &plan.commands[0] else { panic!("expected publish") };
+        (publish.exchange.clone(), publish.routing_key.clone(), publish.bcc.clone())
+    }
+
+    #[test]
+    fn precision_is_the_unit_halved_and_only_with_direct_routing() {
+        assert_eq!(precise(125).sub_levels, 3);
+        assert_eq!(precise(1_000).sub_levels, 0, "the unit itself: no sub-levels");
+        for (precision, expected) in [(300, "divided by a power of two"), (0, "divided by a power of two"), (2_000, "divided by a power of two")] {
+            let err = BinaryLevels::new(Config { precision: Some(DurationMs(precision)), ..Config::default() }).unwrap_err();
+            assert!(err.starts_with("precision:") && err.contains(expected), "{precision}: {err}");
+        }
+        let err =
+            BinaryLevels::new(Config { levels: Some(20), unit: Some(DurationMs(4_096)), precision: Some(DurationMs(2)), ..Config::default() }).unwrap_err();
+        assert!(err.contains("11 sub-levels"), "{err}");
+        let topic = Config { precision: Some(DurationMs(125)), routing: Some(Routing::Topic), ..Config::default() };
+        assert!(BinaryLevels::new(topic).unwrap_err().contains("routing = \"direct\""));
+        assert_eq!(precise(125).delay_range(), DelayRange::uniform(125, ((1 << 28) - 1) * 1_000 + 875));
+    }
+
+    #[test]
+    fn with_precision_the_bits_below_the_unit_wait_first_and_the_exit_enters_the_highest_unit_bit() {
+        let p = precise(125);
+        // 1,300 ms is 11 steps of 125 ms: one unit (bit 0) and 0b011 below it.
+        let plan = p.plan(&request(1_300)).unwrap();
+        assert_eq!(plan.delivers_after_ms, 1_375);
+        assert_eq!(
+            keys(&plan),
+            ("hourglass.direct-sublevel-125ms-01".into(), "sub:1".into(), vec!["sub:0".into(), "enter:0".into(), "bit:0".into(), "to:destination".into()])
+        );
+        // Under a unit: no level to enter, so the exit passes it to delivery (its alternate).
+        let plan = p.plan(&request(300)).unwrap();
+        assert_eq!(plan.delivers_after_ms, 375);
+        assert_eq!(keys(&plan), ("hourglass.direct-sublevel-125ms-01".into(), "sub:1".into(), vec!["sub:0".into(), "to:destination".into()]));
+        // Whole units take the levels alone, as without precision.
+        assert_eq!(keys(&p.plan(&request(10_000)).unwrap()), keys(&direct().plan(&request(10_000)).unwrap()));
+        let plan = p.plan(&request(10_001)).unwrap();
+        assert_eq!(plan.delivers_after_ms, 10_125);
+        assert_eq!(keys(&plan).2, vec!["enter:3".to_string(), "bit:3".into(), "bit:1".into(), "to:destination".into()]);
+        assert_eq!(keys(&plan).0, "hourglass.direct-sublevel-125ms-00");
+        let top = p.plan(&request(((1 << 28) - 1) * 1_000 + 875)).unwrap();
+        assert_eq!(keys(&top).0, "hourglass.direct-sublevel-125ms-02");
+        assert!(p.plan(&request(((1 << 28) - 1) * 1_000 + 876)).unwrap_err().contains("above the maximum"));
+    }
+
+    #[test]
+    fn sub_levels_chain_down_to_an_exit_that_enters_each_level_on_its_key_and_leaves_the_levels_as_they_were() {
+        let p = precise(125);
+        let topology = p.topology().unwrap();
+        let position = |name: &str| topology.iter().position(|c| matches!(c, Command::DeclareExchange(e) if e.name == name)).unwrap();
+        let exit = "hourglass.direct-sublevel-exit";
+        assert!(topology.contains(&declare_exchange(exit, ExchangeKind::Direct, vec![text("alternate-exchange", "hourglass.direct-delivery")])));
+        for level in 0..28 {
+            let name = format!("hourglass.direct-level-{level:02}");
+            assert!(topology.contains(&bind_exchange(exit, &name, &format!("enter:{level}"))));
+            assert!(position(&name) < position(exit));
+        }
+        for (j, ttl) in [(0u32, 125i64), (1, 250), (2, 500)] {
+            let (name, hold) = (format!("hourglass.direct-sublevel-125ms-{j:02}"), format!("hourglass.direct-subhold-125ms-{j:02}"));
+            let next = if j == 0 { exit.to_string() } else { format!("hourglass.direct-sublevel-125ms-{:02}", j - 1) };
+            assert!(topology.contains(&declare_exchange(&name, ExchangeKind::Direct, vec![text("alternate-exchange", &next)])));
+            assert!(position(&next) < position(&name), "{next} before {name}");
+            assert!(topology.contains(&bind_exchange(&name, &hold, &format!("sub:{j}"))));
+            assert!(topology.contains(&bind_queue(&name, &hold, "")));
+            assert!(topology.contains(&declare_exchange(&hold, ExchangeKind::Fanout, vec![text("alternate-exchange", "hourglass.parking")])));
+            let queue = topology
+                .iter()
+                .find_map(|c| match c {
+                    Command::DeclareQueue(q) if q.name == name => Some(q),
+                    _ => None,
+                })
+                .unwrap();
+            assert!(queue.arguments.contains(&int("x-message-ttl", ttl)) && queue.arguments.contains(&text("x-dead-letter-exchange", &next)));
+            assert!(queue.arguments.contains(&text("x-queue-type", "quorum")));
+        }
+        // Turning precision on declares the unit levels exactly as before.
+        let without = direct().topology().unwrap();
+        assert!(without.iter().all(|c| topology.contains(c)), "every earlier declaration is unchanged");
+        for name in ["hourglass.direct-sublevel-125ms-00", "hourglass.direct-subhold-125ms-02", exit] {
+            assert!(p.destination_setup(name).unwrap_err().contains("own levels"), "{name}");
+        }
     }
 }
