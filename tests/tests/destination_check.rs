@@ -84,7 +84,9 @@ async fn transfer_counts_a_queue_it_cannot_read_as_left_not_empty() {
 /// A classic destination queue whose home node is stopped still exists:
 /// RabbitMQ answers its passive declare with 404 "home node … is down or
 /// inaccessible". The sender is told to try again (503), not that the queue
-/// does not exist (422). On a three-node cluster of the test's own.
+/// does not exist (422). Messages for a queue on a live node, scheduled
+/// before, between and after those requests, are accepted and delivered
+/// meanwhile. On a three-node cluster of the test's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_whose_home_node_is_down_is_503_not_422() {
     let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap().expect("a private three-node cluster starts");
@@ -113,15 +115,36 @@ async fn a_destination_whose_home_node_is_down_is_503_not_422() {
         channel.queue_declare(queue.as_str().into(), passive, Default::default()).await.is_err_and(|e| e.to_string().contains("home node"))
     })
     .await;
+    // Valid traffic beside the fault: a queue on the entry node, which stays up.
+    let mut live = Destination::declare(&entry_connection, "home-up").await;
     let served = Served::start(Service::new(scheduler(&config).await, None)).await;
+    let mut scheduled = Vec::new();
+    let mut schedule_valid = async |label: &str| {
+        let (status, answer) = served.http.schedule(None, json!({ "destination": live.name, "delay": "1s", "body": label })).await;
+        assert_eq!(status, 202, "a message for a queue on a live node, {label}: {answer}");
+        scheduled.push(answer["id"].as_str().expect("an id").to_string());
+    };
+    schedule_valid("before").await;
     let body = json!({ "destination": queue, "delay": "1s", "body": "x" });
     let (status, answer) = served.http.schedule(None, body.clone()).await;
     assert_eq!(status, 503, "a queue whose home node is down is not the sender's mistake: {answer}");
     let error = answer["error"].as_str().unwrap_or_default();
     assert!(!error.contains("does not exist") && error.contains("down or inaccessible"), "{answer}");
+    schedule_valid("between").await;
     // Not remembered as missing: the next request asks the broker again, and is answered the same.
     let (again, answer) = served.http.schedule(None, body).await;
     assert_eq!(again, 503, "{answer}");
+    schedule_valid("after").await;
+    // Delivered while the home node is still down: one second's delay, through the levels on the live nodes.
+    let mut delivered: Vec<String> = live
+        .receive(scheduled.len(), Duration::from_secs(30))
+        .await
+        .iter()
+        .map(|received| received.delivery.properties.message_id().as_ref().expect("a message id").to_string())
+        .collect();
+    delivered.sort();
+    scheduled.sort();
+    assert_eq!(delivered, scheduled, "every message for the live queue arrived, once");
     served.stop().await;
     entry_connection.close(200, "done".into()).await.ok();
     drop(cluster);

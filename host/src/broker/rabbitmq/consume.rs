@@ -44,7 +44,7 @@ use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
-use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, reconnect_backoff};
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, reconnect_backoff};
 use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
@@ -166,7 +166,7 @@ impl<H: Handler> Consumer<H> {
         let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
         let (connection, node) = nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|e| format!("RabbitMQ at {}: {e}", redact(&self.url)))?;
         let subscribe = async {
-            let channel = connection.create_channel().await?;
+            let channel = create_channel(&connection).await?;
             channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await?;
             let consumer = channel.basic_consume(queue.into(), tag.into(), BasicConsumeOptions::default(), AmqpTable::default()).await?;
             Ok::<_, lapin::Error>((channel, consumer))

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties, ErrorKind};
 
 use crate::backoff::Backoff;
 use crate::broker::ExecutorError;
@@ -29,6 +29,8 @@ use super::nodes::{self, redact};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a channel may take.
 pub const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a wait for a channel looks whether its connection ended meanwhile.
+const LOST_LOOK_EVERY: Duration = Duration::from_millis(50);
 /// A link is replaced after this many broker-closed channels (each one a
 /// channel number lapin will not use again; RabbitMQ allows 2,047 per connection).
 pub const WEAR_LIMIT: usize = 1_000;
@@ -100,7 +102,7 @@ impl Link {
     /// A new channel, in confirm mode if `confirm`. Failing to open one is "not now".
     pub async fn open_channel(&self, confirm: bool) -> Result<Channel, String> {
         let open = async {
-            let channel = self.connection.create_channel().await?;
+            let channel = create_channel(&self.connection).await?;
             if confirm {
                 channel.confirm_select(ConfirmSelectOptions::default()).await?;
             }
@@ -110,6 +112,33 @@ impl Link {
             Ok(result) => result.map_err(|e| format!("opening a channel: {e}")),
             Err(_) => Err(format!("no channel opened within {CHANNEL_TIMEOUT:?}")),
         }
+    }
+}
+
+/// [`Connection::create_channel`], but failing once the connection ends.
+///
+/// lapin opens a channel through its connection's command task, which stops
+/// when the connection ends; a request queued behind that stop is never run
+/// nor refused. So a channel asked for just as the connection drops (lapin
+/// still calls it connected) neither opens nor fails: a declare waited out
+/// [`CHANNEL_TIMEOUT`] for it. lapin marks the connection lost a moment
+/// later; this gives up then.
+pub async fn create_channel(connection: &Connection) -> lapin::Result<Channel> {
+    tokio::select! {
+        biased;
+        opened = connection.create_channel() => opened,
+        () = ended(connection) => {
+            let ended = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the connection ended before the channel opened");
+            Err(ErrorKind::IOError(Arc::new(ended)).into())
+        }
+    }
+}
+
+/// Returns once lapin no longer calls `connection` connected.
+async fn ended(connection: &Connection) {
+    let mut looks = tokio::time::interval(LOST_LOOK_EVERY);
+    while connection.status().connected() {
+        looks.tick().await;
     }
 }
 

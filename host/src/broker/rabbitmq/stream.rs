@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use crate::broker::ExecutorError;
 use crate::command::{Command, FieldValue};
 
-use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT};
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel};
 use super::nodes::{self, redact};
 
 /// Entries the broker sends ahead of the reader (streams need a prefetch to be read at all).
@@ -85,7 +85,7 @@ async fn attach(url: &str, stream: &str, from: u64) -> Result<(Connection, lapin
     let unavailable = |e: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
     let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT).await.map_err(unavailable)?;
     let subscribe = async {
-        let channel = connection.create_channel().await?;
+        let channel = create_channel(&connection).await?;
         channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await?;
         let mut arguments = AmqpTable::default();
         arguments.insert("x-stream-offset".into(), AMQPValue::LongLongInt(from as i64));

@@ -11,7 +11,7 @@ use crate::broker::ExecutorError;
 use crate::message::Delivery;
 
 use super::convert::from_amqp_delivery;
-use super::link::CONNECT_TIMEOUT;
+use super::link::{CONNECT_TIMEOUT, create_channel};
 use super::nodes::{self, redact};
 use super::passive::{self, PassiveFailure};
 
@@ -34,7 +34,7 @@ impl Taker {
         let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
             .await
             .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url))))?;
-        let channel = connection.create_channel().await.map_err(lost)?;
+        let channel = create_channel(&connection).await.map_err(lost)?;
         Ok(Taker { url: url.to_string(), connection, channel })
     }
 
@@ -47,7 +47,7 @@ impl Taker {
     /// now (its home node down, say) is an error, never an empty queue.
     pub async fn depth(&self, queue: &str) -> Result<Option<u32>, ExecutorError> {
         // A passive declare of a missing queue closes the channel: use one of its own.
-        let channel = self.connection.create_channel().await.map_err(|e| self.lost(e))?;
+        let channel = create_channel(&self.connection).await.map_err(|e| self.lost(e))?;
         let options = QueueDeclareOptions { passive: true, ..Default::default() };
         let declared = channel.queue_declare(queue.into(), options, AmqpTable::default()).await;
         channel.close(200, "done".into()).await.ok();

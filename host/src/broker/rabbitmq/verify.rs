@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::broker::rabbitmq::link::create_channel;
 use crate::broker::rabbitmq::manage::{Management, vhost_of};
 use crate::broker::rabbitmq::redact;
 use crate::command::{Command, FieldTable, FieldValue};
@@ -130,7 +131,7 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
     let (connection, _) = crate::broker::rabbitmq::nodes::connect(amqp_url, ConnectionProperties::default(), crate::broker::rabbitmq::link::CONNECT_TIMEOUT)
         .await
         .map_err(|e| VerifyError::Unavailable(format!("RabbitMQ at {}: {e}", redact(amqp_url))))?;
-    let mut channel = connection.create_channel().await.map_err(unavailable)?;
+    let mut channel = create_channel(&connection).await.map_err(unavailable)?;
     let mut drifts = Vec::new();
     let mut unchecked = 0;
     for command in commands {
@@ -152,7 +153,7 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
         if let Err(err) = result {
             drifts.push(Drift { object, problem: format!("missing ({err})") });
             // The broker closed the channel with the error.
-            channel = connection.create_channel().await.map_err(unavailable)?;
+            channel = create_channel(&connection).await.map_err(unavailable)?;
         }
     }
     connection.close(200, "verified".into()).await.ok();
