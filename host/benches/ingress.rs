@@ -149,6 +149,7 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, (queue_type, r
     };
     let rate = rate(&done).await;
     counter.abort();
+    phase("hourglass drained; stopping it");
     if std::env::var("BENCH_DEBUG").is_ok() {
         for line in services[0].metrics.encode().lines().filter(|l| (l.contains("_sum") || l.contains("_count")) && l.contains("seconds")) {
             eprintln!("{line}");
@@ -158,6 +159,13 @@ async fn hourglass_ingress(url: &str, source: &str, prefix: &str, (queue_type, r
         served.stop().await;
     }
     (rate, config)
+}
+
+/// `BENCH_DEBUG`: where the run stands, on stderr (with `BENCH_LOG`, the host's log beside it).
+fn phase(what: &str) {
+    if std::env::var("BENCH_DEBUG").is_ok() {
+        eprintln!("{} {what}", support::now_ms());
+    }
 }
 
 /// The `BCC` header carrying a plan's extra routing keys, as hourglass sends it.
@@ -231,6 +239,7 @@ async fn main() {
                 // Odd rounds run the relay into a queue after hourglass, so a broker that
                 // speeds up or slows down over the run favours neither.
                 let relay_first = round % 2 == 0;
+                phase(&format!("round {round}: {queue_type} prefetch {prefetch}"));
                 if relay_first && !profiling {
                     raw.push(relay_into_queue(&url, &channel, &prefix, &destination, queue_type, prefetch).await);
                 }
@@ -238,6 +247,7 @@ async fn main() {
                 let source = format!("{prefix}.in");
                 declare_queue(&channel, &source, false).await;
                 preload(&channel, &source, &destination).await;
+                phase("hourglass");
                 let (rate, config) = hourglass_ingress(&url, &source, &prefix, (queue_type, routing), prefetch).await;
                 ours.push(rate);
                 // The same relay again, publishing where hourglass's first hop goes (its
@@ -248,6 +258,7 @@ async fn main() {
                 let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
                 let Some(hourglass::command::Command::Publish { exchange, routing_key, bcc, .. }) = plan.commands.first() else { panic!("a publish first") };
                 let again = format!("{source}.again");
+                phase("relay into the first level");
                 if !profiling {
                     declare_queue(&channel, &again, false).await;
                     preload(&channel, &again, &destination).await;
@@ -257,6 +268,7 @@ async fn main() {
                 if !relay_first && !profiling {
                     raw.push(relay_into_queue(&url, &channel, &prefix, &destination, queue_type, prefetch).await);
                 }
+                phase("clean-up");
                 // A fresh channel: a refused delete closes the channel it was sent on.
                 let cleanup = connection.create_channel().await.unwrap();
                 for queue in [source.clone(), format!("{source}.invalid"), destination] {

@@ -76,6 +76,7 @@ pub struct Served {
 
 impl Served {
     pub async fn start(config: Config) -> Served {
+        init_logging();
         let service = hourglass::service::Service::start(config).await.expect("service starts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -88,6 +89,14 @@ impl Served {
     pub async fn stop(self) {
         self.stop.send(()).ok();
         self.server.await.unwrap().expect("service stops");
+    }
+}
+
+/// `BENCH_LOG=<filter>` (e.g. `hourglass=debug`) prints the host's log to
+/// stderr, with timestamps, to see where a run that stalls stands.
+pub fn init_logging() {
+    if let Ok(filter) = std::env::var("BENCH_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_writer(std::io::stderr).try_init();
     }
 }
 
