@@ -6,10 +6,10 @@
 //! cancellable strategy's `<release queue>.parked`, and the ingress's invalid
 //! queue. Listing takes each message unacked and gives it back, so nothing
 //! moves; replaying publishes it again (to its destination, through its
-//! strategy again if it is not due yet, or an invalid message to the
-//! ingress) with a confirm, then acks it; dropping acks it. A message that
-//! cannot be replayed (its destination is still gone) is given back and
-//! counted.
+//! strategy again if it is not due yet, to its release queue if its strategy
+//! is cancellable, or an invalid message to the ingress) with a confirm, then
+//! acks it; dropping acks it. A message that cannot be replayed (its
+//! destination is still gone) is given back and counted.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -112,6 +112,10 @@ pub struct Handled {
     pub done: u64,
     /// Of `done`, those replay sent round their strategy again because they were not due yet.
     pub rescheduled: u64,
+    /// Of `done`, those replay handed to their cancellable strategy's release
+    /// queue, whose consumer claims each in the cancellation log and drops it
+    /// if it was cancelled.
+    pub released: u64,
     /// Given back, with why (the first reason seen).
     pub left: u64,
     pub why_left: Option<String>,
@@ -137,6 +141,7 @@ fn selected(delivery: &Delivery, id: Option<&str>) -> bool {
 enum Done {
     Forwarded,
     Rescheduled,
+    Released,
     Dropped,
 }
 
@@ -165,8 +170,10 @@ async fn each_message(
                     Ok(done) => {
                         taker.ack(message).await?;
                         handled.done += 1;
-                        if let Done::Rescheduled = done {
-                            handled.rescheduled += 1;
+                        match done {
+                            Done::Rescheduled => handled.rescheduled += 1,
+                            Done::Released => handled.released += 1,
+                            Done::Forwarded | Done::Dropped => {}
                         }
                     }
                     Err(why) => {
@@ -186,28 +193,47 @@ async fn each_message(
 }
 
 /// Publishes each selected message again: an invalid one to the ingress
-/// queue; a parked one to its destination queue if it is due, and otherwise
-/// (a delay level on its way was missing) through the strategy that parks in
-/// `parking` again, due when it was. That scheduling declares the strategy's
+/// queue; a parked one, if it is due, to its destination queue, or to the
+/// release queue when the strategy that parks in `parking` is cancellable;
+/// and otherwise (a delay level on its way was missing) through that
+/// strategy again, due when it was. That scheduling declares the strategy's
 /// topology on the scheduler's first use of it, the missing level included.
 pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &ParkingQueue, ingress: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
     let owner = scheduler.parking_queues().into_iter().find(|(_, queues)| queues.contains(&parking.queue)).map(|(strategy, _)| strategy);
+    let config = scheduler.config();
+    let release_queue = owner.as_deref().filter(|s| config.strategies.get(*s).is_some_and(|s| s.cancellable)).map(|s| config.service.cancel.release_queue(s));
     each_message(taker, &parking.queue, id, async |delivery: &Delivery| {
         if parking.kind == "invalid" {
-            return forward(scheduler, delivery, ingress).await;
+            return forward(scheduler, delivery, ingress).await.map(|()| Done::Forwarded);
         }
         let target = header_text(delivery, TARGET_HEADER).ok_or("no hourglass-target header: replay it by hand")?;
-        match due_at(delivery).filter(|due| *due > unix_now_ms()) {
+        match (due_at(delivery).filter(|due| *due > unix_now_ms()), &release_queue) {
             // Forwarded now, it would arrive early.
-            Some(due) => reschedule(scheduler, delivery, owner.as_deref(), &target, due).await,
-            None => forward(scheduler, delivery, &target).await,
+            (Some(due), _) => reschedule(scheduler, delivery, owner.as_deref(), &target, due).await,
+            // Forwarded straight on, it could be a message cancelled meanwhile.
+            (None, Some(release_queue)) => release(scheduler, delivery, release_queue).await,
+            (None, None) => forward(scheduler, delivery, &target).await.map(|()| Done::Forwarded),
         }
     })
     .await
 }
 
+/// Hands a due message of a cancellable strategy to its release queue. The
+/// release consumer there makes the one decision that lets a message go: it
+/// claims the id in the cancellation log, forwards it only if it was not
+/// cancelled, and waits while the log cannot answer.
+async fn release(scheduler: &Scheduler<Broker>, delivery: &Delivery, release_queue: &str) -> Result<Done, String> {
+    if header_text(delivery, ID_HEADER).is_none() {
+        return Err(format!("no {ID_HEADER} header, so the cancellation log cannot be asked about it: replay it by hand"));
+    }
+    forward(scheduler, delivery, release_queue)
+        .await
+        .map(|()| Done::Released)
+        .map_err(|why| format!("{why} (its strategy is cancellable, so it is replayed through its release queue, which a serving host declares)"))
+}
+
 /// Publishes the message as it is (without the reasons it was set aside for) to `queue`, confirmed.
-async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str) -> Result<Done, String> {
+async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str) -> Result<(), String> {
     let mut properties = delivery.properties.clone();
     properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);
     let publish = [Command::forward("", queue)];
@@ -218,7 +244,7 @@ async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str
         properties,
         stamp_message_id: false,
     };
-    scheduler.executor().send(&publish, &envelope).await.map(|()| Done::Forwarded).map_err(|e| format!("to {queue}: {e}"))
+    scheduler.executor().send(&publish, &envelope).await.map_err(|e| format!("to {queue}: {e}"))
 }
 
 /// Schedules a message parked before its due time through `strategy` again, due at `due_at_ms`.

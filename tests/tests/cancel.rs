@@ -183,3 +183,65 @@ async fn without_a_cancellable_strategy_cancel_is_a_conflict_naming_the_setting(
     assert!(answer["error"].as_str().unwrap().contains("cancellable = true"), "{answer}");
     served.stop().await;
 }
+
+/// Messages of a cancellable strategy that its delivery exchange could not
+/// route (the release queue was gone when they fell due) wait in the
+/// strategy's own parking queue. Replayed after their due time they go
+/// through the release queue, so the cancellation log decides: the one
+/// cancelled meanwhile is dropped there, never delivered; the other is
+/// claimed (a later cancel is answered 409) and delivered. While the release
+/// queue is still gone, replay leaves both parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first() {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::parked;
+    use hourglass::scheduler::ScheduleRequest;
+    let setup = setup();
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut destination = Destination::declare(&connection, "cancel-parked-dest").await;
+    // No host runs yet: nothing declares the release queue again once it is deleted.
+    let scheduler = scheduler(&setup.config).await;
+    let mut ids = std::collections::HashMap::new();
+    for body in ["victim", "survivor"] {
+        let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 1_000, body: body.as_bytes().to_vec(), ..Default::default() };
+        ids.insert(body, scheduler.schedule(request).await.expect("schedule").id);
+    }
+    channel.queue_delete(setup.release.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    let parking = parked::parking_queues(&setup.config, &scheduler)
+        .into_iter()
+        .find(|q| q.queue != format!("{}.parked", setup.release) && q.kind == "parked")
+        .expect("the strategy's own parking queue");
+    until("both messages parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &parking.queue).await == 2).await;
+
+    // While the release queue is still gone, replay leaves them where they are rather than deliver them unasked.
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    assert_eq!((handled.done, handled.left), (0, 2), "{handled:?}");
+    assert!(handled.why_left.as_deref().is_some_and(|why| why.contains("release queue")), "{handled:?}");
+    // Given back, they are ready again in the parking queue once the broker has taken the requeues.
+    until("both back in the parking queue", Duration::from_secs(5), async || queue_depth(&channel, &parking.queue).await == 2).await;
+
+    let served = start(&setup).await;
+    let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
+    assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "{answer}");
+
+    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    taker.close().await;
+    assert_eq!((handled.done, handled.released, handled.rescheduled, handled.left), (2, 2, 0, 0), "both handed to the release queue: {handled:?}");
+    assert_eq!(queue_depth(&channel, &parking.queue).await, 0, "both parked copies are acked once replayed");
+
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(String::from_utf8_lossy(&received[0].delivery.data), "survivor", "the cancelled message must never arrive");
+    until("the cancelled message dropped at the release queue", Duration::from_secs(10), async || {
+        served.http.metric("hourglass_released_messages_total{strategy=\"main\",outcome=\"cancelled\"}").await >= 1.0
+    })
+    .await;
+    destination.assert_quiet(Duration::from_millis(500)).await;
+    assert_eq!(queue_depth(&channel, &format!("{}.parked", setup.release)).await, 0, "nothing parked at the release queue");
+    let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["survivor"]), None).await;
+    assert_eq!(status, 409, "the replayed message was claimed before it was delivered: {answer}");
+
+    served.stop().await;
+    clean_up(&setup, destination).await;
+}

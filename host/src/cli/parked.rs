@@ -32,7 +32,9 @@ pub enum Action {
         format: TextOrJson,
     },
     /// Publish them again: to their destination (one not due yet through its
-    /// strategy again, for its due time; an invalid one to the ingress), then remove them.
+    /// strategy again, for its due time; one of a cancellable strategy to its
+    /// release queue, where the cancellation log is asked; an invalid one to
+    /// the ingress), then remove them.
     Replay {
         #[arg(long)]
         queue: Option<String>,
@@ -123,19 +125,31 @@ async fn list(taker: &Taker, queues: &[ParkingQueue], limit: usize, format: Text
 }
 
 /// One line per queue touched; exit 1 when any selected message stayed.
-/// With `split`, how many went round their strategy again (not due yet) and how many straight on.
+/// With `split`, how many went round their strategy again (not due yet), how
+/// many to a release queue (a cancellable strategy's) and how many straight on.
 fn report(verb: &str, results: &[Handled], split: bool) -> ExitCode {
-    let how = |done: u64, rescheduled: u64| {
-        if split { format!(" ({rescheduled} rescheduled for their due time, {} forwarded)", done - rescheduled) } else { String::new() }
+    let how = |h: &Handled| {
+        if !split {
+            return String::new();
+        }
+        // Only a cancellable strategy's messages go there: said when it happened, not on every replay.
+        let released = if h.released > 0 { format!("{} to their release queue, where the cancellation log decides, ", h.released) } else { String::new() };
+        format!(" ({} rescheduled for their due time, {released}{} forwarded)", h.rescheduled, h.done - h.rescheduled - h.released)
     };
     for handled in results.iter().filter(|h| h.done > 0 || h.left > 0) {
-        let done = format!("{}: {verb} {}{}", handled.queue, handled.done, how(handled.done, handled.rescheduled));
+        let done = format!("{}: {verb} {}{}", handled.queue, handled.done, how(handled));
         match &handled.why_left {
             Some(why) => println!("{done}, {} left ({why})", handled.left),
             None => println!("{done}"),
         }
     }
-    let (done, rescheduled, left) = results.iter().fold((0, 0, 0), |(d, r, l), h| (d + h.done, r + h.rescheduled, l + h.left));
-    println!("{verb} {done} messages{}; {left} left in place", how(done, rescheduled));
-    if left == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    let total = results.iter().fold(Handled::default(), |total, h| Handled {
+        done: total.done + h.done,
+        rescheduled: total.rescheduled + h.rescheduled,
+        released: total.released + h.released,
+        left: total.left + h.left,
+        ..total
+    });
+    println!("{verb} {} messages{}; {} left in place", total.done, how(&total), total.left);
+    if total.left == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
