@@ -102,7 +102,10 @@ async fn raw_relay(url: &str, source: &str, (exchange, target): (&str, &str), pr
     }));
     let rate = rate(&done).await;
     relay.abort();
-    connection.close(200, "done".into()).await.ok();
+    // Bounded: a close racing the aborted relay's last publishes can wait on a
+    // lapin promise that never settles ("invalid channel state: Closing"),
+    // which stalled two runs here for good.
+    tokio::time::timeout(Duration::from_secs(5), connection.close(200, "done".into())).await.ok();
     rate
 }
 

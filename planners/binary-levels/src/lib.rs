@@ -255,6 +255,30 @@ impl BinaryLevels {
     }
 }
 
+impl BinaryLevels {
+    /// Direct levels: the message enters where its highest set bit waits (a
+    /// sub-level's when it has bits below the unit, which wait first), with
+    /// that bit's key as the routing key and the rest as `BCC` keys, highest
+    /// first: the lower sub-level bits, `enter:N` for the exit, the unit
+    /// bits, then the destination. No delay: the delivery exchange.
+    fn direct_publish(&self, units: u64, below_unit: u64, destination: &str) -> Command {
+        let unit_bits = (0..self.levels).rev().filter(|level| units >> level & 1 == 1);
+        let sub_bits = (0..self.sub_levels).rev().filter(|j| below_unit >> j & 1 == 1);
+        let enter = if below_unit == 0 { None } else { unit_bits.clone().next().map(|level| self.enter_keys[level as usize].clone()) };
+        let exchange = match sub_bits.clone().next() {
+            Some(highest) => &self.sub_entries[highest as usize],
+            None => &self.entries[(u64::BITS - units.leading_zeros()) as usize],
+        };
+        let mut keys = sub_bits
+            .map(|j| self.sub_keys[j as usize].clone())
+            .chain(enter)
+            .chain(unit_bits.map(|level| self.bit_keys[level as usize].clone()))
+            .chain([Self::destination_key(destination)]);
+        let first = keys.next().expect("the destination's key at least");
+        publish_bcc(exchange, first, keys.collect(), vec![])
+    }
+}
+
 /// One direct level or sub-level: its exchange and queue (`name`), its hold
 /// exchange, the key that makes a message wait in it, and the exchange it
 /// passes everything else to and dead-letters to (`next`).
@@ -468,31 +492,10 @@ impl Planner for BinaryLevels {
             ));
         }
         let (units, below_unit) = (steps >> self.sub_levels, steps & ((1 << self.sub_levels) - 1));
-        // No delay: the delivery exchange; else the level of the highest set bit.
-        let entry = &self.entries[(u64::BITS - units.leading_zeros()) as usize];
         let publish = match self.routing {
-            Routing::Topic => publish(entry, self.routing_key(units, &request.destination), vec![]),
-            Routing::Direct => {
-                // Set bits from the highest down, then the destination: the first is the routing key.
-                let bits = (0..self.levels).rev().filter(|level| units >> level & 1 == 1);
-                let mut keys = bits.clone().map(|level| self.bit_keys[level as usize].clone());
-                let destination = Self::destination_key(&request.destination);
-                if below_unit != 0 {
-                    // The sub-levels first, from the highest set one; the exit then enters the unit levels.
-                    let sub_bits = (0..self.sub_levels).rev().filter(|j| below_unit >> j & 1 == 1);
-                    let highest = sub_bits.clone().next().expect("a set bit below the unit") as usize;
-                    let mut sub_keys = sub_bits.map(|j| self.sub_keys[j as usize].clone());
-                    let first = sub_keys.next().expect("a set bit below the unit");
-                    let enter = bits.clone().next().map(|level| self.enter_keys[level as usize].clone());
-                    let bcc = sub_keys.chain(enter).chain(keys).chain([destination]).collect();
-                    let publish = publish_bcc(&self.sub_entries[highest], first, bcc, vec![]);
-                    return Ok(Plan { commands: vec![publish], delivers_after_ms: steps * precision_ms });
-                }
-                match keys.next() {
-                    None => publish(entry, destination, vec![]),
-                    Some(first) => publish_bcc(entry, first, keys.chain([destination]).collect(), vec![]),
-                }
-            }
+            // No delay: the delivery exchange; else the level of the highest set bit.
+            Routing::Topic => publish(&self.entries[(u64::BITS - units.leading_zeros()) as usize], self.routing_key(units, &request.destination), vec![]),
+            Routing::Direct => self.direct_publish(units, below_unit, &request.destination),
         };
         Ok(Plan { commands: vec![publish], delivers_after_ms: steps * precision_ms })
     }
