@@ -21,7 +21,8 @@
 //! After a lost connection it reconnects with backoff; unacked messages are
 //! the broker's to deliver again. On stop it cancels the consumer, lets the
 //! handler finish the deliveries in hand, then closes; a stop that comes
-//! while it is still declaring or connecting ends that at once.
+//! while it is still declaring or connecting ends that at once, and a cancel
+//! or close the broker does not answer is given up (see [`parting`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -44,7 +45,7 @@ use crate::message::{Delivery, Headers, Outcome, Settled};
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
-use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, reconnect_backoff};
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting, reconnect_backoff};
 use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
@@ -132,7 +133,9 @@ impl<H: Handler> Consumer<H> {
         tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
         let publisher = self.publisher.as_ref();
         let acks = &Acks::default();
-        let processing = consumer.for_each_concurrent(self.handler.prefetch() as usize, |delivery| {
+        // Ends the deliveries when the stop's cancel goes unanswered (they end at the broker's cancel-ok otherwise).
+        let (give_up, gave_up) = tokio::sync::oneshot::channel::<()>();
+        let processing = consumer.take_until(gave_up).for_each_concurrent(self.handler.prefetch() as usize, |delivery| {
             // In hand from here, in delivery order: no multiple ack may cover it before it is done.
             if let Ok(delivery) = &delivery {
                 acks.taken(delivery.delivery_tag);
@@ -150,10 +153,14 @@ impl<H: Handler> Consumer<H> {
             _ = stop.wait_for(|stopping| *stopping) => {}
         }
         // Stop taking new messages; the broker keeps the ones not yet delivered.
-        channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default()).await.ok();
+        // Unanswered (the connection lost or silent), nothing more is taken; the
+        // broker requeues what it sent meanwhile when the connection goes.
+        if !parting(&connection, channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())).await {
+            give_up.send(()).ok();
+        }
         processing.await;
         self.consuming.store(false, Ordering::Relaxed);
-        connection.close(200, "hourglass stopping".into()).await.ok();
+        parting(&connection, connection.close(200, "hourglass stopping".into())).await;
         tracing::info!(%queue, "consumer stopped");
         Ok(())
     }

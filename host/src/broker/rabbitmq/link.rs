@@ -13,12 +13,13 @@
 //! to 5 s. Readiness only [`Slot::peek`]s; in `serve` a background task
 //! (`RabbitMqExecutor::keep_connected`) reconnects, so no probe waits on a connect.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lapin::options::ConfirmSelectOptions;
-use lapin::{Channel, Connection, ConnectionProperties, ErrorKind};
+use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, ErrorKind};
 
 use crate::backoff::Backoff;
 use crate::broker::ExecutorError;
@@ -29,7 +30,11 @@ use super::nodes::{self, redact};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long opening a channel may take.
 pub const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often a wait for a channel looks whether its connection ended meanwhile.
+/// How long a step on the way out of a connection (a consumer's cancel, a
+/// close) waits for the broker's answer before it is given up. A broker that
+/// is there answers in milliseconds.
+pub const PARTING_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often a wait for a channel or a parting step looks whether its connection ended meanwhile.
 const LOST_LOOK_EVERY: Duration = Duration::from_millis(50);
 /// A link is replaced after this many broker-closed channels (each one a
 /// channel number lapin will not use again; RabbitMQ allows 2,047 per connection).
@@ -127,17 +132,44 @@ pub async fn create_channel(connection: &Connection) -> lapin::Result<Channel> {
     tokio::select! {
         biased;
         opened = connection.create_channel() => opened,
-        () = ended(connection) => {
+        () = until(connection, |status| !status.connected()) => {
             let ended = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the connection ended before the channel opened");
             Err(ErrorKind::IOError(Arc::new(ended)).into())
         }
     }
 }
 
-/// Returns once lapin no longer calls `connection` connected.
-async fn ended(connection: &Connection) {
+/// Runs `step`, a step on the way out of `connection` (a consumer's cancel,
+/// a channel's or the connection's own close), best effort: true if the
+/// broker answered it, false if it failed, the connection ended first, or
+/// no answer came within [`PARTING_TIMEOUT`].
+///
+/// Such a step is a courtesy: the broker drops a connection's channels and
+/// consumers, and requeues what they held, once its TCP connection goes. But
+/// lapin's may never end: a close sent as the connection drops can be lost
+/// like a channel open (queued behind its connection task's stop, see
+/// [`create_channel`]), and one sent into a connection that went silent waits
+/// for a close-ok that never comes (lapin stops checking heartbeats once
+/// closing); a cancel there waits out lapin's missed-heartbeat check (two
+/// minutes at RabbitMQ's default heartbeat).
+pub async fn parting<T>(connection: &Connection, step: impl Future<Output = lapin::Result<T>>) -> bool {
+    let step = async {
+        tokio::select! {
+            biased;
+            done = step => done.is_ok(),
+            // A closing connection is neither connected nor gone yet. One that
+            // dropped as the close was asked for can stay "closing" for good,
+            // which only the timeout ends.
+            () = until(connection, |status| status.closed() || status.errored()) => false,
+        }
+    };
+    tokio::time::timeout(PARTING_TIMEOUT, step).await.unwrap_or(false)
+}
+
+/// Returns once `holds` is true of `connection`'s status, looking every [`LOST_LOOK_EVERY`].
+async fn until(connection: &Connection, holds: impl Fn(&ConnectionStatus) -> bool) {
     let mut looks = tokio::time::interval(LOST_LOOK_EVERY);
-    while connection.status().connected() {
+    while !holds(connection.status()) {
         looks.tick().await;
     }
 }

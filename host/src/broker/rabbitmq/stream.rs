@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use crate::broker::ExecutorError;
 use crate::command::{Command, FieldValue};
 
-use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel};
+use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};
 
 /// Entries the broker sends ahead of the reader (streams need a prefetch to be read at all).
@@ -76,7 +76,7 @@ pub async fn read(
         }
     };
     attached.store(false, Ordering::Relaxed);
-    connection.close(200, "hourglass stopped reading".into()).await.ok();
+    parting(&connection, connection.close(200, "hourglass stopped reading".into())).await;
     result
 }
 

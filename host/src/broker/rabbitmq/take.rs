@@ -11,7 +11,7 @@ use crate::broker::ExecutorError;
 use crate::message::Delivery;
 
 use super::convert::from_amqp_delivery;
-use super::link::{CONNECT_TIMEOUT, create_channel};
+use super::link::{CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};
 use super::passive::{self, PassiveFailure};
 
@@ -50,7 +50,7 @@ impl Taker {
         let channel = create_channel(&self.connection).await.map_err(|e| self.lost(e))?;
         let options = QueueDeclareOptions { passive: true, ..Default::default() };
         let declared = channel.queue_declare(queue.into(), options, AmqpTable::default()).await;
-        channel.close(200, "done".into()).await.ok();
+        parting(&self.connection, channel.close(200, "done".into())).await;
         match declared {
             Ok(declared) => Ok(Some(declared.message_count())),
             Err(e) if passive::classify(&e) == PassiveFailure::Missing => Ok(None),
@@ -79,6 +79,6 @@ impl Taker {
     }
 
     pub async fn close(self) {
-        self.connection.close(200, "hourglass transfer done".into()).await.ok();
+        parting(&self.connection, self.connection.close(200, "hourglass transfer done".into())).await;
     }
 }

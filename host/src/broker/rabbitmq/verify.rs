@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::broker::rabbitmq::link::create_channel;
+use crate::broker::rabbitmq::link::{create_channel, parting};
 use crate::broker::rabbitmq::manage::{Management, vhost_of};
 use crate::broker::rabbitmq::redact;
 use crate::command::{Command, FieldTable, FieldValue};
@@ -156,7 +156,7 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
             channel = create_channel(&connection).await.map_err(unavailable)?;
         }
     }
-    connection.close(200, "verified".into()).await.ok();
+    parting(&connection, connection.close(200, "verified".into())).await;
     Ok((drifts, unchecked))
 }
 
