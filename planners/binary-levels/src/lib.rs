@@ -157,8 +157,12 @@ impl BinaryLevels {
         String::from_utf8(key).expect("digits and dots, then the destination's text")
     }
 
+    fn level_ttl_ms(&self, level: u32) -> u64 {
+        (1u64 << level) * self.unit_ms
+    }
+
     fn queue_arguments(&self, level: u32) -> Vec<Field> {
-        self.ttl_queue_arguments((1u64 << level) * self.unit_ms, self.next_exchange(level))
+        self.ttl_queue_arguments(self.level_ttl_ms(level), self.next_exchange(level))
     }
 
     fn ttl_queue_arguments(&self, ttl_ms: u64, dead_letter_exchange: String) -> Vec<Field> {
@@ -253,9 +257,7 @@ impl BinaryLevels {
         }
         Ok(())
     }
-}
 
-impl BinaryLevels {
     /// Direct levels: the message enters where its highest set bit waits (a
     /// sub-level's when it has bits below the unit, which wait first), with
     /// that bit's key as the routing key and the rest as `BCC` keys, highest
@@ -277,20 +279,7 @@ impl BinaryLevels {
         let first = keys.next().expect("the destination's key at least");
         publish_bcc(exchange, first, keys.collect(), vec![])
     }
-}
 
-/// One direct level or sub-level: its exchange and queue (`name`), its hold
-/// exchange, the key that makes a message wait in it, and the exchange it
-/// passes everything else to and dead-letters to (`next`).
-struct DirectLevel<'a> {
-    name: String,
-    hold: String,
-    key: &'a str,
-    next: String,
-    ttl_ms: u64,
-}
-
-impl BinaryLevels {
     fn direct_level(&self, level: DirectLevel, hold_arguments: &[Field]) -> [Command; 5] {
         let DirectLevel { name, hold, key, next, ttl_ms } = level;
         // The level's key goes to its hold exchange, and only from there to
@@ -305,6 +294,17 @@ impl BinaryLevels {
             bind_exchange(&name, &hold, key),
         ]
     }
+}
+
+/// One direct level or sub-level: its exchange and queue (`name`), its hold
+/// exchange, the key that makes a message wait in it, and the exchange it
+/// passes everything else to and dead-letters to (`next`).
+struct DirectLevel<'a> {
+    name: String,
+    hold: String,
+    key: &'a str,
+    next: String,
+    ttl_ms: u64,
 }
 
 impl Planner for BinaryLevels {
@@ -396,7 +396,8 @@ impl Planner for BinaryLevels {
             bit_keys,
             sub_entries: Vec::new(),
             sub_keys: (0..sub_levels).map(|j| format!("sub:{j}")).collect(),
-            enter_keys: (0..levels).map(|level| format!("enter:{level}")).collect(),
+            // Only the exit routes on them: none without sub-levels.
+            enter_keys: (0..if sub_levels > 0 { levels } else { 0 }).map(|level| format!("enter:{level}")).collect(),
         };
         planner.entries = std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).collect();
         planner.sub_entries = (0..sub_levels).map(|j| planner.sub_level_name(j)).collect();
@@ -423,7 +424,7 @@ impl Planner for BinaryLevels {
                     hold: self.hold_name(level),
                     key: &self.bit_keys[level as usize],
                     next: self.next_exchange(level),
-                    ttl_ms: (1u64 << level) * self.unit_ms,
+                    ttl_ms: self.level_ttl_ms(level),
                 };
                 commands.extend(self.direct_level(level, &delivery_arguments));
             }
