@@ -178,7 +178,9 @@ impl Executor for Broker {
         match self {
             Broker::Memory(m) => m.send(commands, envelope).await,
             Broker::RabbitMq(r) => r.send(commands, envelope).await,
-            Broker::Sqs(s) => s.send(commands, envelope).await,
+            // Boxed: the SDK's request futures are large, and inline they would size every
+            // RabbitMQ publish's future too (each request's is moved whole when spawned).
+            Broker::Sqs(s) => Box::pin(s.send(commands, envelope)).await,
         }
     }
 }

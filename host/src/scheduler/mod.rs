@@ -552,11 +552,17 @@ impl<E: Executor> Scheduler<E> {
         // Only a request that planned cleanly declares anything on the broker.
         let pair = (strategy.clone(), request.destination.clone());
         if !self.is_ready(&generation, &pair) {
-            let mut prepared = self.prepared(&generation).await;
-            // Someone may have set it up while this request waited for the lock.
-            if !self.is_ready(&generation, &pair) {
-                self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
-            }
+            // Boxed, as the broker's cold paths are: this runs once per destination, and inline
+            // its declares would make every request's future (moved whole at each spawn) kilobytes larger.
+            Box::pin(async {
+                let mut prepared = self.prepared(&generation).await;
+                // Someone may have set it up while this request waited for the lock.
+                if !self.is_ready(&generation, &pair) {
+                    self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
+                }
+                Ok::<(), ScheduleError>(())
+            })
+            .await?;
         }
         let due_at_ms = unix_now_ms() + request.delay_ms;
         let mut headers = request.headers;

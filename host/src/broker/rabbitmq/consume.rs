@@ -189,7 +189,9 @@ impl<H: Handler> Consumer<H> {
     /// One delivery: the handler's decision (a panic caught and counted), carried out.
     async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor, acks: &Acks) {
         let delivery = from_amqp_delivery(self.handler.queue(), &raw);
-        let (outcome, note) = match AssertUnwindSafe(self.handler.handle(&delivery)).catch_unwind().await {
+        // Boxed: a handler's future holds a whole schedule (kilobytes); inline, every delivery's
+        // future would be that large and be copied whole as it is spawned and moved.
+        let (outcome, note) = match AssertUnwindSafe(Box::pin(self.handler.handle(&delivery))).catch_unwind().await {
             Ok((outcome, note)) => {
                 self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(&delivery);
                 (outcome, Some(note))
@@ -221,7 +223,8 @@ impl<H: Handler> Consumer<H> {
                 acks.alone(tag, requeue(raw)).await;
                 Settled::Requeued
             }
-            Outcome::MoveTo { queue, headers, reason } => match move_to(publisher, queue, delivery, headers).await {
+            // Boxed: setting aside is rare, and inline its publish would size every delivery's future.
+            Outcome::MoveTo { queue, headers, reason } => match Box::pin(move_to(publisher, queue, delivery, headers)).await {
                 Ok(()) => {
                     tracing::info!(from = %delivery.queue, to = %queue, %reason, "message set aside");
                     acks.ack(tag, &raw.acker).await

@@ -254,7 +254,8 @@ impl Slot {
         if lost && Instant::now() < connecting.next_attempt {
             return Err(self.unavailable("connection lost; reconnecting"));
         }
-        match Link::open(&self.url, &self.name).await {
+        // Boxed: connecting is rare, and its future is large; inline it would size every publish's.
+        match Box::pin(Link::open(&self.url, &self.name)).await {
             Ok(mut link) => {
                 connecting.opened += 1;
                 link.number = connecting.opened;

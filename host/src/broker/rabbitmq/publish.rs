@@ -297,7 +297,8 @@ impl RabbitMqExecutor {
 
     async fn publish(&self, command: &Command, envelope: &Envelope) -> Result<(), ExecutorError> {
         let Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } = command else {
-            return self.apply_one(command).await;
+            // Boxed: a declare among the commands to send is rare; inline it would size every publish.
+            return Box::pin(self.apply_one(command)).await;
         };
         let invalid = |reason: String| ExecutorError::Invalid(format!("message {}: {reason}", envelope.id));
         // The producer's own headers keep their types; hourglass's and the plan's are added on top.
@@ -371,9 +372,11 @@ impl RabbitMqExecutor {
         }
         let what = || format!("checking exchange {exchange:?}");
         let options = ExchangeDeclareOptions { passive: true, ..Default::default() };
-        let checked = self
-            .control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, options, AmqpTable::default()).await)
-            .await?;
+        // Boxed: once per exchange and connection; inline, the check would size every publish's future.
+        let checked = Box::pin(
+            self.control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, options, AmqpTable::default()).await),
+        )
+        .await?;
         match checked {
             Ok(()) => {
                 self.remember_exchange(exchange);
