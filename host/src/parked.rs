@@ -9,8 +9,9 @@
 //! strategy again if it is not due yet, to its release queue if its strategy
 //! is cancellable, or an invalid message to the ingress) with a confirm, then
 //! acks it; dropping acks it. A message that cannot be replayed (its
-//! destination is still gone) is given back and counted.
+//! destination, or its release queue, is still gone) is given back and counted.
 
+use std::collections::HashMap;
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -31,19 +32,39 @@ pub struct ParkingQueue {
     pub queue: String,
     /// `parked` (a strategy's or a release queue's) or `invalid` (the ingress's).
     pub kind: &'static str,
+    /// The strategy whose messages wait here: one not due yet goes round it again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
+    /// That strategy's release queue, when it is cancellable: a due message
+    /// is replayed through it, so the cancellation log decides whether it goes on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_queue: Option<String>,
 }
 
-/// Every queue hourglass sets messages aside in, for this config.
+impl ParkingQueue {
+    fn parked(config: &Config, queue: String, strategy: &str) -> ParkingQueue {
+        let release_queue = config.strategies.get(strategy).filter(|s| s.cancellable).map(|_| config.service.cancel.release_queue(strategy));
+        ParkingQueue { queue, kind: "parked", strategy: Some(strategy.to_string()), release_queue }
+    }
+}
+
+/// Every queue hourglass sets messages aside in, for this config, each with its owner.
 pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
-    let mut queues: Vec<ParkingQueue> = scheduler.parking_queues().into_values().flatten().map(|queue| ParkingQueue { queue, kind: "parked" }).collect();
+    let mut queues = Vec::new();
+    for (strategy, parking) in scheduler.parking_queues() {
+        queues.extend(parking.into_iter().map(|queue| ParkingQueue::parked(config, queue, &strategy)));
+    }
+    // Where its release consumer parks: the strategy's own messages, not claimed yet or not deliverable.
     for strategy in config.strategies.values().filter(|s| s.cancellable) {
-        queues.push(ParkingQueue { queue: format!("{}.parked", config.service.cancel.release_queue(&strategy.name)), kind: "parked" });
+        let queue = format!("{}.parked", config.service.cancel.release_queue(&strategy.name));
+        queues.push(ParkingQueue::parked(config, queue, &strategy.name));
     }
     if config.service.ingress.enabled {
-        queues.push(ParkingQueue { queue: config.service.ingress.invalid_queue.clone(), kind: "invalid" });
+        queues.push(ParkingQueue { queue: config.service.ingress.invalid_queue.clone(), kind: "invalid", strategy: None, release_queue: None });
     }
+    // Stable, so a parking queue two strategies share (one prefix) keeps the first by name as its owner.
     queues.sort_by(|a, b| a.queue.cmp(&b.queue));
-    queues.dedup();
+    queues.dedup_by(|a, b| a.queue == b.queue);
     queues
 }
 
@@ -88,7 +109,9 @@ fn due_at(delivery: &Delivery) -> Option<u64> {
 /// hourglass's. Its due time says whether its delay had ended (the
 /// destination was gone) or not (a delay level's queue was missing, so a
 /// level's hold exchange parked it); its last death record says where it
-/// came from, and none means it was parked as it was published.
+/// came from, and none means it was parked as it was published. One with
+/// `hourglass-id` is a cancellable strategy's, whose delays end in its
+/// release queue: that was what was gone, not the destination.
 fn dead_letter_reason(delivery: &Delivery, due_at_ms: Option<u64>, now_ms: u64) -> Option<String> {
     // `x-death` lists the newest death first (RabbitMQ 3.10 has no `x-last-death-*` headers yet).
     let last_queue = match delivery.properties.headers.get("x-death") {
@@ -102,7 +125,13 @@ fn dead_letter_reason(delivery: &Delivery, due_at_ms: Option<u64>, now_ms: u64) 
         let from = last_queue.map_or_else(|| "on entry".to_string(), |queue| format!("last in {queue}"));
         return Some(format!("parked before its due time ({from}): a delay level on its way was missing; replay sends it round again for its due time"));
     }
-    Some(format!("unroutable after its delay (last in {}): the destination queue was gone", last_queue?))
+    let last_queue = last_queue?;
+    if header_text(delivery, ID_HEADER).is_some() {
+        return Some(format!(
+            "unroutable after its delay (last in {last_queue}): its strategy is cancellable, and its release queue was gone (a serving host declares it)"
+        ));
+    }
+    Some(format!("unroutable after its delay (last in {last_queue}): the destination queue was gone"))
 }
 
 /// What `replay` or `drop` did to one queue.
@@ -194,38 +223,72 @@ async fn each_message(
 
 /// Publishes each selected message again: an invalid one to the ingress
 /// queue; a parked one, if it is due, to its destination queue, or to the
-/// release queue when the strategy that parks in `parking` is cancellable;
-/// and otherwise (a delay level on its way was missing) through that
-/// strategy again, due when it was. That scheduling declares the strategy's
-/// topology on the scheduler's first use of it, the missing level included.
+/// release queue when the strategy that owns `parking` is cancellable (its
+/// own parking queue and its release queue's `.parked` alike); and otherwise
+/// (a delay level on its way was missing, or a reschedule failed) through
+/// that strategy again, due when it was. That scheduling declares the
+/// strategy's topology on the scheduler's first use of it, the missing level
+/// included.
 pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &ParkingQueue, ingress: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
-    let owner = scheduler.parking_queues().into_iter().find(|(_, queues)| queues.contains(&parking.queue)).map(|(strategy, _)| strategy);
-    let config = scheduler.config();
-    let release_queue = owner.as_deref().filter(|s| config.strategies.get(*s).is_some_and(|s| s.cancellable)).map(|s| config.service.cancel.release_queue(s));
+    let mut destinations = Destinations { taker, known: HashMap::new() };
     each_message(taker, &parking.queue, id, async |delivery: &Delivery| {
         if parking.kind == "invalid" {
             return forward(scheduler, delivery, ingress).await.map(|()| Done::Forwarded);
         }
         let target = header_text(delivery, TARGET_HEADER).ok_or("no hourglass-target header: replay it by hand")?;
-        match (due_at(delivery).filter(|due| *due > unix_now_ms()), &release_queue) {
+        match (due_at(delivery).filter(|due| *due > unix_now_ms()), &parking.release_queue) {
             // Forwarded now, it would arrive early.
-            (Some(due), _) => reschedule(scheduler, delivery, owner.as_deref(), &target, due).await,
+            (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), &target, due).await,
             // Forwarded straight on, it could be a message cancelled meanwhile.
-            (None, Some(release_queue)) => release(scheduler, delivery, release_queue).await,
+            (None, Some(release_queue)) => release(scheduler, &mut destinations, delivery, release_queue, &target).await,
             (None, None) => forward(scheduler, delivery, &target).await.map(|()| Done::Forwarded),
         }
     })
     .await
 }
 
+/// Whether destination queues exist, each asked once per replay.
+struct Destinations<'t> {
+    taker: &'t Taker,
+    known: HashMap<String, Result<(), String>>,
+}
+
+impl Destinations<'_> {
+    async fn check(&mut self, queue: &str) -> Result<(), String> {
+        if let Some(known) = self.known.get(queue) {
+            return known.clone();
+        }
+        let checked = match self.taker.depth(queue).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(format!(
+                "its destination queue {queue:?} is gone (through its release queue it would only be parked again): replay it once the queue exists"
+            )),
+            Err(e) => Err(format!("checking its destination queue {queue:?}: {e}")),
+        };
+        self.known.insert(queue.to_string(), checked.clone());
+        checked
+    }
+}
+
 /// Hands a due message of a cancellable strategy to its release queue. The
 /// release consumer there makes the one decision that lets a message go: it
 /// claims the id in the cancellation log, forwards it only if it was not
-/// cancelled, and waits while the log cannot answer.
-async fn release(scheduler: &Scheduler<Broker>, delivery: &Delivery, release_queue: &str) -> Result<Done, String> {
+/// cancelled, and waits while the log cannot answer. Its destination is
+/// checked first: were it gone, the message would only come back parked
+/// while replay counted it released. One deleted between the check and the
+/// hand-over is parked again in `<release queue>.parked` with its reason:
+/// still there to see, never lost.
+async fn release(
+    scheduler: &Scheduler<Broker>,
+    destinations: &mut Destinations<'_>,
+    delivery: &Delivery,
+    release_queue: &str,
+    target: &str,
+) -> Result<Done, String> {
     if header_text(delivery, ID_HEADER).is_none() {
         return Err(format!("no {ID_HEADER} header, so the cancellation log cannot be asked about it: replay it by hand"));
     }
+    destinations.check(target).await?;
     forward(scheduler, delivery, release_queue)
         .await
         .map(|()| Done::Released)
@@ -329,6 +392,16 @@ mod tests {
         assert_eq!(reason(&[due(NOW - 1)]), None, "no death record and no reason of hourglass's: nothing to say");
         let own = reason(&[due(NOW + 2_000), (PARKED_REASON_HEADER, HeaderValue::text("destination \"d\": gone"))]);
         assert_eq!(own.as_deref(), Some("destination \"d\": gone"), "hourglass's own reason comes first");
+    }
+
+    #[test]
+    fn a_cancellable_strategys_message_parked_after_its_delay_says_its_release_queue_was_gone() {
+        let after = reason(&[due(NOW - 1), died_in("hourglass.direct-level-00"), (ID_HEADER, HeaderValue::text("id-1"))]).unwrap();
+        assert!(after.starts_with("unroutable after its delay (last in hourglass.direct-level-00)"), "{after}");
+        assert!(after.contains("release queue was gone"), "{after}");
+        assert!(!after.contains("destination queue was gone"), "the destination was never tried: {after}");
+        let not_due = reason(&[due(NOW + 2_000), died_in("hourglass.direct-level-02"), (ID_HEADER, HeaderValue::text("id-1"))]).unwrap();
+        assert!(not_due.contains("a delay level on its way was missing"), "before its due time it is still a level: {not_due}");
     }
 
     #[test]

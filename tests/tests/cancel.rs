@@ -245,3 +245,216 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     served.stop().await;
     clean_up(&setup, destination).await;
 }
+
+/// Waits for the one message a scheduler (no host running) sent into the
+/// release queue and sets it aside in `<release queue>.parked` as the release
+/// consumer does before a claim (poisoned, or a reschedule that failed):
+/// the message as it came, with its reason and, after a failed reschedule,
+/// the due time it was moved to. No claim reaches the cancellation log.
+async fn park_unclaimed(setup: &Setup, scheduler: &hourglass::scheduler::Scheduler<hourglass::broker::Broker>, reason: &str, due_at_ms: Option<u64>) {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::broker::{Envelope, Executor};
+    use hourglass::command::{Command, FieldTable};
+    use hourglass::headers::{DUE_AT_HEADER, PARKED_REASON_HEADER};
+    use hourglass::message::HeaderValue;
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let mut taken = Vec::new();
+    until("the message in the release queue", Duration::from_secs(10), async || {
+        taken = taker.take(&setup.release, 1).await.unwrap();
+        !taken.is_empty()
+    })
+    .await;
+    let message = taken.pop().unwrap();
+    let mut properties = message.delivery.properties.clone();
+    properties.headers.insert(PARKED_REASON_HEADER.to_string(), HeaderValue::text(reason));
+    if let Some(due_at_ms) = due_at_ms {
+        properties.headers.insert(DUE_AT_HEADER.to_string(), HeaderValue::I64(due_at_ms as i64));
+    }
+    let envelope = Envelope {
+        id: properties.message_id.clone().unwrap_or_default(),
+        body: message.delivery.body.clone(),
+        headers: FieldTable::new(),
+        properties,
+        stamp_message_id: false,
+    };
+    // The release consumer declares it as it starts; no host has started yet.
+    let parked = format!("{}.parked", setup.release);
+    scheduler.executor().apply(&[hourglass::scheduler::release_queue_declaration(&parked)]).await.unwrap();
+    scheduler.executor().send(&[Command::forward("", &parked)], &envelope).await.expect("parked");
+    taker.ack(message).await.unwrap();
+    taker.close().await;
+}
+
+/// Why the release consumer sets a message aside unclaimed after a handler panicked on it repeatedly.
+const POISONED: &str = "hourglass failed on this message 3 times (it panicked: test); set aside so the messages behind it go on";
+
+/// A message the release consumer set aside before claiming it (here: given
+/// up on as poisoned) was never claimed, so a cancel of its id is answered
+/// 200. Replaying `<release queue>.parked` must not undo that cancel: the
+/// message goes through the release queue, where the claim finds the cancel
+/// and drops it. The uncancelled message beside it is claimed and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honours_a_cancel() {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::parked;
+    use hourglass::scheduler::ScheduleRequest;
+    let setup = setup();
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut destination = Destination::declare(&connection, "cancel-release-parked-dest").await;
+    let release_parked = format!("{}.parked", setup.release);
+    // No host runs yet: what the levels deliver waits in the release queue, unclaimed.
+    let scheduler = scheduler(&setup.config).await;
+    let mut ids = std::collections::HashMap::new();
+    for body in ["victim", "survivor"] {
+        let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 200, body: body.as_bytes().to_vec(), ..Default::default() };
+        ids.insert(body, scheduler.schedule(request).await.expect("schedule").id);
+        park_unclaimed(&setup, &scheduler, POISONED, None).await;
+    }
+    assert_eq!(queue_depth(&channel, &release_parked).await, 2);
+
+    let served = start(&setup).await;
+    let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
+    assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "never claimed, so the cancel holds: {answer}");
+
+    let parking = parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    taker.close().await;
+
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(String::from_utf8_lossy(&received[0].delivery.data), "survivor", "the cancelled message must never arrive");
+    until("the cancelled message dropped at the release queue", Duration::from_secs(10), async || {
+        served.http.metric("hourglass_released_messages_total{strategy=\"main\",outcome=\"cancelled\"}").await >= 1.0
+    })
+    .await;
+    destination.assert_quiet(Duration::from_millis(500)).await;
+    assert_eq!((handled.done, handled.released, handled.left), (2, 2, 0), "both handed to the release queue: {handled:?}");
+    assert_eq!(queue_depth(&channel, &release_parked).await, 0, "nothing left parked, nothing parked again");
+    let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["survivor"]), None).await;
+    assert_eq!(status, 409, "the replayed message was claimed before it was delivered: {answer}");
+
+    served.stop().await;
+    clean_up(&setup, destination).await;
+}
+
+/// Through the release queue, a message whose destination is still gone
+/// would only be parked again while replay counted it as released. So replay
+/// leaves it where it is and says which destination is missing, from the
+/// strategy's own parking queue (its release queue was gone when it fell
+/// due) and from `<release queue>.parked` alike; the messages beside them,
+/// whose destination exists, are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gone() {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::parked;
+    use hourglass::scheduler::ScheduleRequest;
+    use lapin::options::QueueDeclareOptions;
+    let setup = setup();
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut live = Destination::declare(&connection, "cancel-live-dest").await;
+    let gone = unique("cancel-gone-dest");
+    channel.queue_declare(gone.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
+    let release_parked = format!("{}.parked", setup.release);
+    let scheduler = scheduler(&setup.config).await;
+    let request = |destination: &str, delay_ms: u64, body: &str| ScheduleRequest {
+        destination: destination.to_string(),
+        delay_ms,
+        body: body.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    // Two set aside at the release queue, unclaimed.
+    for (destination, body) in [(&gone, "stranded-at-release"), (&live.name, "beside-at-release")] {
+        scheduler.schedule(request(destination, 200, body)).await.expect("schedule");
+        park_unclaimed(&setup, &scheduler, POISONED, None).await;
+    }
+    // Two parked by the strategy itself: its release queue was gone when they fell due.
+    for (destination, body) in [(&gone, "stranded-in-levels"), (&live.name, "beside-in-levels")] {
+        scheduler.schedule(request(destination, 1_000, body)).await.expect("schedule");
+    }
+    channel.queue_delete(setup.release.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+    let own = parked::parking_queues(&setup.config, &scheduler)
+        .into_iter()
+        .find(|q| q.queue != release_parked && q.kind == "parked")
+        .expect("the strategy's own parking queue");
+    until("both parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &own.queue).await == 2).await;
+    channel.queue_delete(gone.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
+
+    // A serving host declares the release queue again; only the destination is missing now.
+    let served = start(&setup).await;
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let at_release =
+        parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
+    for parking in [&own, &at_release] {
+        let handled = parked::replay(&scheduler, &taker, parking, &setup.config.service.ingress.queue, None).await.unwrap();
+        assert_eq!((handled.done, handled.left), (1, 1), "{}: {handled:?}", parking.queue);
+        assert!(handled.why_left.as_deref().is_some_and(|why| why.contains(&gone)), "{}: names the missing destination: {handled:?}", parking.queue);
+    }
+    taker.close().await;
+
+    let received = live.receive(2, Duration::from_secs(10)).await;
+    let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).to_string()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["beside-at-release", "beside-in-levels"]);
+    for parking in [&own.queue, &release_parked] {
+        until(&format!("the stranded message back in {parking}, and only it"), Duration::from_secs(5), async || queue_depth(&channel, parking).await == 1)
+            .await;
+    }
+    live.assert_quiet(Duration::from_millis(300)).await;
+    assert_eq!(queue_depth(&channel, &own.queue).await, 1);
+    assert_eq!(queue_depth(&channel, &release_parked).await, 1, "the stranded message was not parked again");
+
+    served.stop().await;
+    clean_up(&setup, live).await;
+}
+
+/// A reschedule the release consumer could not carry out sets the message
+/// aside with the due time it was moved to. Replay sends it round the
+/// strategy again for that time (it arrives then, not before), while a due
+/// message beside it goes through the release queue at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_reschedules_it_for_then() {
+    use hourglass::broker::rabbitmq::take::Taker;
+    use hourglass::parked;
+    use hourglass::scheduler::ScheduleRequest;
+    let setup = setup();
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let mut destination = Destination::declare(&connection, "cancel-later-dest").await;
+    let release_parked = format!("{}.parked", setup.release);
+    let scheduler = scheduler(&setup.config).await;
+    let request = |body: &str| ScheduleRequest { destination: destination.name.clone(), delay_ms: 200, body: body.as_bytes().to_vec(), ..Default::default() };
+    scheduler.schedule(request("due")).await.expect("schedule");
+    park_unclaimed(&setup, &scheduler, POISONED, None).await;
+    let later = scheduler.schedule(request("later")).await.expect("schedule").id;
+    // Whole seconds, so the RFC 3339 time the PATCH sends is exactly this due time.
+    let moved_to = (unix_now_ms() / 1_000 + 6) * 1_000;
+    park_unclaimed(&setup, &scheduler, &format!("rescheduling to {moved_to} failed: broker refused: test"), Some(moved_to)).await;
+
+    // The log holds the reschedule the release consumer was carrying out.
+    let served = start(&setup).await;
+    let deliver_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(moved_to)).to_string();
+    let (status, answer) = json_call(&served, "PATCH", &format!("/v1/messages/{later}"), Some(json!({ "deliver_at": deliver_at }))).await;
+    assert_eq!((status, answer["due_at"].as_u64()), (200, Some(moved_to)), "{answer}");
+
+    let parking = parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    taker.close().await;
+    assert!(unix_now_ms() < moved_to, "replayed before the new due time, or the test shows nothing");
+    assert_eq!((handled.done, handled.rescheduled, handled.released, handled.left), (2, 1, 1, 0), "{handled:?}");
+    assert_eq!(queue_depth(&channel, &release_parked).await, 0, "both parked copies are acked once replayed");
+
+    let due = destination.receive(1, Duration::from_secs(5)).await;
+    assert_eq!(due[0].delivery.data, b"due", "the due message goes on at once; the later one is not with it");
+    let arrived = destination.receive(1, Duration::from_secs(15)).await;
+    assert_eq!(arrived[0].delivery.data, b"later");
+    let due = std::collections::HashMap::from([("later".to_string(), moved_to)]);
+    assert_on_time(&arrived, &due, ON_TIME_MS);
+    destination.assert_quiet(Duration::from_millis(300)).await;
+    assert_eq!(queue_depth(&channel, &release_parked).await, 0, "nothing parked again");
+
+    served.stop().await;
+    clean_up(&setup, destination).await;
+}
