@@ -58,3 +58,16 @@ pub async fn get_at_least(channel: &Channel, queue: &str, want: usize, deadline:
 pub fn management_url() -> String {
     std::env::var("HOURGLASS_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://guest:guest@127.0.0.1:15672".into())
 }
+
+/// An agent, the URL of `path` on the management API, and its basic-auth
+/// header. An HTTP error status is an `Err`; no request waits more than 10 s
+/// (they are made from `Drop` too, where nothing else would end a hang).
+pub(crate) fn management_request(path: &str) -> (ureq::Agent, String, String) {
+    use base64::Engine;
+    let base = management_url();
+    let (scheme, rest) = base.split_once("://").expect("the management URL has a scheme");
+    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
+    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
+    let config = ureq::Agent::config_builder().http_status_as_error(true).timeout_global(Some(Duration::from_secs(10))).build();
+    (ureq::Agent::new_with_config(config), format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
+}

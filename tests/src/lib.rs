@@ -5,6 +5,7 @@
 
 mod amqp;
 pub mod blackhole;
+mod cleanup;
 pub mod cluster;
 pub mod ports;
 pub mod private_node;
@@ -15,6 +16,7 @@ pub mod throttle;
 pub mod vhost;
 
 pub use amqp::*;
+pub use cleanup::Cleanup;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! vhost on the shared broker holds them, and deleting the vhost removes
 //! everything in it, so no fixed name is ever touched on the broker others use.
 
-use crate::{amqp_url, management_url, unique};
+use crate::{amqp_url, management_request, unique};
 
 pub struct PrivateVhost {
     pub name: String,
@@ -26,26 +26,15 @@ impl PrivateVhost {
 
 impl Drop for PrivateVhost {
     fn drop(&mut self) {
-        let (agent, url, authorization) = request(&format!("/api/vhosts/{}", self.name));
+        let (agent, url, authorization) = management_request(&format!("/api/vhosts/{}", self.name));
         if let Err(err) = agent.delete(&url).header("Authorization", &authorization).call() {
             eprintln!("could not delete test vhost {}: {err}", self.name);
         }
     }
 }
 
-/// An agent, the URL of `path` on the management API, and its basic-auth header.
-fn request(path: &str) -> (ureq::Agent, String, String) {
-    use base64::Engine;
-    let base = management_url();
-    let (scheme, rest) = base.split_once("://").expect("the management URL has a scheme");
-    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(true).build());
-    (agent, format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
-}
-
 fn put(path: &str, body: serde_json::Value) {
-    let (agent, url, authorization) = request(path);
+    let (agent, url, authorization) = management_request(path);
     agent
         .put(&url)
         .header("Authorization", &authorization)

@@ -24,8 +24,9 @@ const ON_TIME_MS: u64 = 250;
 struct Setup {
     config: Config,
     text: String,
-    log: String,
     release: String,
+    /// Dropped last (made first): deletes the test's queues even when it fails.
+    cleanup: Cleanup,
 }
 
 fn setup() -> Setup {
@@ -36,7 +37,21 @@ fn setup() -> Setup {
     );
     let text = format!("default_strategy = \"main\"\n{text}");
     let config = Config::parse(std::path::Path::new("cancel.toml"), text.clone()).unwrap();
-    Setup { release: config.service.cancel.release_queue("main"), config, text, log }
+    let release = config.service.cancel.release_queue("main");
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    for queue in [&release, &format!("{release}.parked"), &log] {
+        cleanup.queue(queue);
+    }
+    Setup { release, config, text, cleanup }
+}
+
+impl Setup {
+    /// A consumed destination queue, deleted with the rest.
+    async fn destination(&self, connection: &lapin::Connection, stem: &str) -> Destination {
+        let destination = Destination::declare(connection, stem).await;
+        self.cleanup.queue(&destination.name);
+        destination
+    }
 }
 
 async fn start(setup: &Setup) -> Served {
@@ -73,21 +88,11 @@ fn assert_on_time(received: &[Received], due: &std::collections::HashMap<String,
     }
 }
 
-async fn clean_up(setup: &Setup, destination: Destination) {
-    destination.delete().await;
-    let connection = connect().await;
-    delete_declared(&connection, &topology_of(&setup.config)).await;
-    let channel = connection.create_channel().await.unwrap();
-    for queue in [setup.release.clone(), format!("{}.parked", setup.release), setup.log.clone()] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_on_one_host_holds_on_another_and_after_every_host_restarted() {
     let setup = setup();
     let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "cancel-dest").await;
+    let mut destination = setup.destination(&connection, "cancel-dest").await;
     let (first, second) = (start(&setup).await, start(&setup).await);
 
     let mut due = std::collections::HashMap::new();
@@ -138,14 +143,13 @@ async fn a_cancel_on_one_host_holds_on_another_and_after_every_host_restarted() 
     std::fs::remove_file(&path).ok();
 
     third.stop().await;
-    clean_up(&setup, destination).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescheduled_message_arrives_at_its_new_time_and_not_before() {
     let setup = setup();
     let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "reschedule-dest").await;
+    let mut destination = setup.destination(&connection, "reschedule-dest").await;
     let served = start(&setup).await;
 
     let mut due = std::collections::HashMap::new();
@@ -171,7 +175,6 @@ async fn a_rescheduled_message_arrives_at_its_new_time_and_not_before() {
     assert_eq!(status, 400, "delay and deliver_at together are refused");
 
     served.stop().await;
-    clean_up(&setup, destination).await;
 }
 
 #[tokio::test]
@@ -199,7 +202,7 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     let setup = setup();
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
-    let mut destination = Destination::declare(&connection, "cancel-parked-dest").await;
+    let mut destination = setup.destination(&connection, "cancel-parked-dest").await;
     // No host runs yet: nothing declares the release queue again once it is deleted.
     let scheduler = scheduler(&setup.config).await;
     let mut ids = std::collections::HashMap::new();
@@ -225,7 +228,6 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     let served = start(&setup).await;
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "{answer}");
-
     let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
     taker.close().await;
     assert_eq!((handled.done, handled.released, handled.rescheduled, handled.left), (2, 2, 0, 0), "both handed to the release queue: {handled:?}");
@@ -243,7 +245,6 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     assert_eq!(status, 409, "the replayed message was claimed before it was delivered: {answer}");
 
     served.stop().await;
-    clean_up(&setup, destination).await;
 }
 
 /// Waits for the one message a scheduler (no host running) sent into the
@@ -301,7 +302,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honour
     let setup = setup();
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
-    let mut destination = Destination::declare(&connection, "cancel-release-parked-dest").await;
+    let mut destination = setup.destination(&connection, "cancel-release-parked-dest").await;
     let release_parked = format!("{}.parked", setup.release);
     // No host runs yet: what the levels deliver waits in the release queue, unclaimed.
     let scheduler = scheduler(&setup.config).await;
@@ -335,7 +336,6 @@ async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honour
     assert_eq!(status, 409, "the replayed message was claimed before it was delivered: {answer}");
 
     served.stop().await;
-    clean_up(&setup, destination).await;
 }
 
 /// Through the release queue, a message whose destination is still gone
@@ -353,8 +353,9 @@ async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gon
     let setup = setup();
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
-    let mut live = Destination::declare(&connection, "cancel-live-dest").await;
+    let mut live = setup.destination(&connection, "cancel-live-dest").await;
     let gone = unique("cancel-gone-dest");
+    setup.cleanup.queue(&gone);
     channel.queue_declare(gone.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
     let release_parked = format!("{}.parked", setup.release);
     let scheduler = scheduler(&setup.config).await;
@@ -406,7 +407,6 @@ async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gon
     assert_eq!(queue_depth(&channel, &release_parked).await, 1, "the stranded message was not parked again");
 
     served.stop().await;
-    clean_up(&setup, live).await;
 }
 
 /// A reschedule the release consumer could not carry out sets the message
@@ -421,7 +421,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_r
     let setup = setup();
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
-    let mut destination = Destination::declare(&connection, "cancel-later-dest").await;
+    let mut destination = setup.destination(&connection, "cancel-later-dest").await;
     let release_parked = format!("{}.parked", setup.release);
     let scheduler = scheduler(&setup.config).await;
     let request = |body: &str| ScheduleRequest { destination: destination.name.clone(), delay_ms: 200, body: body.as_bytes().to_vec(), ..Default::default() };
@@ -456,5 +456,4 @@ async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_r
     assert_eq!(queue_depth(&channel, &release_parked).await, 0, "nothing parked again");
 
     served.stop().await;
-    clean_up(&setup, destination).await;
 }

@@ -25,10 +25,14 @@ async fn parked_messages_are_listed_replayed_to_their_destination_and_dropped() 
     let path = std::env::temp_dir().join(format!("{prefix}.toml"));
     std::fs::write(&path, &text).unwrap();
     let parking = format!("{prefix}.parked");
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
 
     let gone = unique("parked-gone");
+    cleanup.queue(&gone);
     channel.queue_declare(gone.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
     let mut valid = Destination::declare(&connection, "parked-valid").await;
+    cleanup.queue(&valid.name);
     let scheduler = scheduler(&config).await;
     let request = |destination: &str, body: &str| ScheduleRequest {
         destination: destination.to_string(),
@@ -73,7 +77,4 @@ async fn parked_messages_are_listed_replayed_to_their_destination_and_dropped() 
     replayed_to.assert_quiet(Duration::from_millis(300)).await;
 
     std::fs::remove_file(&path).ok();
-    replayed_to.delete().await;
-    valid.delete().await;
-    delete_declared(&connection, &topology_of(&config)).await;
 }

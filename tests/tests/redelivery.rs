@@ -14,8 +14,8 @@ use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
@@ -46,6 +46,8 @@ struct Setup {
     queue: String,
     exchange: String,
     config: hourglass::config::Config,
+    /// Deletes what the test declares, also when it fails.
+    cleanup: Cleanup,
 }
 
 impl Setup {
@@ -54,7 +56,15 @@ impl Setup {
         let queue = unique(stem);
         let exchange = unique(&format!("{stem}-x"));
         let more = format!("[service]\nredelivery_input = \"{input}\"\n\n[[redelivery]]\nqueue = \"{queue}\"\n{redelivery_table}\n");
-        Setup { config: config_with(strategy_table, &more), input, queue, exchange }
+        let config = config_with(strategy_table, &more);
+        let cleanup = Cleanup::declared(&topology_of(&config));
+        for name in [&queue, &format!("{queue}.error"), &input, &format!("{input}.unknown")] {
+            cleanup.queue(name);
+        }
+        for name in [&exchange, &input] {
+            cleanup.exchange(name);
+        }
+        Setup { config, input, queue, exchange, cleanup }
     }
 
     fn intervals(stem: &str, intervals: &str, redelivery_table: &str) -> Setup {
@@ -92,17 +102,6 @@ impl Setup {
             .unwrap()
             .await
             .expect("broker confirmed the publish");
-    }
-
-    async fn cleanup(self, connection: &Connection) {
-        delete_declared(connection, &topology_of(&self.config)).await;
-        let channel = connection.create_channel().await.unwrap();
-        for queue in [&self.queue, &self.error_queue(), &self.input, &format!("{}.unknown", self.input)] {
-            channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-        }
-        for exchange in [&self.exchange, &self.input] {
-            channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
-        }
     }
 }
 
@@ -208,7 +207,6 @@ async fn a_message_rejected_every_time_comes_back_after_each_interval_then_goes_
     assert_eq!((cli[0]["redelivered"].as_u64(), cli[0]["given_up"].as_u64()), (Some(3), Some(1)));
 
     served.stop().await;
-    setup.cleanup(&connection).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,6 +222,7 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
     channel.queue_declare(setup.queue.as_str().into(), durable, own_arguments).await.unwrap();
     let served = start(&setup).await;
     let policy = hourglass::service::redelivery::policy_name(&setup.queue);
+    setup.cleanup.policy(&policy);
     let management = Management::new(&management_url(), "/".into()).unwrap();
     until("the broker applying the redelivery policy", Duration::from_secs(10), async || {
         let queue = tokio::task::block_in_place(|| management.object("queues", &setup.queue)).unwrap();
@@ -246,8 +245,6 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
     assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64()), (Some(2), Some(0)), "{queue}");
 
     served.stop().await;
-    tokio::task::block_in_place(|| management.delete_policy(&policy)).unwrap();
-    setup.cleanup(&connection).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +287,6 @@ async fn exponential_delays_stay_within_their_bounds_and_repeat_for_the_same_see
     get_at_least(&channel, &setup.error_queue(), 3, Duration::from_secs(10)).await;
 
     served.stop().await;
-    setup.cleanup(&connection).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +343,6 @@ async fn messages_waiting_while_the_host_is_stopped_are_still_redelivered() {
     assert_eq!(queue_depth(&channel, &setup.error_queue()).await, 0);
 
     served.stop().await;
-    setup.cleanup(&connection).await;
 }
 
 async fn assert_quiet(received: &mut mpsc::UnboundedReceiver<Received>, why: &str) {
@@ -376,7 +371,6 @@ async fn serve_refuses_a_redelivery_whose_policy_cannot_answer_and_declares_noth
     let channel = connection.create_channel().await.unwrap();
     let declared = channel.queue_declare(level_queue.as_str().into(), passive, FieldTable::default()).await;
     assert!(declared.is_err(), "the strategy's topology was declared although the service refused to start");
-    setup.cleanup(&connection).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,5 +407,4 @@ async fn an_attempt_header_of_another_integer_type_is_counted_not_given_up() {
     assert_eq!((queue["redelivered"].as_u64(), queue["given_up"].as_u64()), (Some(2), Some(0)), "{queue}");
 
     served.stop().await;
-    setup.cleanup(&connection).await;
 }

@@ -1,0 +1,67 @@
+//! Deleting a test's own broker objects whether it passes or fails: a failing
+//! run that left its quorum queues behind (each holds file handles on the
+//! broker) once kept every new AMQP connection out for half an hour.
+
+use std::sync::Mutex;
+
+use hourglass::broker::rabbitmq::manage::{encode, vhost_of};
+use hourglass::command::Command;
+
+use crate::{amqp_url, management_request};
+
+/// Queues, exchanges and policies a test made, deleted when this is dropped:
+/// at the end of a test that passed and while one that failed unwinds. Drop
+/// cannot await, so the deletes go through the management API's blocking
+/// client. Make it before anything it names is declared, so it is dropped
+/// after the hosts and consumers the test started (a dropped
+/// [`Served`](crate::serve::Served) begins its shutdown).
+#[derive(Default)]
+pub struct Cleanup {
+    /// `(kind in the management API's paths, name)`.
+    objects: Mutex<Vec<(&'static str, String)>>,
+}
+
+impl Cleanup {
+    /// The queues and exchanges `commands` declare.
+    pub fn declared(commands: &[Command]) -> Cleanup {
+        let cleanup = Cleanup::default();
+        for command in commands {
+            match command {
+                Command::DeclareQueue { name, .. } => cleanup.queue(name),
+                Command::DeclareExchange { name, .. } => cleanup.exchange(name),
+                _ => {}
+            }
+        }
+        cleanup
+    }
+
+    pub fn queue(&self, name: &str) {
+        self.add("queues", name);
+    }
+
+    pub fn exchange(&self, name: &str) {
+        self.add("exchanges", name);
+    }
+
+    pub fn policy(&self, name: &str) {
+        self.add("policies", name);
+    }
+
+    fn add(&self, kind: &'static str, name: &str) {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner()).push((kind, name.to_string()));
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let vhost = encode(&vhost_of(&amqp_url()));
+        for (kind, name) in self.objects.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let (agent, url, authorization) = management_request(&format!("/api/{kind}/{vhost}/{}", encode(&name)));
+            match agent.delete(&url).header("Authorization", &authorization).call() {
+                Ok(_) | Err(ureq::Error::StatusCode(404)) => {}
+                // No panic here: this may run while a failed test unwinds, where a second panic aborts.
+                Err(err) => eprintln!("could not delete the test's {kind} {name}: {err}"),
+            }
+        }
+    }
+}
