@@ -5,8 +5,12 @@
 
 use std::time::Duration;
 
+use hourglass::broker::Broker;
+use hourglass::broker::rabbitmq::take::Taker;
 use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
+use hourglass::parked::{self, Handled};
+use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
@@ -38,14 +42,19 @@ fn setup() -> Setup {
     let text = format!("default_strategy = \"main\"\n{text}");
     let config = Config::parse(std::path::Path::new("cancel.toml"), text.clone()).unwrap();
     let release = config.service.cancel.release_queue("main");
-    let cleanup = Cleanup::declared(&topology_of(&config));
-    for queue in [&release, &format!("{release}.parked"), &log] {
-        cleanup.queue(queue);
+    let setup = Setup { release, cleanup: Cleanup::declared(&topology_of(&config)), config, text };
+    for queue in [&setup.release, &setup.release_parked(), &log] {
+        setup.cleanup.queue(queue);
     }
-    Setup { release, config, text, cleanup }
+    setup
 }
 
 impl Setup {
+    /// Where the release consumer sets aside a message before its claim.
+    fn release_parked(&self) -> String {
+        format!("{}.parked", self.release)
+    }
+
     /// A consumed destination queue, deleted with the rest.
     async fn destination(&self, connection: &lapin::Connection, stem: &str) -> Destination {
         let destination = Destination::declare(connection, stem).await;
@@ -187,6 +196,51 @@ async fn without_a_cancellable_strategy_cancel_is_a_conflict_naming_the_setting(
     served.stop().await;
 }
 
+/// Where each replay test starts: no host runs yet, so nothing claims what
+/// the levels deliver (it waits in the release queue) and nothing declares
+/// the release queue again once a test deletes it.
+struct Replaying {
+    setup: Setup,
+    /// For reading queue depths.
+    channel: lapin::Channel,
+    destination: Destination,
+    scheduler: Scheduler<Broker>,
+}
+
+async fn replaying(destination_stem: &str) -> Replaying {
+    let setup = setup();
+    let connection = connect().await;
+    let channel = connection.create_channel().await.unwrap();
+    let destination = setup.destination(&connection, destination_stem).await;
+    let scheduler = scheduler(&setup.config).await;
+    Replaying { setup, channel, destination, scheduler }
+}
+
+/// The strategy's own parking queue (not the release queue's): where its
+/// delivery exchange puts what it could not route.
+fn own_parking_queue(setup: &Setup, scheduler: &Scheduler<Broker>) -> String {
+    let release_parked = setup.release_parked();
+    let own = parked::parking_queues(&setup.config, scheduler).into_iter().find(|q| q.queue != release_parked && q.kind == "parked");
+    own.expect("the strategy's own parking queue").queue
+}
+
+/// `hourglass parked replay` of the parking queue `queue`, on a taker of its
+/// own. What it leaves must be given back, ready in the queue again before
+/// the taker closes (closing would requeue it anyway and hide a message
+/// replay kept).
+async fn replay_parking_queue(setup: &Setup, scheduler: &Scheduler<Broker>, queue: &str) -> Handled {
+    let parking = parked::parking_queues(&setup.config, scheduler).into_iter().find(|q| q.queue == queue);
+    let parking = parking.unwrap_or_else(|| panic!("{queue} is not one of the config's parking queues"));
+    let taker = Taker::open(&amqp_url()).await.unwrap();
+    let handled = parked::replay(scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    until(&format!("the {} messages replay left given back to {queue}", handled.left), Duration::from_secs(5), async || {
+        taker.depth(queue).await.unwrap().unwrap_or(0) >= handled.left as u32
+    })
+    .await;
+    taker.close().await;
+    handled
+}
+
 /// Messages of a cancellable strategy that its delivery exchange could not
 /// route (the release queue was gone when they fell due) wait in the
 /// strategy's own parking queue. Replayed after their due time they go
@@ -196,42 +250,29 @@ async fn without_a_cancellable_strategy_cancel_is_a_conflict_naming_the_setting(
 /// queue is still gone, replay leaves both parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first() {
-    use hourglass::broker::rabbitmq::take::Taker;
-    use hourglass::parked;
-    use hourglass::scheduler::ScheduleRequest;
-    let setup = setup();
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    let mut destination = setup.destination(&connection, "cancel-parked-dest").await;
-    // No host runs yet: nothing declares the release queue again once it is deleted.
-    let scheduler = scheduler(&setup.config).await;
+    let Replaying { setup, channel, mut destination, scheduler } = replaying("cancel-parked-dest").await;
     let mut ids = std::collections::HashMap::new();
     for body in ["victim", "survivor"] {
         let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 1_000, body: body.as_bytes().to_vec(), ..Default::default() };
         ids.insert(body, scheduler.schedule(request).await.expect("schedule").id);
     }
     channel.queue_delete(setup.release.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    let parking = parked::parking_queues(&setup.config, &scheduler)
-        .into_iter()
-        .find(|q| q.queue != format!("{}.parked", setup.release) && q.kind == "parked")
-        .expect("the strategy's own parking queue");
-    until("both messages parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &parking.queue).await == 2).await;
+    let parking = own_parking_queue(&setup, &scheduler);
+    until("both messages parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &parking).await == 2).await;
 
     // While the release queue is still gone, replay leaves them where they are rather than deliver them unasked.
-    let taker = Taker::open(&amqp_url()).await.unwrap();
-    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
+    let handled = replay_parking_queue(&setup, &scheduler, &parking).await;
     assert_eq!((handled.done, handled.left), (0, 2), "{handled:?}");
     assert!(handled.why_left.as_deref().is_some_and(|why| why.contains("release queue")), "{handled:?}");
     // Given back, they are ready again in the parking queue once the broker has taken the requeues.
-    until("both back in the parking queue", Duration::from_secs(5), async || queue_depth(&channel, &parking.queue).await == 2).await;
+    until("both back in the parking queue", Duration::from_secs(5), async || queue_depth(&channel, &parking).await == 2).await;
 
     let served = start(&setup).await;
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "{answer}");
-    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
-    taker.close().await;
+    let handled = replay_parking_queue(&setup, &scheduler, &parking).await;
     assert_eq!((handled.done, handled.released, handled.rescheduled, handled.left), (2, 2, 0, 0), "both handed to the release queue: {handled:?}");
-    assert_eq!(queue_depth(&channel, &parking.queue).await, 0, "both parked copies are acked once replayed");
+    assert_eq!(queue_depth(&channel, &parking).await, 0, "both parked copies are acked once replayed");
 
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(String::from_utf8_lossy(&received[0].delivery.data), "survivor", "the cancelled message must never arrive");
@@ -240,7 +281,7 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     })
     .await;
     destination.assert_quiet(Duration::from_millis(500)).await;
-    assert_eq!(queue_depth(&channel, &format!("{}.parked", setup.release)).await, 0, "nothing parked at the release queue");
+    assert_eq!(queue_depth(&channel, &setup.release_parked()).await, 0, "nothing parked at the release queue");
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["survivor"]), None).await;
     assert_eq!(status, 409, "the replayed message was claimed before it was delivered: {answer}");
 
@@ -252,8 +293,7 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
 /// consumer does before a claim (poisoned, or a reschedule that failed):
 /// the message as it came, with its reason and, after a failed reschedule,
 /// the due time it was moved to. No claim reaches the cancellation log.
-async fn park_unclaimed(setup: &Setup, scheduler: &hourglass::scheduler::Scheduler<hourglass::broker::Broker>, reason: &str, due_at_ms: Option<u64>) {
-    use hourglass::broker::rabbitmq::take::Taker;
+async fn park_unclaimed(setup: &Setup, scheduler: &Scheduler<Broker>, reason: &str, due_at_ms: Option<u64>) {
     use hourglass::broker::{Envelope, Executor};
     use hourglass::command::{Command, FieldTable};
     use hourglass::headers::{DUE_AT_HEADER, PARKED_REASON_HEADER};
@@ -279,7 +319,7 @@ async fn park_unclaimed(setup: &Setup, scheduler: &hourglass::scheduler::Schedul
         stamp_message_id: false,
     };
     // The release consumer declares it as it starts; no host has started yet.
-    let parked = format!("{}.parked", setup.release);
+    let parked = setup.release_parked();
     scheduler.executor().apply(&[hourglass::scheduler::release_queue_declaration(&parked)]).await.unwrap();
     scheduler.executor().send(&[Command::forward("", &parked)], &envelope).await.expect("parked");
     taker.ack(message).await.unwrap();
@@ -296,16 +336,8 @@ const POISONED: &str = "hourglass failed on this message 3 times (it panicked: t
 /// and drops it. The uncancelled message beside it is claimed and delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honours_a_cancel() {
-    use hourglass::broker::rabbitmq::take::Taker;
-    use hourglass::parked;
-    use hourglass::scheduler::ScheduleRequest;
-    let setup = setup();
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    let mut destination = setup.destination(&connection, "cancel-release-parked-dest").await;
-    let release_parked = format!("{}.parked", setup.release);
-    // No host runs yet: what the levels deliver waits in the release queue, unclaimed.
-    let scheduler = scheduler(&setup.config).await;
+    let Replaying { setup, channel, mut destination, scheduler } = replaying("cancel-release-parked-dest").await;
+    let release_parked = setup.release_parked();
     let mut ids = std::collections::HashMap::new();
     for body in ["victim", "survivor"] {
         let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 200, body: body.as_bytes().to_vec(), ..Default::default() };
@@ -318,10 +350,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honour
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "never claimed, so the cancel holds: {answer}");
 
-    let parking = parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
-    let taker = Taker::open(&amqp_url()).await.unwrap();
-    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
-    taker.close().await;
+    let handled = replay_parking_queue(&setup, &scheduler, &release_parked).await;
 
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(String::from_utf8_lossy(&received[0].delivery.data), "survivor", "the cancelled message must never arrive");
@@ -346,19 +375,12 @@ async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honour
 /// whose destination exists, are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gone() {
-    use hourglass::broker::rabbitmq::take::Taker;
-    use hourglass::parked;
-    use hourglass::scheduler::ScheduleRequest;
     use lapin::options::QueueDeclareOptions;
-    let setup = setup();
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    let mut live = setup.destination(&connection, "cancel-live-dest").await;
+    let Replaying { setup, channel, destination: mut live, scheduler } = replaying("cancel-live-dest").await;
     let gone = unique("cancel-gone-dest");
     setup.cleanup.queue(&gone);
     channel.queue_declare(gone.as_str().into(), QueueDeclareOptions::default(), Default::default()).await.unwrap();
-    let release_parked = format!("{}.parked", setup.release);
-    let scheduler = scheduler(&setup.config).await;
+    let release_parked = setup.release_parked();
     let request = |destination: &str, delay_ms: u64, body: &str| ScheduleRequest {
         destination: destination.to_string(),
         delay_ms,
@@ -375,35 +397,28 @@ async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gon
         scheduler.schedule(request(destination, 1_000, body)).await.expect("schedule");
     }
     channel.queue_delete(setup.release.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
-    let own = parked::parking_queues(&setup.config, &scheduler)
-        .into_iter()
-        .find(|q| q.queue != release_parked && q.kind == "parked")
-        .expect("the strategy's own parking queue");
-    until("both parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &own.queue).await == 2).await;
+    let own = own_parking_queue(&setup, &scheduler);
+    until("both parked in the strategy's parking queue", Duration::from_secs(10), async || queue_depth(&channel, &own).await == 2).await;
     channel.queue_delete(gone.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
 
     // A serving host declares the release queue again; only the destination is missing now.
     let served = start(&setup).await;
-    let taker = Taker::open(&amqp_url()).await.unwrap();
-    let at_release =
-        parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
-    for parking in [&own, &at_release] {
-        let handled = parked::replay(&scheduler, &taker, parking, &setup.config.service.ingress.queue, None).await.unwrap();
-        assert_eq!((handled.done, handled.left), (1, 1), "{}: {handled:?}", parking.queue);
-        assert!(handled.why_left.as_deref().is_some_and(|why| why.contains(&gone)), "{}: names the missing destination: {handled:?}", parking.queue);
+    for parking in [&own, &release_parked] {
+        let handled = replay_parking_queue(&setup, &scheduler, parking).await;
+        assert_eq!((handled.done, handled.left), (1, 1), "{parking}: {handled:?}");
+        assert!(handled.why_left.as_deref().is_some_and(|why| why.contains(&gone)), "{parking}: names the missing destination: {handled:?}");
     }
-    taker.close().await;
 
     let received = live.receive(2, Duration::from_secs(10)).await;
     let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).to_string()).collect();
     bodies.sort();
     assert_eq!(bodies, ["beside-at-release", "beside-in-levels"]);
-    for parking in [&own.queue, &release_parked] {
+    for parking in [&own, &release_parked] {
         until(&format!("the stranded message back in {parking}, and only it"), Duration::from_secs(5), async || queue_depth(&channel, parking).await == 1)
             .await;
     }
     live.assert_quiet(Duration::from_millis(300)).await;
-    assert_eq!(queue_depth(&channel, &own.queue).await, 1);
+    assert_eq!(queue_depth(&channel, &own).await, 1);
     assert_eq!(queue_depth(&channel, &release_parked).await, 1, "the stranded message was not parked again");
 
     served.stop().await;
@@ -415,15 +430,8 @@ async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gon
 /// message beside it goes through the release queue at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_reschedules_it_for_then() {
-    use hourglass::broker::rabbitmq::take::Taker;
-    use hourglass::parked;
-    use hourglass::scheduler::ScheduleRequest;
-    let setup = setup();
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    let mut destination = setup.destination(&connection, "cancel-later-dest").await;
-    let release_parked = format!("{}.parked", setup.release);
-    let scheduler = scheduler(&setup.config).await;
+    let Replaying { setup, channel, mut destination, scheduler } = replaying("cancel-later-dest").await;
+    let release_parked = setup.release_parked();
     let request = |body: &str| ScheduleRequest { destination: destination.name.clone(), delay_ms: 200, body: body.as_bytes().to_vec(), ..Default::default() };
     scheduler.schedule(request("due")).await.expect("schedule");
     park_unclaimed(&setup, &scheduler, POISONED, None).await;
@@ -438,10 +446,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_r
     let (status, answer) = json_call(&served, "PATCH", &format!("/v1/messages/{later}"), Some(json!({ "deliver_at": deliver_at }))).await;
     assert_eq!((status, answer["due_at"].as_u64()), (200, Some(moved_to)), "{answer}");
 
-    let parking = parked::parking_queues(&setup.config, &scheduler).into_iter().find(|q| q.queue == release_parked).expect("the release queue's parked queue");
-    let taker = Taker::open(&amqp_url()).await.unwrap();
-    let handled = parked::replay(&scheduler, &taker, &parking, &setup.config.service.ingress.queue, None).await.unwrap();
-    taker.close().await;
+    let handled = replay_parking_queue(&setup, &scheduler, &release_parked).await;
     assert!(unix_now_ms() < moved_to, "replayed before the new due time, or the test shows nothing");
     assert_eq!((handled.done, handled.rescheduled, handled.released, handled.left), (2, 1, 1, 0), "{handled:?}");
     assert_eq!(queue_depth(&channel, &release_parked).await, 0, "both parked copies are acked once replayed");
