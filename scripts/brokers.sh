@@ -12,7 +12,14 @@ ensure_rabbitmq() {
       exit 1
     fi
     echo "RabbitMQ is down; starting it with: rabbitmq-server -detached" >&2
-    rabbitmq-server -detached
+    # Quorum queues reserve file handles: at the default soft limit (1024) leaked test queues once blocked every new connection.
+    # A subshell, so the caller's own limit stays as it was.
+    (
+      limit=$(ulimit -Hn)
+      if [[ $limit == unlimited ]] || (( limit > 65536 )); then limit=65536; fi
+      ulimit -n "$limit" 2>/dev/null || true
+      exec rabbitmq-server -detached
+    )
   fi
   # await_startup fails at once while the node is still booting: poll it.
   local deadline=$((SECONDS + 90))
