@@ -230,7 +230,7 @@ async fn each_message(
 /// strategy's topology on the scheduler's first use of it, the missing level
 /// included.
 pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &ParkingQueue, ingress: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
-    let mut destinations = Destinations { taker, known: HashMap::new() };
+    let mut destinations = Destinations { scheduler, known: HashMap::new() };
     each_message(taker, &parking.queue, id, async |delivery: &Delivery| {
         if parking.kind == "invalid" {
             return forward(scheduler, delivery, ingress).await.map(|()| Done::Forwarded);
@@ -247,9 +247,11 @@ pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &Park
     .await
 }
 
-/// Whether destination queues exist, each asked once per replay.
-struct Destinations<'t> {
-    taker: &'t Taker,
+/// Whether destination queues can take messages: the scheduler's own check
+/// (a queue whose node cannot answer now is not taken for a missing one),
+/// each queue asked once per replay.
+struct Destinations<'s> {
+    scheduler: &'s Scheduler<Broker>,
     known: HashMap<String, Result<(), String>>,
 }
 
@@ -258,13 +260,10 @@ impl Destinations<'_> {
         if let Some(known) = self.known.get(queue) {
             return known.clone();
         }
-        let checked = match self.taker.depth(queue).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(format!(
-                "its destination queue {queue:?} is gone (through its release queue it would only be parked again): replay it once the queue exists"
-            )),
-            Err(e) => Err(format!("checking its destination queue {queue:?}: {e}")),
-        };
+        let checked = self.scheduler.executor().check_destination(queue).await.map_err(|e| match e {
+            ExecutorError::Refused(why) => format!("its destination cannot take it, so it was not sent through its release queue: {why}"),
+            other => other.to_string(),
+        });
         self.known.insert(queue.to_string(), checked.clone());
         checked
     }

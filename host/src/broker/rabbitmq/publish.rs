@@ -447,7 +447,7 @@ impl Executor for RabbitMqExecutor {
         let what = || format!("checking destination queue {destination:?}");
         match self.passive_declare(destination, what).await? {
             Ok(_) => Ok(()),
-            Err(e) => Err(passive::check_failed(&format!("destination queue {destination:?}"), &self.url(), &e, "; declare it before scheduling to it")),
+            Err(e) => Err(passive::check_failed(&format!("destination queue {destination:?}"), &self.url(), &e, "; declare it first")),
         }
     }
 
