@@ -31,10 +31,14 @@ pub enum Action {
         #[arg(long, value_enum, default_value = "table")]
         format: TextOrJson,
     },
-    /// Publish them again: to their destination (one not due yet through its
-    /// strategy again, for its due time; one of a cancellable strategy to its
-    /// release queue, where the cancellation log is asked; an invalid one to
-    /// the ingress), then remove them.
+    /// Publish them again, then remove them.
+    ///
+    /// Each goes to its destination (an invalid one to the ingress; a due one
+    /// of a cancellable strategy through its release queue, where the
+    /// cancellation log is asked). One not due yet goes round its strategy
+    /// again for its due time. One whose destination (or, for a cancellable
+    /// strategy, release queue) is still gone stays parked, and the missing
+    /// queue is named (exit 1).
     Replay {
         #[arg(long)]
         queue: Option<String>,
