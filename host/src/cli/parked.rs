@@ -40,6 +40,7 @@ pub enum Action {
     /// strategy, release queue) is still gone stays parked, and the missing
     /// queue is named (exit 1).
     Replay {
+        /// One queue (default: every parking and invalid queue of this config).
         #[arg(long)]
         queue: Option<String>,
         /// Only the message with this message id.
@@ -48,10 +49,13 @@ pub enum Action {
     },
     /// Remove them for good (needs --id or --all).
     Drop {
+        /// One queue (default: every parking and invalid queue of this config).
         #[arg(long)]
         queue: Option<String>,
+        /// Only the message with this message id.
         #[arg(long, conflicts_with = "all")]
         id: Option<String>,
+        /// Every message in the queues chosen.
         #[arg(long)]
         all: bool,
     },
