@@ -143,10 +143,22 @@ fn plan_against_native(runtime: &PlannerRuntime) {
         black_box(native_planner.plan(black_box(&request)).unwrap());
     });
 
+    // The floor of any plan() on this machine: a component call whose plan
+    // is empty (tests/planners/misbehaving, built by `cargo build --workspace`).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let nothing = runtime
+        .load(&PlannerSource::File(root.join("target/wasm-planners/wasm32-wasip2/planner/misbehaving.wasm")), "{}".into())
+        .expect("misbehaving.wasm: run `cargo build --workspace` first");
+    let request = PlanRequest { destination: "nothing".into(), delay_ms: 0, message_id: "m".into(), routing_key: None };
+    let floor = measure(21, 20_000, || {
+        black_box(nothing.plan(black_box(&request)).unwrap());
+    });
+
     println!("plan() of binary-levels, 5 delays in rotation");
     show("  through WebAssembly (host call, checks, conversion)", wasm);
     show("  native Rust, same logic", native);
     println!("{:<52} {:>10.1} x", "  ratio", wasm / native);
+    show("  for scale: a component plan() that returns nothing", floor);
 }
 
 fn parallel(runtime: &PlannerRuntime) {
