@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use hourglass::broker::rabbitmq::manage::{encode, vhost_of};
 use hourglass::command::Command;
+use hourglass::config::Config;
 
 use crate::{amqp_url, management_request};
 
@@ -25,14 +26,29 @@ impl Cleanup {
     /// The queues and exchanges `commands` declare.
     pub fn declared(commands: &[Command]) -> Cleanup {
         let cleanup = Cleanup::default();
+        cleanup.also_declared(commands);
+        cleanup
+    }
+
+    /// The queues and exchanges `commands` declare, beside those named already.
+    pub fn also_declared(&self, commands: &[Command]) {
         for command in commands {
             match command {
-                Command::DeclareQueue { name, .. } => cleanup.queue(name),
-                Command::DeclareExchange { name, .. } => cleanup.exchange(name),
+                Command::DeclareQueue { name, .. } => self.queue(name),
+                Command::DeclareExchange { name, .. } => self.exchange(name),
                 _ => {}
             }
         }
-        cleanup
+    }
+
+    /// The queues of `config`'s AMQP ingress, if it is on (off, its default
+    /// queues have fixed names a test must never touch on a shared broker).
+    pub fn ingress(&self, config: &Config) {
+        let ingress = &config.service.ingress;
+        if ingress.enabled {
+            self.queue(&ingress.queue);
+            self.queue(&ingress.invalid_queue);
+        }
     }
 
     pub fn queue(&self, name: &str) {

@@ -233,6 +233,11 @@ pub async fn delete_declared(connection: &Connection, commands: &[Command]) {
 
 /// The static topology a config's `main` strategy declares.
 pub fn topology_of(config: &Config) -> Vec<Command> {
+    topologies_of(config, &["main"])
+}
+
+/// The static topology the config's strategies `names` declare, one after another.
+pub fn topologies_of(config: &Config, names: &[&str]) -> Vec<Command> {
     let mut strategies = Strategies::load(config).unwrap();
-    strategies.get_mut("main").unwrap().topology().unwrap()
+    names.iter().flat_map(|name| strategies.get_mut(name).unwrap().topology().unwrap()).collect()
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use hourglass_e2e::process::ServeProcess;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use serde_json::{Value, json};
 
@@ -50,10 +50,19 @@ async fn plan_of(process: &ServeProcess, destination: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_swaps_binary_levels_for_hold_queues_and_a_bad_config_is_refused() {
+    let (levels, holds) = (unique("reload-levels"), unique("reload-holds"));
+    // Both strategies' static topology (hold-queues' per-delay queues expire on
+    // their own), deleted also when the test fails.
+    let cleanup = Cleanup::declared(
+        &[format!("planner = \"binary-levels\"\nprefix = \"{levels}\""), format!("planner = \"hold-queues\"\nprefix = \"{holds}\"")]
+            .iter()
+            .flat_map(|strategy| topology_of(&config(strategy)))
+            .collect::<Vec<_>>(),
+    );
     let connection = connect().await;
     let mut destination = Destination::declare(&connection, "reload-dest").await;
+    cleanup.queue(&destination.name);
     let dest = destination.name.clone();
-    let (levels, holds) = (unique("reload-levels"), unique("reload-holds"));
     let no_ingress = "[service.ingress]\nenabled = false";
     let path = temp_config("reload");
     write_config(&path, &format!("planner = \"binary-levels\"\nprefix = \"{levels}\""), no_ingress);
@@ -102,21 +111,20 @@ async fn sighup_swaps_binary_levels_for_hold_queues_and_a_bad_config_is_refused(
     let mut process = process;
     process.signal("TERM");
     assert!(process.wait(Duration::from_secs(30)).success());
-    // Both strategies' static topology (hold-queues' per-delay queues expire on their own).
-    for strategy in [format!("planner = \"binary-levels\"\nprefix = \"{levels}\""), format!("planner = \"hold-queues\"\nprefix = \"{holds}\"")] {
-        delete_declared(&connection, &topology_of(&config(&strategy))).await;
-    }
-    destination.delete().await;
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_exits_zero_and_loses_nothing_acknowledged() {
-    let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "sigterm-dest").await;
-    let dest = destination.name.clone();
     let prefix = unique("sigterm");
     let ingress = unique("sigterm-in");
+    let cleanup = Cleanup::declared(&topology_of(&config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""))));
+    cleanup.queue(&ingress);
+    cleanup.queue(&format!("{ingress}.invalid"));
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "sigterm-dest").await;
+    cleanup.queue(&destination.name);
+    let dest = destination.name.clone();
     let path = temp_config("sigterm");
     let more = format!("[service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\nprefetch = 8");
     write_config(&path, &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), &more);
@@ -200,10 +208,5 @@ async fn sigterm_under_load_exits_zero_and_loses_nothing_acknowledged() {
     let unknown: Vec<_> = arrived.difference(&expected).filter(|b| !b.starts_with("http-")).collect();
     assert!(unknown.is_empty(), "ingress messages both forwarded and still queued: {unknown:?}");
     assert!(!accepted.is_empty());
-
-    reader.queue_delete(ingress.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    reader.queue_delete(format!("{ingress}.invalid").as_str().into(), QueueDeleteOptions::default()).await.ok();
-    delete_declared(&connection, &topology_of(&config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"")))).await;
-    destination.delete().await;
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }

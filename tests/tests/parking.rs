@@ -44,12 +44,13 @@ async fn declared_queues(config: &Config) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_strategies_declare_quorum_queues_that_dead_letter_at_least_once() {
-    let connection = connect().await;
     for table in [
         format!("planner = \"binary-levels\"\nprefix = \"{}\"\nlevels = 4", unique("park-bl")),
         format!("planner = \"fixed-intervals\"\nprefix = \"{}\"\nintervals = [\"1s\", \"5s\"]", unique("park-fi")),
     ] {
         let config = config(&table);
+        // Deletes what the test declares, also when it fails.
+        let _cleanup = Cleanup::declared(&topology_of(&config));
         let queues = declared_queues(&config).await;
         assert!(!queues.is_empty(), "{table}: no dead-lettering queues");
         for queue in &queues {
@@ -59,15 +60,14 @@ async fn default_strategies_declare_quorum_queues_that_dead_letter_at_least_once
             assert_eq!(arguments["x-overflow"], "reject-publish", "{table}: {queue}");
         }
         assert_eq!(at_most_once_dead_lettering(&topology_of(&config)), Vec::<String>::new(), "{table}");
-        delete_declared(&connection, &topology_of(&config)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classic_is_an_opt_in_that_at_most_once_dead_lettering_names() {
-    let connection = connect().await;
     let table = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nlevels = 4\nqueue_type = \"classic\"", unique("park-cl"));
     let config = config(&table);
+    let _cleanup = Cleanup::declared(&topology_of(&config));
     let queues = declared_queues(&config).await;
     assert_eq!(queues.len(), 4);
     for queue in &queues {
@@ -80,7 +80,6 @@ async fn classic_is_an_opt_in_that_at_most_once_dead_lettering_names() {
     let mut levels = dead_lettering_queues(&topology);
     levels.sort();
     assert_eq!(named, levels, "every classic level is named for the startup warning");
-    delete_declared(&connection, &topology).await;
 }
 
 /// Schedules messages to a destination that is deleted while they wait and to
@@ -88,9 +87,12 @@ async fn classic_is_an_opt_in_that_at_most_once_dead_lettering_names() {
 async fn destination_deleted_while_waiting_parks(table: &str, parked_queue: &str, delay_ms: u64) {
     let connection = connect().await;
     let config = config(table);
+    let cleanup = Cleanup::declared(&topology_of(&config));
     let channel = connection.create_channel().await.unwrap();
     let mut canary = Destination::declare(&connection, "park-canary").await;
+    cleanup.queue(&canary.name);
     let doomed = Destination::declare(&connection, "park-doomed").await;
+    cleanup.queue(&doomed.name);
     let doomed_name = doomed.name.clone();
     let scheduler = scheduler(&config).await;
     let schedule = async |destination: &str, body: &str| -> Scheduled {
@@ -129,8 +131,6 @@ async fn destination_deleted_while_waiting_parks(table: &str, parked_queue: &str
     }
     canary.assert_quiet(Duration::from_millis(300)).await;
     assert_eq!(queue_depth(&channel, parked_queue).await, 0, "nothing else was parked");
-    delete_declared(&connection, &topology_of(&config)).await;
-    canary.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,8 +171,10 @@ async fn a_direct_level_deleted_under_its_messages_parks_them_and_never_delivers
     let connection = connect().await;
     let prefix = unique("park-level");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let cleanup = Cleanup::declared(&topology_of(&config));
     let channel = connection.create_channel().await.unwrap();
     let mut destination = Destination::declare(&connection, "park-level").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let schedule = async |delay_ms: u64, body: &str| -> Scheduled {
         let request = ScheduleRequest { destination: destination.name.clone(), delay_ms, body: body.as_bytes().to_vec(), ..Default::default() };
@@ -195,8 +197,6 @@ async fn a_direct_level_deleted_under_its_messages_parks_them_and_never_delivers
     // Until its due time and a little past, nothing else reached the destination.
     let quiet_until = needs_level_0.due_at_ms + 500;
     destination.assert_quiet(Duration::from_millis(quiet_until.saturating_sub(hourglass::clock::unix_now_ms()))).await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// A serving host notices at its next depth reading that a level queue is
@@ -209,7 +209,9 @@ async fn a_serving_host_declares_a_deleted_level_again_at_its_next_depth_reading
     let connection = connect().await;
     let prefix = unique("redeclare");
     let config = config_with(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "[service]\ndepth_poll = \"200ms\"");
+    let cleanup = Cleanup::declared(&topology_of(&config));
     let mut destination = Destination::declare(&connection, "redeclare").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     let name = destination.name.clone();
     let schedule = async |delay: &str| -> serde_json::Value {
@@ -235,8 +237,6 @@ async fn a_serving_host_declares_a_deleted_level_again_at_its_next_depth_reading
     assert!((0..=1_000).contains(&late), "arrived {late}ms from due, through the level declared again");
     assert_eq!(queue_depth(&channel, &format!("{prefix}.parked")).await, 0, "nothing was parked");
     served.stop().await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// A message parked before its due time (the level it was to wait in next
@@ -253,7 +253,9 @@ async fn replay_sends_a_message_parked_before_its_due_time_round_again_instead_o
     let channel = connection.create_channel().await.unwrap();
     let prefix = unique("park-early");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nlevels = 4"));
+    let cleanup = Cleanup::declared(&topology_of(&config));
     let mut destination = Destination::declare(&connection, "park-early").await;
+    cleanup.queue(&destination.name);
     // As `hourglass parked replay` does, replay schedules with a scheduler of
     // its own, whose first use declares the topology (the deleted level
     // included). Loaded now, so the replay itself is quick.
@@ -296,6 +298,4 @@ async fn replay_sends_a_message_parked_before_its_due_time_round_again_instead_o
     destination.assert_quiet(Duration::from_millis(300)).await;
     assert_eq!(queue_depth(&channel, &parking).await, 0, "nothing parked again: the level was declared again");
     taker.close().await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

@@ -16,9 +16,12 @@ use lapin::types::{AMQPValue, FieldTable as AmqpTable};
 /// Schedules one message per delay and checks each arrives no earlier than
 /// due and within `tolerance_ms` after, with body, headers and properties intact.
 async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], tolerance_ms: u64) {
-    let connection = connect().await;
     let config = config(strategy_table);
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "dest").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let mut sent: HashMap<String, (usize, Scheduled)> = HashMap::new();
     for (i, &delay_ms) in delays_ms.iter().enumerate() {
@@ -51,8 +54,6 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
         assert!(header(&message.delivery, "BCC").is_none(), "the broker strips BCC keys before a consumer");
     }
     destination.assert_quiet(Duration::from_millis(300)).await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 const SECONDS: [u64; 6] = [0, 1_000, 2_000, 3_000, 5_000, 7_000];
@@ -130,34 +131,34 @@ async fn binary_levels_in_milliseconds_is_sub_second_precise() {
 async fn scheduling_to_a_missing_destination_fails_clearly() {
     let prefix = unique("missing");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let _cleanup = Cleanup::declared(&topology_of(&config));
     let scheduler = scheduler(&config).await;
     let destination = unique("no-such-queue");
     let request = ScheduleRequest { destination: destination.clone(), delay_ms: 1_000, ..Default::default() };
     let err = scheduler.schedule(request).await.unwrap_err().to_string();
     assert!(err.contains(&format!("destination queue \"{destination}\" does not exist")), "{err}");
-    delete_declared(&connect().await, &topology_of(&config)).await;
 }
 
 #[tokio::test]
 async fn an_unroutable_publish_comes_back_as_an_error() {
-    let connection = connect().await;
-    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     let exchange = unique("dead-end");
     let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
+    let _cleanup = Cleanup::declared(std::slice::from_ref(&declare));
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
     let publish = Command::forward(&exchange, "nobody.listens");
     let envelope = Envelope { id: "m1".into(), body: b"x".to_vec(), headers: FieldTable::new(), properties: Properties::default(), stamp_message_id: true };
     let err = executor.send(&[publish], &envelope).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Unroutable(_)), "{err}");
     assert!(err.to_string().contains("NO_ROUTE"), "{err}");
-    delete_declared(&connection, &[declare]).await;
 }
 
 #[tokio::test]
 async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
-    let connection = connect().await;
     let prefix = unique("clash");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let _cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let clashing = format!("{prefix}.direct-level-00");
     let channel = connection.create_channel().await.unwrap();
     let mut arguments = AmqpTable::default();
@@ -169,25 +170,26 @@ async fn an_existing_queue_with_other_arguments_is_named_with_the_difference() {
     assert!(err.contains(&format!("queue \"{clashing}\"")), "{err}");
     assert!(err.contains("x-message-ttl=1000"), "names what hourglass wanted: {err}");
     assert!(err.contains("PRECONDITION_FAILED") && err.contains("x-message-ttl"), "and what the broker said: {err}");
-    delete_declared(&connection, &topology_of(&config)).await;
 }
 
 #[tokio::test]
 async fn applying_the_topology_twice_is_harmless() {
     let prefix = unique("twice");
     let config = config(&format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"1s\"]"));
+    let _cleanup = Cleanup::declared(&topology_of(&config));
     let scheduler = scheduler(&config).await;
     scheduler.apply_topology("main").await.unwrap();
     scheduler.apply_topology("main").await.expect("a second apply changes nothing");
-    delete_declared(&connect().await, &topology_of(&config)).await;
 }
 
 #[tokio::test]
 async fn many_messages_with_a_window_of_confirms_all_arrive() {
-    let connection = connect().await;
     let prefix = unique("window");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "window").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let requests: Vec<ScheduleRequest> = (0..500)
         .map(|i| ScheduleRequest {
@@ -206,6 +208,4 @@ async fn many_messages_with_a_window_of_confirms_all_arrive() {
     want.sort();
     assert_eq!(got, want, "every confirmed message arrived exactly once");
     destination.assert_quiet(Duration::from_millis(300)).await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

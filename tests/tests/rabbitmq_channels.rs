@@ -44,10 +44,13 @@ fn message_ids(received: &[Received]) -> Vec<String> {
 /// one ended every request on the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
-    let connection = connect().await;
     let prefix = unique("leak");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "leak").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let executor = rabbit(&scheduler);
     let most_open = AtomicUsize::new(0);
@@ -74,8 +77,6 @@ async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(message_ids(&received), [scheduled.id]);
     assert_eq!(executor.reconnects(), 0, "no connection was lost on the way");
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 enum Outcome {
@@ -89,10 +90,13 @@ enum Outcome {
 /// channel a refusal closed and failed although the broker had delivered them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
-    let connection = connect().await;
     let prefix = unique("beside");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "beside").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let executor = rabbit(&scheduler);
     let missing_exchange = unique("no-such-exchange");
@@ -148,8 +152,6 @@ async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
     destination.assert_quiet(Duration::from_millis(500)).await;
     assert!(executor.open_channels() <= executor.max_open_channels(), "{} channels open", executor.open_channels());
     assert_eq!(executor.reconnects(), 0, "no refusal cost the connection");
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// Half the publishes are unroutable, all run at once: each `basic.return`
@@ -158,12 +160,14 @@ async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
 /// publish was oldest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_go_to_their_own_publish_under_many_outstanding_confirms() {
-    let connection = connect().await;
-    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     let exchange = unique("returns");
     let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Direct, durable: false, arguments: FieldTable::new() };
+    let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
+    let connection = connect().await;
+    let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
     let mut destination = Destination::declare(&connection, "returns").await;
+    cleanup.queue(&destination.name);
     let channel = connection.create_channel().await.unwrap();
     channel
         .queue_bind(destination.name.as_str().into(), exchange.as_str().into(), "routed".into(), QueueBindOptions::default(), AmqpTable::default())
@@ -194,8 +198,6 @@ async fn returns_go_to_their_own_publish_under_many_outstanding_confirms() {
     routed.sort();
     let received = destination.receive(1_000, Duration::from_secs(20)).await;
     assert_eq!(message_ids(&received), routed);
-    delete_declared(&connection, &[declare]).await;
-    destination.delete().await;
 }
 
 /// A content header larger than `frame_max` closes the whole connection on
@@ -203,9 +205,11 @@ async fn returns_go_to_their_own_publish_under_many_outstanding_confirms() {
 /// it is refused before the wire, and the next publish needs no reconnect.
 #[tokio::test]
 async fn a_header_too_large_for_a_frame_is_invalid_and_the_connection_stays() {
+    let cleanup = Cleanup::default();
     let connection = connect().await;
     let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     let mut destination = Destination::declare(&connection, "oversize").await;
+    cleanup.queue(&destination.name);
     for (id, bytes) in [("just-over", 131 * 1024), ("far-over", 400 * 1024)] {
         let header = ("x-big", HeaderValue::Text("x".repeat(bytes).into_bytes()));
         let err = executor.send(&[publish_to("", &destination.name)], &envelope(id, vec![header])).await.unwrap_err();
@@ -216,7 +220,6 @@ async fn a_header_too_large_for_a_frame_is_invalid_and_the_connection_stays() {
     assert_eq!(message_ids(&destination.receive(1, Duration::from_secs(10)).await), ["after"]);
     assert_eq!(executor.reconnects(), 0, "the connection never dropped");
     destination.assert_quiet(Duration::from_millis(300)).await;
-    destination.delete().await;
 }
 
 /// The control connection asks for 16 KiB frames (lapin's buffers are 32
@@ -227,6 +230,9 @@ async fn a_header_too_large_for_a_frame_is_invalid_and_the_connection_stays() {
 async fn a_declaration_too_large_for_a_control_frame_is_refused_and_the_connection_stays() {
     let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     let (big, small) = (unique("big-arguments"), unique("after-big-arguments"));
+    let cleanup = Cleanup::default();
+    cleanup.queue(&big);
+    cleanup.queue(&small);
     let arguments = FieldTable::from([("x-note".to_string(), hourglass::command::FieldValue::Text("x".repeat(20 * 1024)))]);
     let err = executor.apply(&[Command::DeclareQueue { name: big.clone(), durable: false, arguments }]).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Refused(_)), "{err}");
@@ -247,11 +253,6 @@ async fn a_declaration_too_large_for_a_control_frame_is_refused_and_the_connecti
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(frame_max, Some(16 * 1024), "the control connection's negotiated frame_max");
-    let connection = connect().await;
-    let channel = connection.create_channel().await.unwrap();
-    for queue in [&big, &small] {
-        channel.queue_delete(queue.as_str().into(), Default::default()).await.ok();
-    }
 }
 
 /// The management API's connections opened by this executor (by client-provided name).
@@ -293,10 +294,13 @@ fn close_connection(name: &str) {
 /// anew) instead of trusting what it declared on the lost connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reconnect_the_topology_is_declared_again() {
-    let connection = connect().await;
     let prefix = unique("reconnect");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "reconnect").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let executor = rabbit(&scheduler);
     let name = destination.name.clone();
@@ -324,8 +328,6 @@ async fn after_a_reconnect_the_topology_is_declared_again() {
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(message_ids(&received), [second.unwrap().id]);
     destination.assert_quiet(Duration::from_millis(300)).await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// A memory alarm makes the broker stop reading from publishing connections
@@ -378,8 +380,11 @@ async fn a_publish_that_closes_a_shared_channel_fails_alone() {
     let executor = RabbitMqExecutor::connect_with(&amqp_url(), 2).await.unwrap();
     let doomed = unique("doomed");
     let declare = Command::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() };
+    // The exchange is deleted on purpose below; this covers a failure before that.
+    let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
     let mut destination = Destination::declare(&connection, "shared-channel").await;
+    cleanup.queue(&destination.name);
     executor.send(&[publish_to(&doomed, "")], &envelope("checked", vec![])).await.expect_err("nothing is bound to the fanout yet: unroutable");
     delete_declared(&connection, &[declare]).await;
 
@@ -433,7 +438,6 @@ async fn a_publish_that_closes_a_shared_channel_fails_alone() {
     assert_eq!(received, valid, "every confirmed message arrived");
     assert!(executor.open_channels() <= executor.max_open_channels(), "{} channels open", executor.open_channels());
     assert_eq!(executor.reconnects(), 0, "no refusal cost the connection");
-    destination.delete().await;
 }
 
 /// The broker closes a channel while the publishes after the culprit still
@@ -453,8 +457,11 @@ async fn publishes_queued_behind_a_channel_close_never_cost_the_connection() {
     let executor = RabbitMqExecutor::connect_with(&throttle.url, 1).await.unwrap();
     let doomed = unique("doomed-queued");
     let declare = Command::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() };
+    // The exchange is deleted on purpose below; this covers a failure before that.
+    let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
     let mut destination = Destination::declare(&connection, "queued-behind-close").await;
+    cleanup.queue(&destination.name);
     executor.send(&[publish_to(&doomed, "")], &envelope("checked", vec![])).await.expect_err("nothing is bound to the fanout yet: unroutable");
     delete_declared(&connection, &[declare]).await;
 
@@ -488,5 +495,4 @@ async fn publishes_queued_behind_a_channel_close_never_cost_the_connection() {
     received.sort();
     received.dedup();
     assert_eq!(received, valid, "every confirmed message arrived");
-    destination.delete().await;
 }
