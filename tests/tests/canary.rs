@@ -7,7 +7,6 @@ use std::time::Duration;
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::QueueDeleteOptions;
 
 /// How late a probe may be on average. Binary levels and hold queues keep
 /// whole milliseconds here (a 1 s probe); the on-time window measured for the
@@ -16,7 +15,6 @@ const ON_TIME_MS: f64 = 100.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_strategy_gets_a_probe_whose_lateness_is_exported_and_never_early() {
-    let connection = connect().await;
     let (levels, held, canary_queue) = (unique("canary-levels"), unique("canary-held"), unique("canary"));
     let text = config_text(
         &format!("planner = \"binary-levels\"\nprefix = \"{levels}\""),
@@ -26,6 +24,11 @@ async fn every_strategy_gets_a_probe_whose_lateness_is_exported_and_never_early(
         ),
     );
     let config = hourglass::config::Config::parse(std::path::Path::new("canary.toml"), format!("default_strategy = \"main\"\n{text}")).unwrap();
+    // Both strategies' static topology (hold-queues' per-delay queues expire on
+    // their own) and the canary's queue, deleted also when the test fails.
+    let cleanup = Cleanup::declared(&topologies_of(&config, &["main", "held"]));
+    cleanup.queue(&canary_queue);
+    let connection = connect().await;
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     until("the canary consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
     let channel = connection.create_channel().await.unwrap();
@@ -44,10 +47,4 @@ async fn every_strategy_gets_a_probe_whose_lateness_is_exported_and_never_early(
     assert_eq!(served.http.metric("hourglass_delivery_early_total").await, 0.0, "no probe arrived early");
 
     served.stop().await;
-    channel.queue_delete(canary_queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    // Both strategies' static topology (hold-queues' per-delay queues expire on their own).
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    for strategy in ["main", "held"] {
-        delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
-    }
 }

@@ -13,7 +13,7 @@ use hourglass::broker::{Envelope, Executor, ExecutorError};
 use hourglass::command::{Command, FieldTable};
 use hourglass_e2e::blackhole::Blackhole;
 use hourglass_e2e::*;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable as AmqpTable;
 
 /// How soon a declare or publish must end after its connection drops. Failing
@@ -38,9 +38,11 @@ fn envelope(id: &str) -> Envelope {
 /// declare succeeds on a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declare_left_unanswered_fails_as_soon_as_its_connection_drops() {
+    let (first, second) = (unique("unanswered-a"), unique("unanswered-b"));
+    // Deletes both queues, also when the test fails.
+    let _cleanup = Cleanup::declared(&[declare(&first), declare(&second)]);
     let blackhole = Blackhole::start(&amqp_url()).await;
     let executor = std::sync::Arc::new(RabbitMqExecutor::connect(&blackhole.url).await.expect("connect through the blackhole"));
-    let (first, second) = (unique("unanswered-a"), unique("unanswered-b"));
     executor.apply(&[declare(&first)]).await.expect("a declare through the proxy");
 
     blackhole.stall();
@@ -69,11 +71,6 @@ async fn a_declare_left_unanswered_fails_as_soon_as_its_connection_drops() {
         .expect("the next declare, on a fresh connection");
     eprintln!("declared again in {:?}", again.elapsed());
     assert!(executor.reconnects() >= 1, "the control connection was opened again");
-
-    let channel = connect().await.create_channel().await.unwrap();
-    for queue in [first, second] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
 }
 
 /// A fresh executor's first declare (which opens the control channel) or
@@ -83,11 +80,13 @@ async fn a_declare_left_unanswered_fails_as_soon_as_its_connection_drops() {
 /// as unavailable or succeeding on a fresh connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declares_and_publishes_racing_a_dropped_connection_end_at_once() {
+    let destination = unique("race-destination");
+    // Deletes the destination and every queue a round declares, also when the test fails.
+    let cleanup = Cleanup::default();
+    cleanup.queue(&destination);
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
-    let destination = unique("race-destination");
     channel.queue_declare(destination.as_str().into(), QueueDeclareOptions::default(), AmqpTable::default()).await.unwrap();
-    let mut declared = Vec::new();
     let (mut succeeded, mut failed, mut slowest) = (0, 0, Duration::ZERO);
     for round in 0..ROUNDS {
         let blackhole = Blackhole::start(&amqp_url()).await;
@@ -103,7 +102,7 @@ async fn declares_and_publishes_racing_a_dropped_connection_end_at_once() {
         let (what, asked) = (if round % 2 == 0 { "declare" } else { "publish" }, Instant::now());
         let request = async {
             if round % 2 == 0 {
-                declared.push(queue.clone());
+                cleanup.queue(&queue);
                 executor.apply(&[declare(&queue)]).await
             } else {
                 executor.send(&[Command::forward("", &destination)], &envelope(&queue)).await
@@ -120,7 +119,4 @@ async fn declares_and_publishes_racing_a_dropped_connection_end_at_once() {
         }
     }
     eprintln!("{ROUNDS} rounds: {succeeded} succeeded on a fresh connection, {failed} failed as unavailable; slowest {slowest:?}");
-    for queue in declared.iter().chain([&destination]) {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
 }

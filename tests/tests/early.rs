@@ -15,7 +15,7 @@ use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
 /// How late a message may arrive after its due time and still count as on
@@ -37,7 +37,6 @@ fn table(entries: Vec<(&str, AMQPValue)>) -> FieldTable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiration_and_stale_death_records_never_make_a_message_early() {
-    let connection = connect().await;
     let prefix = unique("early");
     let ingress_queue = unique("early-in");
     let invalid_queue = unique("early-invalid");
@@ -45,7 +44,12 @@ async fn expiration_and_stale_death_records_never_make_a_message_early() {
         &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\""),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.ingress(&config);
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "early-dest").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
 
@@ -107,9 +111,4 @@ async fn expiration_and_stale_death_records_never_make_a_message_early() {
     served.stop().await;
     let reader = connection.create_channel().await.unwrap();
     assert_eq!(queue_depth(&reader, &invalid_queue).await, 0, "nothing was set aside");
-    for queue in [&ingress_queue, &invalid_queue] {
-        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

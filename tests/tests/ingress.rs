@@ -16,7 +16,7 @@ use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
 
@@ -38,7 +38,6 @@ async fn publish(channel: &Channel, queue: &str, body: &str, headers: Vec<(&str,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_reason() {
-    let connection = connect().await;
     let prefix = unique("ingress");
     let ingress_queue = unique("ingress-in");
     let invalid_queue = unique("ingress-invalid");
@@ -46,7 +45,12 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
         &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 4"),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.ingress(&config);
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "ingress-dest").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
 
@@ -126,11 +130,6 @@ async fn ingress_forwards_valid_messages_and_sets_invalid_ones_aside_with_the_re
     );
 
     served.stop().await;
-    for queue in [&ingress_queue, &invalid_queue] {
-        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// How late a message given a due time may arrive: binary levels count
@@ -148,7 +147,6 @@ fn rfc3339(unix_ms: u64) -> String {
 /// aside naming the header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_time_instead_of_a_delay_is_kept_through_the_ingress_and_http() {
-    let connection = connect().await;
     let prefix = unique("deliver-at");
     let ingress_queue = unique("deliver-at-in");
     let invalid_queue = unique("deliver-at-invalid");
@@ -156,7 +154,12 @@ async fn a_due_time_instead_of_a_delay_is_kept_through_the_ingress_and_http() {
         &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\""),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.ingress(&config);
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "deliver-at-dest").await;
+    cleanup.queue(&destination.name);
     let dest = destination.name.clone();
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     until("the ingress consuming (readyz 200)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
@@ -226,11 +229,6 @@ async fn a_due_time_instead_of_a_delay_is_kept_through_the_ingress_and_http() {
     assert!(reason.contains("hourglass-deliver-at") && reason.contains("RFC 3339"), "{reason}");
 
     served.stop().await;
-    for queue in [&ingress_queue, &invalid_queue] {
-        reader.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// Declares `queue` as hourglass does (durable, quorum) and publishes into it before any consumer runs.
@@ -250,7 +248,6 @@ fn valid(dest: &str) -> Vec<(&'static str, AMQPValue)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_at_the_head_of_the_ingress_queue_is_set_aside_and_the_valid_ones_behind_it_arrive() {
-    let connection = connect().await;
     let ingress_queue = unique("poison-in");
     let invalid_queue = unique("poison-invalid");
     // Prefetch 1: nothing behind the head moves until the head is dealt with.
@@ -258,7 +255,12 @@ async fn a_poison_message_at_the_head_of_the_ingress_queue_is_set_aside_and_the_
         &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("poison")),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 1"),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.ingress(&config);
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "poison-dest").await;
+    cleanup.queue(&destination.name);
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
     // A destination AMQP cannot carry (over 255 bytes) used to panic the consumer, again after every restart.
@@ -282,11 +284,6 @@ async fn a_poison_message_at_the_head_of_the_ingress_queue_is_set_aside_and_the_
     until("the ingress queue drained", Duration::from_secs(5), async || queue_depth(&channel, &ingress_queue).await == 0).await;
 
     served.stop().await;
-    for queue in [&ingress_queue, &invalid_queue] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// A handler that panics on the body "poison" and acks the rest.
@@ -339,9 +336,11 @@ impl Handler for Panicking {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_panicking_on_a_message_requeues_it_then_sets_it_aside_and_goes_on() {
-    let connection = connect().await;
     let (handled, mut handled_rx) = tokio::sync::mpsc::unbounded_channel();
     let handler = Arc::new(Panicking { queue: unique("panics-in"), aside: unique("panics-aside"), handled, panics: Default::default() });
+    // Deletes the handler's queues, also when the test fails.
+    let _cleanup = Cleanup::declared(&handler.declarations());
+    let connection = connect().await;
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
     let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
     consumer.declare().await.expect("declares its queues");
@@ -365,9 +364,6 @@ async fn a_handler_panicking_on_a_message_requeues_it_then_sets_it_aside_and_goe
 
     stop.send(true).unwrap();
     running.await.unwrap();
-    for queue in [&handler.queue, &handler.aside] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
 }
 
 /// A handler that holds the body "slow" until told what to do with it, and acks the rest at once.
@@ -426,6 +422,8 @@ async fn acks_of_the_messages_behind_a_slow_one_never_cover_it() {
     let (settled, mut settled_rx) = tokio::sync::mpsc::unbounded_channel();
     let (open_gate, gate) = tokio::sync::watch::channel(None);
     let handler = Arc::new(Gated { queue: unique("acks-in"), settled, gate });
+    // Deletes the handler's queue, also when the test fails.
+    let _cleanup = Cleanup::declared(&handler.declarations());
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
     let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
     consumer.declare().await.expect("declares its queue");
@@ -459,7 +457,6 @@ async fn acks_of_the_messages_behind_a_slow_one_never_cover_it() {
 
     stop.send(true).unwrap();
     running.await.unwrap();
-    channel.queue_delete(handler.queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
 }
 
 /// The management API: `method` on `path` with a JSON body.
@@ -491,14 +488,18 @@ async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_i
     let (scheme, rest) = base.split_once("://").unwrap();
     let producer = connect_to(&format!("{scheme}://{user}:secret@{}", rest.rsplit_once('@').map_or(rest, |(_, host)| host))).await;
 
-    let connection = connect().await;
     let ingress_queue = unique("userid-in");
     let invalid_queue = unique("userid-invalid");
     let config = config_with(
         &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("userid")),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 1"),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.ingress(&config);
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "userid-dest").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     until("the ingress consuming", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200).await;
 
@@ -532,11 +533,6 @@ async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_i
     served.stop().await;
     drop(producer);
     management("DELETE", &format!("/api/users/{user}"), None);
-    for queue in [&ingress_queue, &invalid_queue] {
-        ours.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// A planner that loops, panics or traps on one message fails that message
@@ -602,14 +598,8 @@ async fn a_planner_that_loops_panics_or_traps_on_a_message_sets_that_one_aside_a
 /// that keeps it, and with `service.queue_type = "classic"` the queue is consumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingress_queue_declared_classic_before_refuses_the_start_with_the_setting_that_keeps_it() {
-    let connection = connect().await;
     let ingress_queue = unique("classic-in");
     let invalid_queue = unique("classic-invalid");
-    let mut destination = Destination::declare(&connection, "classic-dest").await;
-    let channel = connection.create_channel().await.unwrap();
-    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
-    channel.queue_declare(ingress_queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
     let prefix = unique("classic");
     let service = |queue_type: &str| {
         config_with(
@@ -617,6 +607,16 @@ async fn an_ingress_queue_declared_classic_before_refuses_the_start_with_the_set
             &format!("{queue_type}\n[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\""),
         )
     };
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&service("")));
+    cleanup.ingress(&service(""));
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "classic-dest").await;
+    cleanup.queue(&destination.name);
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let durable = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel.queue_declare(ingress_queue.as_str().into(), durable, FieldTable::default()).await.unwrap();
 
     let refused = Service::start(service("")).await.err().expect("a classic ingress queue refused at start").to_string();
     assert!(refused.contains("x-queue-type") && refused.contains(r#"service.queue_type = "classic""#), "{refused}");
@@ -627,9 +627,4 @@ async fn an_ingress_queue_declared_classic_before_refuses_the_start_with_the_set
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(received[0].delivery.data, b"kept");
     served.stop().await;
-    for queue in [&ingress_queue, &invalid_queue] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    delete_declared(&connection, &topology_of(&service(""))).await;
-    destination.delete().await;
 }

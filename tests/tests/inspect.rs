@@ -11,11 +11,14 @@ use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_messages_are_counted_per_level_by_the_api_the_metrics_and_the_cli() {
-    let connection = connect().await;
     let prefix = unique("inspect");
     let strategy_table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
     let config = config(&strategy_table);
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let destination = Destination::declare(&connection, "inspect").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     const WAITING: u64 = 5;
     for n in 0..WAITING {
@@ -50,18 +53,22 @@ async fn waiting_messages_are_counted_per_level_by_the_api_the_metrics_and_the_c
     std::fs::remove_file(&path).ok();
 
     served.stop().await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 /// hold-queues makes a queue per delay on first use: the depth reading finds
 /// them through the management API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_queues_made_per_message_are_counted_through_the_management_api() {
-    let connection = connect().await;
     let prefix = unique("inspect-hold");
     let config = config(&format!("planner = \"hold-queues\"\nprefix = \"{prefix}\""));
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let destination = Destination::declare(&connection, "inspect-hold").await;
+    cleanup.queue(&destination.name);
+    // The queues the two delays make (they would expire on their own, a minute on).
+    for delay_ms in [60_000, 61_000] {
+        cleanup.queue(&format!("{prefix}.{delay_ms}ms.{}", destination.name));
+    }
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     for delay in ["60s", "60s", "61s"] {
         let (status, answer) = served.http.schedule(None, json!({ "destination": destination.name, "delay": delay, "body": "later" })).await;
@@ -79,10 +86,4 @@ async fn hold_queues_made_per_message_are_counted_through_the_management_api() {
     assert_eq!(counted, [(format!("{prefix}.60000ms.{}", destination.name), 2), (format!("{prefix}.61000ms.{}", destination.name), 1)]);
 
     served.stop().await;
-    let channel = connection.create_channel().await.unwrap();
-    for (queue, _) in counted {
-        channel.queue_delete(queue.as_str().into(), Default::default()).await.ok();
-    }
-    destination.delete().await;
-    delete_declared(&connection, &topology_of(&config)).await;
 }

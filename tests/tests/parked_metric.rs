@@ -11,11 +11,15 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_message_shows_in_the_parked_messages_gauge() {
-    let connection = connect().await;
     let prefix = unique("parked-metric");
     let config = config_with(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nlevels = 4"), "[service.ingress]\nenabled = false");
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut canary = Destination::declare(&connection, "parked-canary").await;
+    cleanup.queue(&canary.name);
     let doomed = Destination::declare(&connection, "parked-doomed").await;
+    cleanup.queue(&doomed.name);
     let doomed_name = doomed.name.clone();
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     let gauge = "hourglass_parked_messages{strategy=\"main\"}";
@@ -29,6 +33,4 @@ async fn a_parked_message_shows_in_the_parked_messages_gauge() {
     until("the parked message counted", Duration::from_secs(20), async || served.http.metric(gauge).await == 1.0).await;
 
     served.stop().await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    canary.delete().await;
 }

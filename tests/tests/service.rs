@@ -14,10 +14,13 @@ use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
-    let connection = connect().await;
     let prefix = unique("serve");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "serve").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::new(scheduler(&config).await, Some("secret".into()))).await;
     let http = &served.http;
     let dest = destination.name.clone();
@@ -84,19 +87,19 @@ async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
     assert_eq!(value("hourglass_broker_confirm_seconds_count"), 2.0, "one confirm wait per message: {metrics}");
 
     served.stop().await;
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_puts_an_sqs_strategy_on_rabbitmq_is_refused_naming_it() {
-    let connection = connect().await;
     let prefix = unique("family");
     let strategy = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
     let path = std::env::temp_dir().join(format!("{}.toml", unique("family")));
     std::fs::write(&path, config_text(&strategy, "[service.ingress]\nenabled = false")).unwrap();
     let config = hourglass::config::Config::load(&path).unwrap();
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let mut destination = Destination::declare(&connection, "family").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
 
     let more = "[service.ingress]\nenabled = false\n\n[strategies.cycles]\nplanner = \"sqs-cycles\"\ncycle = \"900s\"";
@@ -114,6 +117,4 @@ async fn a_reload_that_puts_an_sqs_strategy_on_rabbitmq_is_refused_naming_it() {
 
     served.stop().await;
     std::fs::remove_file(&path).ok();
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

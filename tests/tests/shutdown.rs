@@ -13,12 +13,11 @@ use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeleteOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::types::{FieldTable, ShortString};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
-    let connection = connect().await;
     let (ingress, input) = (unique("shutdown-in"), unique("shutdown-redelivery"));
     let work = unique("shutdown-work");
     let strategy = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nredelivery = {{ policy = \"intervals\", intervals = [\"1s\"] }}", unique("shutdown"));
@@ -27,7 +26,16 @@ async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
          [[redelivery]]\nqueue = \"{work}\"\nmax_attempts = 2\n"
     );
     let config = config_with(&strategy, &more);
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    for queue in [ingress.clone(), format!("{ingress}.invalid"), input.clone(), format!("{input}.unknown"), work.clone(), format!("{work}.error")] {
+        cleanup.queue(&queue);
+    }
+    // The redelivery input is an exchange as well as a queue.
+    cleanup.exchange(&input);
+    let connection = connect().await;
     let destination = Destination::declare(&connection, "shutdown-dest").await;
+    cleanup.queue(&destination.name);
     let publisher = connection.create_channel().await.unwrap();
     // Several rounds: the race this guards against is lost about half the time.
     for round in 0..10 {
@@ -52,13 +60,4 @@ async fn after_run_returns_no_consumer_of_the_service_is_left_on_its_queues() {
         })
         .await;
     }
-
-    let channel = connection.create_channel().await.unwrap();
-    for queue in [ingress.clone(), format!("{ingress}.invalid"), input.clone(), format!("{input}.unknown"), work.clone(), format!("{work}.error")] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
-    // The redelivery input is an exchange as well as a queue.
-    channel.exchange_delete(input.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

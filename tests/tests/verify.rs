@@ -18,16 +18,20 @@ async fn verify_via_management(commands: &[hourglass::command::Command]) -> Repo
 
 #[tokio::test]
 async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
-    let connection = connect().await;
     let prefix = unique("verify");
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""));
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let destination = Destination::declare(&connection, "verify-dest").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     scheduler.prepare_destination("main", &destination.name).await.unwrap();
     let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
     let planner = strategies.get_mut("main").unwrap();
     let mut commands = planner.topology().unwrap();
     commands.extend(planner.destination_setup(&destination.name).unwrap());
+    cleanup.also_declared(&commands);
 
     let clean = verify_via_management(&commands).await;
     assert!(clean.drifts.is_empty(), "{:?}", clean.drifts);
@@ -53,20 +57,19 @@ async fn verify_passes_on_a_fresh_topology_and_names_each_drift() {
     assert!(passive.method.starts_with("passive declares"), "{}", passive.method);
     assert!(passive.drifts.iter().any(|d| d.object == format!("queue {level}")), "{:?}", passive.drifts);
     assert!(passive.unchecked > 0);
-
-    delete_declared(&connection, &commands).await;
-    destination.delete().await;
 }
 
 #[tokio::test]
 async fn serve_with_topology_verify_refuses_to_start_on_drift_and_declares_nothing() {
     use hourglass::service::Service;
-    let connection = connect().await;
     let prefix = unique("serve-verify");
     let strategy = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
     let more =
         format!("[service]\ntopology = \"verify\"\n[service.ingress]\nenabled = false\n\n[destinations.\"{}\"]\nstrategy = \"main\"", "absent-but-listed");
     let config = config_with(&strategy, &more);
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    let connection = connect().await;
     let Err(err) = Service::start(config.clone()).await else { panic!("started on a broker without the topology") };
     let err = err.to_string();
     assert!(err.contains("topology drift") && err.contains(&format!("queue {prefix}.direct-level-00: missing")), "{err}");
@@ -77,10 +80,9 @@ async fn serve_with_topology_verify_refuses_to_start_on_drift_and_declares_nothi
 
     // With the topology in place (and the listed destination set up), it starts.
     let destination = Destination::declare(&connection, "serve-verify-dest").await;
+    cleanup.queue(&destination.name);
     let config = config_with(&strategy, &more.replace("absent-but-listed", &destination.name));
     scheduler(&config).await.prepare_destination("main", &destination.name).await.unwrap();
     let service = Service::start(config.clone()).await.expect("starts once the topology is there");
     drop(service);
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }
