@@ -29,8 +29,10 @@ async fn exclusive_queue(queue: &str) -> lapin::Connection {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_exclusive_to_another_connection_is_named_as_such_not_missing() {
     let queue = unique("exclusive-dest");
-    let owner = exclusive_queue(&queue).await;
     let config = config(&format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("exclusive")));
+    // Deletes what the test declares, also when it fails (the exclusive queue goes with its connection).
+    let _cleanup = Cleanup::declared(&topology_of(&config));
+    let owner = exclusive_queue(&queue).await;
     let scheduler = scheduler(&config).await;
 
     let request = ScheduleRequest { destination: queue.clone(), delay_ms: 1_000, ..Default::default() };
@@ -50,7 +52,6 @@ async fn a_destination_exclusive_to_another_connection_is_named_as_such_not_miss
     taker.close().await;
 
     owner.close(200, "done".into()).await.ok();
-    delete_declared(&connect().await, &topology_of(&config)).await;
 }
 
 /// One of the source strategy's waiting queues cannot be read (here it is
@@ -60,8 +61,9 @@ async fn a_destination_exclusive_to_another_connection_is_named_as_such_not_miss
 async fn transfer_counts_a_queue_it_cannot_read_as_left_not_empty() {
     let (classic, quorum) = (unique("unread-classic"), unique("unread-quorum"));
     let (config, path) = classic_and_quorum_levels(&classic, &quorum, "transfer-unread");
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    let source = strategies.get_mut("classic").unwrap().topology().unwrap();
+    // Both strategies' topology, deleted also when the test fails.
+    let _cleanup = Cleanup::declared(&topologies_of(&config, &["classic", "quorum"]));
+    let source = topologies_of(&config, &["classic"]);
     let (locked, _) = hourglass::command::waiting_queues(&source).into_iter().next().expect("a waiting queue");
     let owner = exclusive_queue(&locked).await;
 
@@ -75,10 +77,6 @@ async fn transfer_counts_a_queue_it_cannot_read_as_left_not_empty() {
 
     owner.close(200, "done".into()).await.ok();
     std::fs::remove_file(&path).ok();
-    let connection = connect().await;
-    for strategy in ["classic", "quorum"] {
-        delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
-    }
 }
 
 /// A classic destination queue whose home node is stopped still exists:

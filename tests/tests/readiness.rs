@@ -90,6 +90,8 @@ async fn an_idle_service_answers_readyz_at_once_while_cut_off_and_reconnects_by_
     let prefix = unique("readyz");
     let text = config_text_on(&blackhole.url, &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "");
     let config = Config::parse(Path::new("readyz.toml"), text).expect("test config");
+    // Deletes what the service declares (through the blackhole, on the shared broker), also when the test fails.
+    let _cleanup = Cleanup::declared(&topology_of(&config));
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     let base = served.http.base.clone();
     until("ready", Duration::from_secs(10), async || readyz(&base).await.0 == 200).await;
@@ -108,5 +110,4 @@ async fn an_idle_service_answers_readyz_at_once_while_cut_off_and_reconnects_by_
     until("readyz 200 again, with no other traffic", Duration::from_secs(30), async || readyz(&base).await.0 == 200).await;
 
     served.stop().await;
-    delete_declared(&connect().await, &topology_of(&config)).await;
 }

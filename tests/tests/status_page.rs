@@ -9,7 +9,6 @@ use std::time::Duration;
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::QueueDeleteOptions;
 use serde_json::{Value, json};
 
 fn browser() -> String {
@@ -40,13 +39,17 @@ fn cell_after<'a>(dom: &'a str, marker: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_shows_waiting_messages_and_lateness_per_strategy() {
-    let connection = connect().await;
     let (prefix, canary_queue) = (unique("status"), unique("status-canary"));
     let config = config_with(
         &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
         &format!("[service.canary]\nqueue = \"{canary_queue}\"\nevery = \"300ms\"\ndelay = \"1s\""),
     );
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.queue(&canary_queue);
+    let connection = connect().await;
     let destination = Destination::declare(&connection, "status").await;
+    cleanup.queue(&destination.name);
     let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
     const WAITING: u64 = 3;
     for _ in 0..WAITING {
@@ -81,8 +84,4 @@ async fn a_browser_shows_waiting_messages_and_lateness_per_strategy() {
     assert!(drawing.matches("<rect").count() >= 28 && drawing.contains(&format!("queue {prefix}.direct-level-27")), "{drawing}");
 
     served.stop().await;
-    let channel = connection.create_channel().await.unwrap();
-    channel.queue_delete(canary_queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    delete_declared(&connection, &topology_of(&config)).await;
-    destination.delete().await;
 }

@@ -32,7 +32,7 @@ use hourglass::service::Service;
 use hourglass_e2e::blackhole::Blackhole;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable as AmqpTable;
 use tokio::sync::{mpsc, watch};
 
@@ -103,27 +103,24 @@ async fn stop_while_held(consumer: Arc<Consumer<Acking>>, blackhole: &Blackhole,
     eprintln!("stopped {:?} after the stop", asked.elapsed());
 }
 
-async fn delete_queue(queue: &str) {
-    let channel = connect().await.create_channel().await.unwrap();
-    channel.queue_delete(queue.into(), QueueDeleteOptions::default()).await.ok();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_stopped_while_its_connection_opens_returns_at_once() {
+    let handler = Arc::new(Acking { queue: unique("connecting-in") });
+    // Deletes the handler's queue, also when the test fails.
+    let _cleanup = Cleanup::declared(&handler.declarations());
     let blackhole = Blackhole::start(&amqp_url()).await;
     blackhole.cut();
-    let handler = Arc::new(Acking { queue: unique("connecting-in") });
     // Declares go straight to the broker: only the consumer's own connection meets the blackhole.
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
     let consumer = Consumer::new(&blackhole.url, publisher, handler.clone());
     stop_while_held(consumer, &blackhole, 1).await;
-    delete_queue(&handler.queue).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_stopped_while_its_declares_reconnect_returns_at_once() {
-    let blackhole = Blackhole::start(&amqp_url()).await;
     let handler = Arc::new(Acking { queue: unique("declaring-in") });
+    let _cleanup = Cleanup::declared(&handler.declarations());
+    let blackhole = Blackhole::start(&amqp_url()).await;
     // Its declares go through the executor's control connection, lost in the cut: declaring reconnects it.
     let publisher = Arc::new(RabbitMqExecutor::connect(&blackhole.url).await.expect("connect through the blackhole"));
     blackhole.cut();
@@ -132,13 +129,13 @@ async fn a_consumer_stopped_while_its_declares_reconnect_returns_at_once() {
     until("the executor sees the cut", Duration::from_secs(5), async || !publisher.is_ready().await).await;
     let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
     stop_while_held(consumer, &blackhole, 1).await;
-    delete_queue(&handler.queue).await;
 }
 
 /// A service that reaches its broker through `blackhole`: a cancellable
 /// strategy (so a release consumer and the cancel-log reader), the ingress
-/// and the canary, every name beginning with `stem`. Ready when returned.
-async fn service_through(blackhole: &Blackhole, stem: &str) -> (Served, Config) {
+/// and the canary, every name beginning with `stem`, each named to `cleanup`
+/// before the service starts. Ready when returned.
+async fn service_through(blackhole: &Blackhole, stem: &str, cleanup: &Cleanup) -> Served {
     let (levels, log, release) = (unique(&format!("{stem}-levels")), unique(&format!("{stem}-log")), unique(&format!("{stem}-release")));
     let (ingress, canary) = (unique(&format!("{stem}-in")), unique(&format!("{stem}-canary")));
     let text = config_text_on(
@@ -151,29 +148,16 @@ async fn service_through(blackhole: &Blackhole, stem: &str) -> (Served, Config) 
         ),
     );
     let config = Config::parse(Path::new(&format!("{stem}.toml")), format!("default_strategy = \"main\"\n{text}")).expect("test config");
-    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    cleanup.also_declared(&topology_of(&config));
+    let release_queue = config.service.cancel.release_queue("main");
+    cleanup.ingress(&config);
+    for queue in [&canary, &release_queue, &format!("{release_queue}.parked"), &log] {
+        cleanup.queue(queue);
+    }
+    let served = Served::start(Service::start(config).await.expect("service starts")).await;
     // Ready means every consumer and the reader attached, too.
     until("ready", Duration::from_secs(15), async || served.service.is_ready().await).await;
-    (served, config)
-}
-
-/// Deletes what [`service_through`] declared, straight on the broker.
-async fn delete_service_topology(config: &Config) {
-    let connection = connect().await;
-    delete_declared(&connection, &topology_of(config)).await;
-    let channel = connection.create_channel().await.unwrap();
-    let release_queue = config.service.cancel.release_queue("main");
-    let (ingress, canary) = (&config.service.ingress.queue, &config.service.canary.queue);
-    for queue in [
-        ingress.clone(),
-        format!("{ingress}.invalid"),
-        canary.clone(),
-        release_queue.clone(),
-        format!("{release_queue}.parked"),
-        config.service.cancel.log().to_string(),
-    ] {
-        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
-    }
+    served
 }
 
 /// A whole service cut off from its broker: the executor's keeper reconnects
@@ -182,8 +166,10 @@ async fn delete_service_topology(config: &Config) {
 /// own. Stopped then, it is down long before `shutdown_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeout() {
+    // Deletes what the service declares, also when the test fails.
+    let cleanup = Cleanup::default();
     let blackhole = Blackhole::start(&amqp_url()).await;
-    let (served, config) = service_through(&blackhole, "cut").await;
+    let served = service_through(&blackhole, "cut", &cleanup).await;
 
     blackhole.cut();
     // The keeper holds at most two (one per executor connection): a third is a task's own connect.
@@ -193,7 +179,6 @@ async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeou
         .await
         .unwrap_or_else(|_| panic!("the service still ran {SERVICE_STOPS_WITHIN:?} after the stop (tasks mid-connect)"));
     eprintln!("stopped {:?} after the stop", asked.elapsed());
-    delete_service_topology(&config).await;
 }
 
 /// A whole service whose broker went silent with every connection open (the
@@ -204,8 +189,9 @@ async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeou
 /// (20 s), abandoning everyone's work in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_whose_broker_stalls_stops_long_before_its_shutdown_timeout() {
+    let cleanup = Cleanup::default();
     let blackhole = Blackhole::start(&amqp_url()).await;
-    let (served, config) = service_through(&blackhole, "stalled").await;
+    let served = service_through(&blackhole, "stalled", &cleanup).await;
 
     blackhole.stall();
     until("the proxy stalling the service's six connections", Duration::from_secs(5), async || blackhole.stalled() == 6).await;
@@ -215,7 +201,6 @@ async fn a_service_whose_broker_stalls_stops_long_before_its_shutdown_timeout() 
         .unwrap_or_else(|_| panic!("the service still ran {SERVICE_STOPS_WITHIN_ON_A_STALLED_BROKER:?} after the stop (stalled broker)"));
     eprintln!("stopped {:?} after the stop", asked.elapsed());
     drop(blackhole);
-    delete_service_topology(&config).await;
 }
 
 /// What a round of [`stops_and_closes_racing_a_dropped_connection_end_at_once`] ends.
@@ -240,6 +225,9 @@ enum Ending {
 async fn stops_and_closes_racing_a_dropped_connection_end_at_once() {
     let (queue, log) = (unique("stop-race"), unique("stop-race-log"));
     let handler = Arc::new(Acking { queue: queue.clone() });
+    // Deletes the handler's queue and the stream, also when the test fails.
+    let cleanup = Cleanup::declared(&handler.declarations());
+    cleanup.queue(&log);
     // Declares go straight to the broker: only the connections that end meet the proxy.
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
     hourglass::broker::Executor::apply(publisher.as_ref(), &[declare_stream(&log, "1h")]).await.expect("declare the stream");
@@ -301,8 +289,6 @@ async fn stops_and_closes_racing_a_dropped_connection_end_at_once() {
         }
     }
     eprintln!("{RACE_ROUNDS} rounds; slowest stop {slowest:?}");
-    delete_queue(&queue).await;
-    delete_queue(&log).await;
 }
 
 /// A consumer stopped while the proxy swallows everything on its connection:
@@ -311,6 +297,7 @@ async fn stops_and_closes_racing_a_dropped_connection_end_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_stopped_on_a_stalled_connection_returns_within_the_bound() {
     let handler = Arc::new(Acking { queue: unique("stop-stalled") });
+    let _cleanup = Cleanup::declared(&handler.declarations());
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
     let blackhole = Blackhole::start(&amqp_url()).await;
     let consumer = Consumer::new(&blackhole.url, publisher, handler.clone());
@@ -327,7 +314,6 @@ async fn a_consumer_stopped_on_a_stalled_connection_returns_within_the_bound() {
         .expect("the consumer ends cleanly");
     eprintln!("stopped {:?} after the stop; {} bytes swallowed", asked.elapsed(), blackhole.swallowed());
     assert!(blackhole.swallowed() > 0, "the stop sent nothing into the stalled connection");
-    delete_queue(&handler.queue).await;
 }
 
 /// A stream reader (the cancellation log's) stopped while its connection is
@@ -337,6 +323,8 @@ async fn a_consumer_stopped_on_a_stalled_connection_returns_within_the_bound() {
 async fn a_stream_reader_stopped_on_a_stalled_connection_returns_within_the_bound() {
     let log = unique("stop-stalled-log");
     let declare = declare_stream(&log, "1h");
+    // Deletes the stream, also when the test fails.
+    let _cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     let publisher = RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ");
     hourglass::broker::Executor::apply(&publisher, &[declare]).await.expect("declare the stream");
     let blackhole = Blackhole::start(&amqp_url()).await;
@@ -358,7 +346,6 @@ async fn a_stream_reader_stopped_on_a_stalled_connection_returns_within_the_boun
         .unwrap();
     eprintln!("stopped {:?} after the stop: {result:?}", asked.elapsed());
     assert!(result.is_ok(), "a stopped reader ends Ok: {result:?}");
-    delete_queue(&log).await;
 }
 
 /// `hourglass transfer`'s taker closed while its connection is stalled: the
@@ -366,6 +353,8 @@ async fn a_stream_reader_stopped_on_a_stalled_connection_returns_within_the_boun
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taker_closed_on_a_stalled_connection_returns_within_the_bound() {
     let queue = unique("close-stalled-take");
+    let cleanup = Cleanup::default();
+    cleanup.queue(&queue);
     let channel = connect().await.create_channel().await.unwrap();
     channel.queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), AmqpTable::default()).await.unwrap();
     let blackhole = Blackhole::start(&amqp_url()).await;
@@ -378,5 +367,4 @@ async fn a_taker_closed_on_a_stalled_connection_returns_within_the_bound() {
         .await
         .unwrap_or_else(|_| panic!("the taker's close still waited {ENDS_WITHIN_ON_A_DEAD_CONNECTION:?} (stalled connection)"));
     eprintln!("closed {:?} after asking", asked.elapsed());
-    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.ok();
 }

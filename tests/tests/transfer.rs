@@ -41,10 +41,13 @@ fn transfer_between(path: &std::path::Path, from: &str, to: &str, extra: &[&str]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none_early_none_lost() {
-    let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "transfer-dest").await;
     let (classic, quorum) = (unique("transfer-classic"), unique("transfer-quorum"));
     let (config, path) = classic_and_quorum_levels(&classic, &quorum, "transfer");
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topologies_of(&config, &["classic", "quorum"]));
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "transfer-dest").await;
+    cleanup.queue(&destination.name);
 
     // 20 to 30 s out, spread by the millisecond: still waiting when the transfer runs.
     let scheduler = scheduler(&config).await;
@@ -92,11 +95,6 @@ async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none
     destination.assert_quiet(Duration::from_millis(500)).await;
 
     std::fs::remove_file(&path).ok();
-    destination.delete().await;
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    for strategy in ["classic", "quorum"] {
-        delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
-    }
 }
 
 /// Hold queues are made per message: transfer finds them through the
@@ -104,8 +102,6 @@ async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_in_hold_queues_move_to_binary_levels() {
     const HELD: usize = 100;
-    let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "transfer-held").await;
     let (held, levels) = (unique("transfer-hold"), unique("transfer-levels"));
     let text = format!(
         "default_strategy = \"held\"\n{}",
@@ -118,6 +114,15 @@ async fn messages_in_hold_queues_move_to_binary_levels() {
     let config = Config::parse(std::path::Path::new("transfer.toml"), text.clone()).unwrap();
     let path = std::env::temp_dir().join(format!("{}.toml", unique("transfer-held")));
     std::fs::write(&path, &text).unwrap();
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topologies_of(&config, &["held", "levels"]));
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "transfer-held").await;
+    cleanup.queue(&destination.name);
+    // The hold queues the five delays below make.
+    for delay_ms in (15_000..20_000).step_by(1_000) {
+        cleanup.queue(&format!("{held}.{delay_ms}ms.{}", destination.name));
+    }
 
     let scheduler = scheduler(&config).await;
     let mut due: HashMap<String, u64> = HashMap::new();
@@ -148,13 +153,4 @@ async fn messages_in_hold_queues_move_to_binary_levels() {
     destination.assert_quiet(Duration::from_millis(300)).await;
 
     std::fs::remove_file(&path).ok();
-    destination.delete().await;
-    let channel = connection.create_channel().await.unwrap();
-    for queue in queues {
-        channel.queue_delete(queue.into(), Default::default()).await.ok();
-    }
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    for strategy in ["held", "levels"] {
-        delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
-    }
 }
