@@ -51,8 +51,6 @@ fn check(example: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_planned_in_python_and_javascript_arrive_on_rabbitmq_at_their_due_time() {
-    let connection = connect().await;
-    let mut destination = Destination::declare(&connection, "py-planner").await;
     let (python, js, levels) = (unique("py-backoff"), unique("js-backoff"), unique("py-levels"));
     let text = format!(
         "default_strategy = \"python\"\n{}",
@@ -67,6 +65,11 @@ async fn messages_planned_in_python_and_javascript_arrive_on_rabbitmq_at_their_d
         )
     );
     let config = Config::parse(std::path::Path::new("python.toml"), text).unwrap();
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topologies_of(&config, &["python", "js", "main"]));
+    let connection = connect().await;
+    let mut destination = Destination::declare(&connection, "py-planner").await;
+    cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
     let request = |strategy: &str, body: &str| ScheduleRequest {
         destination: destination.name.clone(),
@@ -86,12 +89,6 @@ async fn messages_planned_in_python_and_javascript_arrive_on_rabbitmq_at_their_d
         let late = got.at_ms as i64 - due as i64;
         eprintln!("{body}: {late} ms late");
         assert!((0..=ON_TIME_MS as i64).contains(&late), "{body} arrived {late} ms after its due time (window 0..{ON_TIME_MS})");
-    }
-
-    destination.delete().await;
-    let mut strategies = hourglass::scheduler::strategies::Strategies::load(&config).unwrap();
-    for strategy in ["python", "js", "main"] {
-        delete_declared(&connection, &strategies.get_mut(strategy).unwrap().topology().unwrap()).await;
     }
 }
 
