@@ -71,3 +71,18 @@ pub(crate) fn management_request(path: &str) -> (ureq::Agent, String, String) {
     let config = ureq::Agent::config_builder().http_status_as_error(true).timeout_global(Some(Duration::from_secs(10))).build();
     (ureq::Agent::new_with_config(config), format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
 }
+
+/// `method` on `path` of the management API, with a JSON body for a PUT;
+/// the answer's JSON (Null when empty). An error status panics, naming the call.
+pub fn management(method: &str, path: &str, body: Option<serde_json::Value>) -> serde_json::Value {
+    let (agent, url, authorization) = management_request(path);
+    let response = match (method, body) {
+        ("GET", _) => agent.get(&url).header("Authorization", &authorization).call(),
+        ("DELETE", _) => agent.delete(&url).header("Authorization", &authorization).call(),
+        ("PUT", Some(body)) => agent.put(&url).header("Authorization", &authorization).send_json(body),
+        ("PUT", None) => agent.put(&url).header("Authorization", &authorization).send_empty(),
+        _ => unreachable!("{method}"),
+    };
+    let text = response.unwrap_or_else(|e| panic!("management API {method} {path}: {e}")).body_mut().read_to_string().unwrap_or_default();
+    if text.is_empty() { serde_json::Value::Null } else { serde_json::from_str(&text).unwrap() }
+}

@@ -10,7 +10,7 @@ use hourglass::config::Config;
 
 use crate::{amqp_url, management_request};
 
-/// Queues, exchanges and policies a test made, deleted when this is dropped:
+/// Queues, exchanges, policies and users a test made, deleted when this is dropped:
 /// at the end of a test that passed and while one that failed unwinds. Drop
 /// cannot await, so the deletes go through the management API's blocking
 /// client. Make it before anything it names is declared, so it is dropped
@@ -63,6 +63,11 @@ impl Cleanup {
         self.add("policies", name);
     }
 
+    /// A RabbitMQ user (users belong to no vhost).
+    pub fn user(&self, name: &str) {
+        self.add("users", name);
+    }
+
     fn add(&self, kind: &'static str, name: &str) {
         self.objects.lock().unwrap_or_else(|p| p.into_inner()).push((kind, name.to_string()));
     }
@@ -72,7 +77,11 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let vhost = encode(&vhost_of(&amqp_url()));
         for (kind, name) in self.objects.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let (agent, url, authorization) = management_request(&format!("/api/{kind}/{vhost}/{}", encode(&name)));
+            let path = match kind {
+                "users" => format!("/api/users/{}", encode(&name)),
+                _ => format!("/api/{kind}/{vhost}/{}", encode(&name)),
+            };
+            let (agent, url, authorization) = management_request(&path);
             match agent.delete(&url).header("Authorization", &authorization).call() {
                 Ok(_) | Err(ureq::Error::StatusCode(404)) => {}
                 // No panic here: this may run while a failed test unwinds, where a second panic aborts.

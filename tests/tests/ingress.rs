@@ -459,29 +459,15 @@ async fn acks_of_the_messages_behind_a_slow_one_never_cover_it() {
     running.await.unwrap();
 }
 
-/// The management API: `method` on `path` with a JSON body.
-fn management(method: &str, path: &str, body: Option<serde_json::Value>) {
-    use base64::Engine;
-    let base = management_url();
-    let (scheme, rest) = base.split_once("://").unwrap();
-    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-    let url = format!("{scheme}://{}{path}", host.trim_end_matches('/'));
-    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(true).build());
-    let result = match (method, body) {
-        ("PUT", Some(body)) => agent.put(&url).header("Authorization", &authorization).send_json(body).map(drop),
-        ("DELETE", _) => agent.delete(&url).header("Authorization", &authorization).call().map(drop),
-        _ => unreachable!("{method}"),
-    };
-    result.unwrap_or_else(|e| panic!("management API {method} {path}: {e}"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_is_still_set_aside() {
     // RabbitMQ closes a channel that publishes a user-id other than its own
     // user's: a message a producer sent under its own user does exactly that
     // when hourglass forwards it or moves it aside.
     let user = unique("producer");
+    // Deletes the user, and later what the test declares, also when it fails.
+    let cleanup = Cleanup::default();
+    cleanup.user(&user);
     management("PUT", &format!("/api/users/{user}"), Some(serde_json::json!({ "password": "secret", "tags": "" })));
     management("PUT", &format!("/api/permissions/%2F/{user}"), Some(serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" })));
     let base = amqp_url();
@@ -494,8 +480,7 @@ async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_i
         &format!("planner = \"binary-levels\"\nprefix = \"{}\"", unique("userid")),
         &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 1"),
     );
-    // Deletes what the test declares, also when it fails.
-    let cleanup = Cleanup::declared(&topology_of(&config));
+    cleanup.also_declared(&topology_of(&config));
     cleanup.ingress(&config);
     let connection = connect().await;
     let mut destination = Destination::declare(&connection, "userid-dest").await;
@@ -532,7 +517,6 @@ async fn a_move_the_broker_refuses_reopens_the_publish_channel_and_the_message_i
 
     served.stop().await;
     drop(producer);
-    management("DELETE", &format!("/api/users/{user}"), None);
 }
 
 /// A planner that loops, panics or traps on one message fails that message

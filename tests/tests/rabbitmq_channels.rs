@@ -268,25 +268,12 @@ fn broker_connections(executor: &RabbitMqExecutor) -> Vec<String> {
         .collect()
 }
 
-fn management(path: &str) -> (ureq::Agent, String, String) {
-    use base64::Engine;
-    let base = management_url();
-    let (scheme, rest) = base.split_once("://").unwrap();
-    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-    let authorization = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
-    (ureq::Agent::new_with_defaults(), format!("{scheme}://{}{path}", host.trim_end_matches('/')), authorization)
-}
-
 fn management_get(path: &str) -> serde_json::Value {
-    let (agent, url, authorization) = management(path);
-    agent.get(&url).header("Authorization", &authorization).call().unwrap().body_mut().read_json().unwrap()
+    management("GET", path, None)
 }
 
 fn close_connection(name: &str) {
-    let encoded: String =
-        name.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
-    let (agent, url, authorization) = management(&format!("/api/connections/{encoded}"));
-    agent.delete(&url).header("Authorization", &authorization).call().unwrap();
+    management("DELETE", &format!("/api/connections/{}", hourglass::broker::rabbitmq::manage::encode(name)), None);
 }
 
 /// The broker drops hourglass's connections while its topology is deleted:

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::broker::rabbitmq::manage::encode;
 use hourglass::config::Config;
 use hourglass::headers::{DESTINATION_HEADER, REQUESTED_DELAY_HEADER};
 use hourglass::service::Service;
@@ -18,36 +19,13 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{FieldTable, ShortString};
 use serde_json::{Value, json};
 
-/// The management API: `(method, path, body)` → JSON (Null when empty).
-fn management(method: &str, path: &str, body: Option<Value>) -> Value {
-    use base64::Engine;
-    let base = management_url();
-    let (scheme, rest) = base.split_once("://").unwrap();
-    let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-    let url = format!("{scheme}://{}{path}", host.trim_end_matches('/'));
-    let auth = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials));
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(true).build().into();
-    let response = match (method, body) {
-        ("GET", _) => agent.get(&url).header("Authorization", &auth).call(),
-        ("DELETE", _) => agent.delete(&url).header("Authorization", &auth).call(),
-        (_, Some(body)) => agent.put(&url).header("Authorization", &auth).send_json(body),
-        (_, None) => agent.put(&url).header("Authorization", &auth).send_empty(),
-    };
-    let text = response.unwrap_or_else(|e| panic!("management {method} {path}: {e}")).body_mut().read_to_string().unwrap_or_default();
-    if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap() }
-}
-
 fn user() -> String {
     amqp_url().split("://").nth(1).and_then(|rest| rest.split(':').next()).unwrap_or("guest").to_string()
 }
 
-fn escape(segment: &str) -> String {
-    segment.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
-}
-
 /// The name of the connection consuming `queue` in `vhost`, if any.
 fn consumer_connection(vhost: &str, queue: &str) -> Option<String> {
-    let consumers = management("GET", &format!("/api/consumers/{}", escape(vhost)), None);
+    let consumers = management("GET", &format!("/api/consumers/{}", encode(vhost)), None);
     consumers.as_array()?.iter().find(|c| c["queue"]["name"] == queue).and_then(|c| c["channel_details"]["connection_name"].as_str().map(String::from))
 }
 
@@ -80,9 +58,9 @@ async fn readyz_names_a_lost_ingress_until_it_is_back_and_ingress_then_forwards(
     until("the management API listing the ingress consumer", Duration::from_secs(20), async || consumer_connection(&vhost.name, &ingress_queue).is_some())
         .await;
     let consumer = consumer_connection(&vhost.name, &ingress_queue).unwrap();
-    let permissions = format!("/api/permissions/{}/{}", escape(&vhost.name), escape(&user()));
+    let permissions = format!("/api/permissions/{}/{}", encode(&vhost.name), encode(&user()));
     management("DELETE", &permissions, None);
-    management("DELETE", &format!("/api/connections/{}", escape(&consumer)), None);
+    management("DELETE", &format!("/api/connections/{}", encode(&consumer)), None);
     until("readyz 503 naming the ingress", Duration::from_secs(10), async || {
         let (status, body) = readyz(&served).await;
         status == 503 && names_task(&body, "ingress")
