@@ -140,6 +140,10 @@ pub struct ServiceConfig {
     pub header_read_timeout: Option<DurationMs>,
     /// A connection on which nothing moves either way for this long is closed (default 60s).
     pub idle_timeout: Option<DurationMs>,
+    /// RabbitMQ: take each message from the strategies' parking queues as it
+    /// is parked and send on those whose destination exists (default true;
+    /// false leaves every parked message for `hourglass parked replay`).
+    pub unpark: Option<bool>,
 }
 
 /// A consumer queue whose rejected messages hourglass redelivers later.

@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
 use crate::message::{Delivery, HeaderValue};
 use crate::scheduler::validate::is_death_record;
-use crate::scheduler::{ScheduleRequest, Scheduler};
+use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 /// A queue of set-aside messages, and where its messages go when replayed.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -48,11 +48,33 @@ impl ParkingQueue {
     }
 }
 
-/// Every queue hourglass sets messages aside in, for this config, each with its owner.
-pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
+/// Where a serving host moves a message from a strategy's parking queue when
+/// its destination (or release queue) is really gone, with the reason: what
+/// is left for an operator once the host has sent on everything it could.
+pub fn orphan_queue(parking_queue: &str) -> String {
+    format!("{parking_queue}.orphaned")
+}
+
+/// Each strategy's own parking queue (where its topology's alternate
+/// exchanges put what they cannot route), with its owner: the queues a
+/// serving host takes messages from as they are parked (`service::unpark`).
+/// A queue two strategies share (one prefix) keeps the first by name as its owner.
+pub fn strategy_parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
     let mut queues = Vec::new();
     for (strategy, parking) in scheduler.parking_queues() {
         queues.extend(parking.into_iter().map(|queue| ParkingQueue::parked(config, queue, &strategy)));
+    }
+    queues.sort_by(|a, b| a.queue.cmp(&b.queue));
+    queues.dedup_by(|a, b| a.queue == b.queue);
+    queues
+}
+
+/// Every queue hourglass sets messages aside in, for this config, each with its owner.
+pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
+    let mut queues = Vec::new();
+    for parking in strategy_parking_queues(config, scheduler) {
+        queues.push(ParkingQueue { queue: orphan_queue(&parking.queue), ..parking.clone() });
+        queues.push(parking);
     }
     // Where its release consumer parks: the strategy's own messages, not claimed yet or not deliverable.
     for strategy in config.strategies.values().filter(|s| s.cancellable) {
@@ -101,7 +123,7 @@ fn header_text(delivery: &Delivery, name: &str) -> Option<String> {
 }
 
 /// The message's `hourglass-due-at` (Unix ms), if it has one.
-fn due_at(delivery: &Delivery) -> Option<u64> {
+pub fn due_at(delivery: &Delivery) -> Option<u64> {
     delivery.properties.headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok())
 }
 
@@ -167,7 +189,8 @@ fn selected(delivery: &Delivery, id: Option<&str>) -> bool {
 }
 
 /// What became of a message that is then acked.
-enum Done {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Done {
     Forwarded,
     Rescheduled,
     Released,
@@ -180,7 +203,7 @@ async fn each_message(
     taker: &Taker,
     queue: &str,
     id: Option<&str>,
-    mut act: impl AsyncFnMut(&Delivery) -> Result<Done, String>,
+    mut act: impl AsyncFnMut(&Delivery) -> Result<Done, Left>,
 ) -> Result<Handled, ExecutorError> {
     let mut handled = Handled { queue: queue.to_string(), ..Default::default() };
     let mut kept: Vec<Taken> = Vec::new();
@@ -207,7 +230,7 @@ async fn each_message(
                     }
                     Err(why) => {
                         handled.left += 1;
-                        handled.why_left.get_or_insert(why);
+                        handled.why_left.get_or_insert(why.to_string());
                         kept.push(message);
                     }
                 }
@@ -221,6 +244,28 @@ async fn each_message(
     result.map(|()| handled)
 }
 
+/// Why a parked message stays where it is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Left {
+    /// What it needs is gone or refuses it (its destination, its release
+    /// queue, its strategy), or it lacks what replay needs: an operator's
+    /// matter, named.
+    #[error("{0}")]
+    Stays(String),
+    /// The broker could not answer now: try again later.
+    #[error("{0}")]
+    NotNow(String),
+}
+
+impl Left {
+    fn of_send(e: ExecutorError, why: impl FnOnce(&ExecutorError) -> String) -> Left {
+        match e {
+            ExecutorError::Unavailable(_) => Left::NotNow(why(&e)),
+            _ => Left::Stays(why(&e)),
+        }
+    }
+}
+
 /// Publishes each selected message again: an invalid one to the ingress
 /// queue; a parked one, if it is due, to its destination queue, or to the
 /// release queue when the strategy that owns `parking` is cancellable (its
@@ -230,39 +275,59 @@ async fn each_message(
 /// strategy's topology on the scheduler's first use of it, the missing level
 /// included.
 pub async fn replay(scheduler: &Scheduler<Broker>, taker: &Taker, parking: &ParkingQueue, ingress: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
-    let mut destinations = Destinations { scheduler, known: HashMap::new() };
+    let mut destinations = Destinations::new(scheduler);
     each_message(taker, &parking.queue, id, async |delivery: &Delivery| {
         if parking.kind == "invalid" {
             return forward(scheduler, delivery, ingress).await.map(|()| Done::Forwarded);
         }
-        let target = header_text(delivery, TARGET_HEADER).ok_or("no hourglass-target header: replay it by hand")?;
-        match (due_at(delivery).filter(|due| *due > unix_now_ms()), &parking.release_queue) {
-            // Forwarded now, it would arrive early.
-            (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), &target, due).await,
-            // Forwarded straight on, it could be a message cancelled meanwhile.
-            (None, Some(release_queue)) => release(scheduler, &mut destinations, delivery, release_queue, &target).await,
-            (None, None) => forward(scheduler, delivery, &target).await.map(|()| Done::Forwarded),
-        }
+        replay_parked(scheduler, &mut destinations, parking, delivery).await
     })
     .await
 }
 
-/// Whether destination queues can take messages: the scheduler's own check
-/// (a queue whose node cannot answer now is not taken for a missing one),
-/// each queue asked once per replay.
-struct Destinations<'s> {
-    scheduler: &'s Scheduler<Broker>,
-    known: HashMap<String, Result<(), String>>,
+/// Replays one message of a strategy's parking queue (see [`replay`]):
+/// what `parked replay` does to each, and what a serving host does to each
+/// as it is parked. Never early: one not due yet goes round its strategy.
+pub async fn replay_parked(
+    scheduler: &Scheduler<Broker>,
+    destinations: &mut Destinations<'_>,
+    parking: &ParkingQueue,
+    delivery: &Delivery,
+) -> Result<Done, Left> {
+    let target = header_text(delivery, TARGET_HEADER).ok_or_else(|| Left::Stays(format!("no {TARGET_HEADER} header: replay it by hand")))?;
+    match (due_at(delivery).filter(|due| *due > unix_now_ms()), &parking.release_queue) {
+        // Forwarded now, it would arrive early.
+        (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), &target, due).await,
+        // Forwarded straight on, it could be a message cancelled meanwhile.
+        (None, Some(release_queue)) => release(scheduler, destinations, delivery, release_queue, &target).await,
+        (None, None) => {
+            destinations.check(&target).await?;
+            forward(scheduler, delivery, &target).await.map(|()| Done::Forwarded)
+        }
+    }
 }
 
-impl Destinations<'_> {
-    async fn check(&mut self, queue: &str) -> Result<(), String> {
+/// Whether destination queues can take messages, asked before a due message
+/// is sent on (so one still gone stays parked naming it): the scheduler's own check
+/// (a queue whose node cannot answer now is not taken for a missing one),
+/// each queue asked once per replay.
+pub struct Destinations<'s> {
+    scheduler: &'s Scheduler<Broker>,
+    known: HashMap<String, Result<(), Left>>,
+}
+
+impl<'s> Destinations<'s> {
+    pub fn new(scheduler: &'s Scheduler<Broker>) -> Destinations<'s> {
+        Destinations { scheduler, known: HashMap::new() }
+    }
+
+    async fn check(&mut self, queue: &str) -> Result<(), Left> {
         if let Some(known) = self.known.get(queue) {
             return known.clone();
         }
         let checked = self.scheduler.executor().check_destination(queue).await.map_err(|e| match e {
-            ExecutorError::Refused(why) => format!("its destination cannot take it, so it was not sent through its release queue: {why}"),
-            other => other.to_string(),
+            ExecutorError::Refused(why) => Left::Stays(format!("its destination cannot take it: {why}")),
+            other => Left::of_send(other, ToString::to_string),
         });
         self.known.insert(queue.to_string(), checked.clone());
         checked
@@ -283,19 +348,24 @@ async fn release(
     delivery: &Delivery,
     release_queue: &str,
     target: &str,
-) -> Result<Done, String> {
+) -> Result<Done, Left> {
     if header_text(delivery, ID_HEADER).is_none() {
-        return Err(format!("no {ID_HEADER} header, so the cancellation log cannot be asked about it: replay it by hand"));
+        return Err(Left::Stays(format!("no {ID_HEADER} header, so the cancellation log cannot be asked about it: replay it by hand")));
     }
-    destinations.check(target).await?;
-    forward(scheduler, delivery, release_queue)
-        .await
-        .map(|()| Done::Released)
-        .map_err(|why| format!("{why} (its strategy is cancellable, so it is replayed through its release queue, which a serving host declares)"))
+    destinations.check(target).await.map_err(|left| match left {
+        Left::Stays(why) => Left::Stays(format!("{why} (so it was not sent through its release queue)")),
+        not_now => not_now,
+    })?;
+    forward(scheduler, delivery, release_queue).await.map(|()| Done::Released).map_err(|left| match left {
+        Left::Stays(why) => {
+            Left::Stays(format!("{why} (its strategy is cancellable, so it is replayed through its release queue, which a serving host declares)"))
+        }
+        not_now => not_now,
+    })
 }
 
 /// Publishes the message as it is (without the reasons it was set aside for) to `queue`, confirmed.
-async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str) -> Result<(), String> {
+async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str) -> Result<(), Left> {
     let mut properties = delivery.properties.clone();
     properties.headers.retain(|name, _| name != PARKED_REASON_HEADER && name != INVALID_REASON_HEADER);
     let publish = [Command::forward("", queue)];
@@ -306,17 +376,23 @@ async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str
         properties,
         stamp_message_id: false,
     };
-    scheduler.executor().send(&publish, &envelope).await.map_err(|e| format!("to {queue}: {e}"))
+    scheduler.executor().send(&publish, &envelope).await.map_err(|e| Left::of_send(e, |e| format!("to {queue}: {e}")))
 }
 
 /// Schedules a message parked before its due time through `strategy` again, due at `due_at_ms`.
-async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy: Option<&str>, target: &str, due_at_ms: u64) -> Result<Done, String> {
+async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy: Option<&str>, target: &str, due_at_ms: u64) -> Result<Done, Left> {
     let not_due = format!("not due until {}", humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(due_at_ms)));
     let Some(strategy) = strategy else {
-        return Err(format!("{not_due} and no strategy of this config parks in {}: replay it after its due time", delivery.queue));
+        return Err(Left::Stays(format!("{not_due} and no strategy of this config parks in {}: replay it after its due time", delivery.queue)));
     };
     let request = reschedule_request(delivery, strategy, target, due_at_ms);
-    scheduler.schedule(request).await.map(|_| Done::Rescheduled).map_err(|e| format!("{not_due}; rescheduling it through strategy {strategy:?} failed: {e}"))
+    scheduler.schedule(request).await.map(|_| Done::Rescheduled).map_err(|e| {
+        let why = format!("{not_due}; rescheduling it through strategy {strategy:?} failed: {e}");
+        match e {
+            ScheduleError::Broker(ExecutorError::Unavailable(_)) => Left::NotNow(why),
+            _ => Left::Stays(why),
+        }
+    })
 }
 
 /// The request that sends `delivery` round `strategy` again: body and

@@ -5,8 +5,9 @@
 use std::sync::Mutex;
 
 use hourglass::broker::rabbitmq::manage::{encode, vhost_of};
-use hourglass::command::Command;
+use hourglass::command::{Command, parking_queues};
 use hourglass::config::Config;
+use hourglass::parked::orphan_queue;
 
 use crate::{amqp_url, management_request};
 
@@ -30,7 +31,9 @@ impl Cleanup {
         cleanup
     }
 
-    /// The queues and exchanges `commands` declare, beside those named already.
+    /// The queues and exchanges `commands` declare, beside those named
+    /// already, and the orphan queue a serving host declares beside each
+    /// parking queue among them.
     pub fn also_declared(&self, commands: &[Command]) {
         for command in commands {
             match command {
@@ -38,6 +41,9 @@ impl Cleanup {
                 Command::DeclareExchange { name, .. } => self.exchange(name),
                 _ => {}
             }
+        }
+        for parking in parking_queues(commands) {
+            self.queue(&orphan_queue(&parking));
         }
     }
 

@@ -37,7 +37,8 @@ fn setup() -> Setup {
     let (levels, log, release) = (unique("cancel-levels"), unique("cancel-log"), unique("release"));
     let text = config_text(
         &format!("planner = \"binary-levels\"\nprefix = \"{levels}\"\nunit = \"1ms\"\ncancellable = true"),
-        &format!("[service.cancel]\nlog = \"{log}\"\nrelease_prefix = \"{release}\"\n"),
+        // Parked messages stay for `parked replay` to be tested on (tests/tests/unpark.rs has the host take them).
+        &format!("[service]\nunpark = false\n\n[service.cancel]\nlog = \"{log}\"\nrelease_prefix = \"{release}\"\n"),
     );
     let text = format!("default_strategy = \"main\"\n{text}");
     let config = Config::parse(std::path::Path::new("cancel.toml"), text.clone()).unwrap();

@@ -182,8 +182,8 @@ async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeou
 }
 
 /// A whole service whose broker went silent with every connection open (the
-/// executor's two, the ingress, the canary, the release consumer and the
-/// cancel-log reader): no cancel nor close is answered. Stopped then, it is
+/// executor's two, the ingress, the canary, the release consumer, the
+/// parking queue's consumer and the cancel-log reader): no cancel nor close is answered. Stopped then, it is
 /// down within [`SERVICE_STOPS_WITHIN_ON_A_STALLED_BROKER`]. Before, the
 /// reader's close never ended and the stop waited out `shutdown_timeout`
 /// (20 s), abandoning everyone's work in flight.
@@ -194,7 +194,7 @@ async fn a_service_whose_broker_stalls_stops_long_before_its_shutdown_timeout() 
     let served = service_through(&blackhole, "stalled", &cleanup).await;
 
     blackhole.stall();
-    until("the proxy stalling the service's six connections", Duration::from_secs(5), async || blackhole.stalled() == 6).await;
+    until("the proxy stalling the service's seven connections", Duration::from_secs(5), async || blackhole.stalled() == 7).await;
     let asked = Instant::now();
     tokio::time::timeout(SERVICE_STOPS_WITHIN_ON_A_STALLED_BROKER, served.stop())
         .await

@@ -1,5 +1,6 @@
 //! `hourglass parked list|replay|drop`: the messages hourglass set aside
-//! (parking queues, release queues' `.parked`, the ingress's invalid queue).
+//! (parking queues and their `.orphaned`, release queues' `.parked`, the
+//! ingress's invalid queue).
 
 use std::process::ExitCode;
 
@@ -73,14 +74,24 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         let wanted = match &args.action {
             Action::List { queue, .. } | Action::Replay { queue, .. } | Action::Drop { queue, .. } => queue.clone(),
         };
-        if let Some(wanted) = wanted {
-            queues.retain(|q| q.queue == wanted);
+        if let Some(wanted) = &wanted {
+            queues.retain(|q| &q.queue == wanted);
             if queues.is_empty() {
                 let known = parked::parking_queues(&config, &scheduler).into_iter().map(|q| q.queue).collect::<Vec<_>>().join(", ");
                 bail!("{wanted:?} is not a parking or invalid queue of this config (they are: {known})");
             }
         }
         let taker = Taker::open(&url).await?;
+        // A queue no host declared yet (an orphan queue before the first serve, say) holds nothing.
+        let mut declared = Vec::with_capacity(queues.len());
+        for queue in queues {
+            match taker.depth(&queue.queue).await? {
+                Some(_) => declared.push(queue),
+                None if wanted.is_some() => bail!("{:?} does not exist on the broker (a serving host declares it)", queue.queue),
+                None => {}
+            }
+        }
+        let queues = declared;
         let code = match &args.action {
             Action::List { limit, format, .. } => list(&taker, &queues, *limit, *format).await?,
             Action::Replay { id, .. } => {

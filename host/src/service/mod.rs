@@ -42,6 +42,7 @@ pub mod release;
 mod startup;
 pub mod status;
 pub mod supervise;
+pub mod unpark;
 
 pub use crate::metrics::Metrics;
 pub use http::{MAX_BODY_BYTES, router, run};

@@ -26,6 +26,7 @@ use crate::broker::sqs::pumped::dead_letter_queue;
 use crate::broker::{Broker, Executor, ExecutorError, amqp_url};
 use crate::clock::unix_now_ms;
 use crate::config::{BrokerConfig, Config};
+use crate::parked::orphan_queue;
 use crate::scheduler::Scheduler;
 
 /// How often the depths are read on RabbitMQ (passive declares are free)...
@@ -68,6 +69,7 @@ pub async fn read(
     management: Option<Arc<Management>>,
 ) -> Vec<StrategyDepths> {
     let parking = scheduler.parking_queues();
+    let unparking = matches!(scheduler.executor(), Broker::RabbitMq(_)) && scheduler.config().service.unpark.unwrap_or(true);
     let mut all = Vec::new();
     let mut by_strategy: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (queue, strategy) in pumped {
@@ -113,6 +115,10 @@ pub async fn read(
         let mut parked = 0;
         for queue in parking.get(&strategy).into_iter().flatten() {
             parked += scheduler.executor().queue_depth(queue).await.unwrap_or(0);
+            // Declared by the service's unpark consumer, which moves there what cannot go on.
+            if unparking {
+                parked += scheduler.executor().queue_depth(&orphan_queue(queue)).await.unwrap_or(0);
+            }
         }
         let waiting = depths.iter().filter_map(|d| d.messages).sum();
         all.push(StrategyDepths { strategy, read_at_ms: unix_now_ms(), waiting, parked, queues: depths });

@@ -1,7 +1,7 @@
 //! Starting the service for a config: planners, broker, topology (applied or
 //! verified), redelivery set-up, configured destinations, and the background
-//! tasks beside the HTTP API (ingress, redelivery, one pump per pumped queue,
-//! the RabbitMQ connection keeper), each under the
+//! tasks beside the HTTP API (ingress, redelivery, release and parking queue
+//! consumers, one pump per pumped queue, the RabbitMQ connection keeper), each under the
 //! [`Supervisor`](super::supervise::Supervisor).
 
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use crate::broker::sqs::pump::Pump;
 use crate::broker::sqs::pumped::{Discovery, PumpSettings};
 use crate::broker::{Broker, amqp_url};
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::parked;
 use crate::planner::BrokerFamily;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{PumpedQueue, ScheduleError, Scheduler};
@@ -25,6 +26,7 @@ use crate::service::cancel::CancelLog;
 use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
 use crate::service::release::Release;
+use crate::service::unpark::Unpark;
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
 const DEFAULT_PUMP_DISCOVERY: Duration = Duration::from_secs(60);
@@ -53,7 +55,7 @@ impl Service {
         }
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx.clone());
-        let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases) = (None, None, None, None, Vec::new());
+        let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases, mut unparks) = (None, None, None, None, Vec::new(), Vec::new());
         if let (BrokerConfig::Rabbitmq { url, url_env, management_url, .. }, Broker::RabbitMq(publisher)) = (&config.broker, scheduler.executor()) {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             if config.service.ingress.enabled {
@@ -79,6 +81,16 @@ impl Service {
                     releases.push((strategy.to_string(), consumer));
                 }
                 cancel = Some(log);
+            }
+            if config.service.unpark.unwrap_or(true) {
+                for parking in parked::strategy_parking_queues(&config, &scheduler) {
+                    let queue = parking.queue.clone();
+                    let consumer = Consumer::new(&amqp, publisher.clone(), Unpark::new(parking, config.service.ingress.prefetch, scheduler.clone()));
+                    if topology == TopologyAtStart::Apply {
+                        consumer.declare().await?;
+                    }
+                    unparks.push((queue, consumer));
+                }
             }
             if config.service.canary.enabled {
                 let consumer = Consumer::new(&amqp, publisher.clone(), Canary::new(config.service.canary.clone(), scheduler.clone()));
@@ -143,6 +155,9 @@ impl Service {
         }
         for (strategy, consumer) in releases {
             supervise_consumer(background, &format!("release:{strategy}"), consumer);
+        }
+        for (queue, consumer) in unparks {
+            supervise_consumer(background, &format!("unpark:{queue}"), consumer);
         }
         if let Some(canary) = canary {
             supervise_consumer(background, "canary", canary);

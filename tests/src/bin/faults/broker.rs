@@ -1,6 +1,12 @@
 //! The broker goes away under load: `kill -9` of its Erlang VM, or a clean
 //! stop, then a start on the same data. Always a private node: the shared
 //! broker is never touched. The strategy is left at its defaults.
+//!
+//! The kill runs beside [`BUSY_CLIENTS`] producers sending back to back, so
+//! messages fall due while the restarted node is still recovering; the
+//! broker parks some of those (their dead-letter finds no route yet) though
+//! the destination exists throughout. Nothing may be left parked at the end:
+//! the host sends such messages on by itself.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +22,8 @@ use crate::setup::Setup;
 const LOAD: Duration = Duration::from_secs(5);
 /// How long after the last due time a canary may still arrive (reconnects back off up to 5 s).
 const GRACE: Duration = Duration::from_secs(40);
+/// HTTP producers sending back to back during the kill (the canaries' two besides).
+const BUSY_CLIENTS: usize = 8;
 
 pub async fn kill9() -> Vec<Report> {
     vec![run("broker kill -9 under load (default config)", Fault::Kill).await]
@@ -46,7 +54,8 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
     let setup = Setup::new("broker", &node.url(), "").await?;
     let host = Host::start(&setup.config)?;
     let base = Arc::new(Mutex::new(host.base.clone()));
-    let canaries = Canaries::start("broker", setup.route(&base));
+    let busy = if matches!(fault, Fault::Kill) { BUSY_CLIENTS } else { 0 };
+    let canaries = Canaries::start_busy("broker", setup.route(&base), busy);
     tokio::time::sleep(LOAD).await;
     let down = node.clone();
     tokio::task::spawn_blocking(move || match fault {
@@ -60,6 +69,12 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
     tokio::time::sleep(LOAD).await;
     let ledger = canaries.finish(GRACE).await;
     report.tally = ledger.tally();
+    // The destination existed throughout: nothing may wait in parking, nor as an orphan.
+    let parking = format!("{}.parked", setup.prefix);
+    for queue in [parking.clone(), hourglass::parked::orphan_queue(&parking)] {
+        let left = crate::canary::depth(&setup.amqp_url, &queue).await?;
+        report.check(left == 0, || format!("{left} messages left in {queue} while their destination existed"));
+    }
     if report.tally.lost > 0 {
         eprintln!("   host log tail:\n{}", host.log_tail(10));
     }

@@ -63,17 +63,46 @@ pub async fn declare_destination(amqp_url: &str, queue: &str) -> anyhow::Result<
     Ok(())
 }
 
+/// How one HTTP client sends: the pause after each answer, and each message's delay.
+#[derive(Clone, Copy)]
+struct Pace {
+    interval: Duration,
+    delay_of: fn(u64) -> u64,
+}
+
+/// The canaries' pace: one message every [`INTERVAL`], 1–3 s delays.
+const CANARY: Pace = Pace { interval: INTERVAL, delay_of };
+/// A busy producer's: back to back, 3–6 s delays (spread by a step prime to 3,001).
+const BUSY: Pace = Pace { interval: Duration::ZERO, delay_of: |n| 3_000 + (n * 379) % 3_001 };
+
+/// Messages ready in `queue` (0 when there is no such queue).
+pub async fn depth(amqp_url: &str, queue: &str) -> anyhow::Result<u32> {
+    let connection = connect(amqp_url).await?;
+    let channel = connection.create_channel().await?;
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let depth = channel.queue_declare(queue.into(), passive, FieldTable::default()).await.map(|q| q.message_count()).unwrap_or(0);
+    connection.close(200, "done".into()).await.ok();
+    Ok(depth)
+}
+
 impl Canaries {
     /// Starts the consumer and the senders; `tag` prefixes every id.
     pub fn start(tag: &str, route: Route) -> Canaries {
+        Canaries::start_busy(tag, route, 0)
+    }
+
+    /// [`Canaries::start`] plus `busy` HTTP clients sending back to back with
+    /// 3–6 s delays: enough messages fall due each millisecond that a fault
+    /// of the broker meets some of them mid-way.
+    pub fn start_busy(tag: &str, route: Route, busy: usize) -> Canaries {
         let ledger = Arc::new(Ledger::default());
         let stop = Arc::new(AtomicBool::new(false));
         let consumer = tokio::spawn(consume(route.amqp_url.clone(), route.destination.clone(), ledger.clone()));
         let mut senders = Vec::new();
         if let Some(http) = &route.http {
-            for client in 0..2 {
-                let id = format!("{tag}-h{client}");
-                senders.push(tokio::spawn(send_http(id, http.clone(), route.destination.clone(), ledger.clone(), stop.clone())));
+            let clients = (0..2).map(|c| (format!("{tag}-h{c}"), CANARY)).chain((0..busy).map(|c| (format!("{tag}-b{c}"), BUSY)));
+            for (id, pace) in clients {
+                senders.push(tokio::spawn(send_http(id, http.clone(), route.destination.clone(), ledger.clone(), stop.clone(), pace)));
             }
         }
         if let Some(queue) = &route.ingress {
@@ -105,12 +134,12 @@ fn delay_of(n: u64) -> u64 {
     1000 * (1 + n % 3)
 }
 
-async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
+async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>, pace: Pace) {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(15))).build().into();
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
         let id = format!("{tag}-{n}");
-        let delay = delay_of(n);
+        let delay = (pace.delay_of)(n);
         n += 1;
         let url = format!("{}/v1/messages", base.lock().unwrap());
         ledger.sent(&id, unix_now_ms() + delay);
@@ -130,7 +159,7 @@ async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, l
         {
             ledger.acknowledged(&id, json.get("due_at").and_then(Value::as_u64));
         }
-        tokio::time::sleep(INTERVAL).await;
+        tokio::time::sleep(pace.interval).await;
     }
 }
 

@@ -18,6 +18,8 @@ pub struct Setup {
     pub ingress: String,
     pub invalid: String,
     pub destination: String,
+    /// The strategy's prefix: its parking queue is `<prefix>.parked`.
+    pub prefix: String,
 }
 
 impl Setup {
@@ -37,7 +39,7 @@ impl Setup {
         let config = dir.join("hourglass.toml");
         std::fs::write(&config, text)?;
         canary::declare_destination(amqp_url, &destination).await?;
-        Ok(Setup { amqp_url: amqp_url.into(), config, ingress, invalid, destination })
+        Ok(Setup { amqp_url: amqp_url.into(), config, ingress, invalid, destination, prefix })
     }
 
     /// Canaries through HTTP at `base` and through the ingress.
