@@ -411,6 +411,47 @@ pub struct DestinationConfig {
     pub strategy: Option<String>,
 }
 
+/// How a delayed exchange's messages are routed when due: the type of its
+/// `deliver_to` exchange (the plugin's `x-delayed-type`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DelayedType {
+    #[default]
+    Direct,
+    Topic,
+    Fanout,
+    Headers,
+}
+
+impl DelayedType {
+    pub fn exchange_kind(self) -> crate::command::ExchangeKind {
+        use crate::command::ExchangeKind;
+        match self {
+            DelayedType::Direct => ExchangeKind::Direct,
+            DelayedType::Topic => ExchangeKind::Topic,
+            DelayedType::Fanout => ExchangeKind::Fanout,
+            DelayedType::Headers => ExchangeKind::Headers,
+        }
+    }
+}
+
+/// `[exchanges."<name>"]`: an exchange producers publish to with `x-delay`,
+/// as they did to the delayed-message plugin's `x-delayed-message` exchange
+/// (RabbitMQ). hourglass declares it as a plain fanout exchange bound to its
+/// ingress queue, and delivers each message when due through `deliver_to`
+/// with its original routing key.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DelayedExchangeConfig {
+    /// How due messages are routed: `deliver_to`'s type (declared with it when missing).
+    #[serde(rename = "type", default)]
+    pub kind: DelayedType,
+    /// The exchange that routes due messages to the queues bound to it.
+    pub deliver_to: String,
+    /// The strategy that holds the messages (default: `default_strategy`).
+    pub strategy: Option<String>,
+}
+
 type SpannedTable = BTreeMap<Spanned<String>, Spanned<toml::Value>>;
 
 #[derive(Debug, Deserialize)]
@@ -429,6 +470,8 @@ struct RawConfig {
     destinations: BTreeMap<Spanned<String>, Spanned<DestinationConfig>>,
     #[serde(default)]
     redelivery: Vec<Spanned<RedeliveryConfig>>,
+    #[serde(default)]
+    exchanges: BTreeMap<Spanned<String>, Spanned<DelayedExchangeConfig>>,
 }
 
 /// One named strategy: a planner and its own table.
@@ -482,6 +525,8 @@ pub struct Config {
     pub destinations: BTreeMap<String, DestinationConfig>,
     /// Consumer queues with delayed redelivery.
     pub redelivery: Vec<RedeliveryConfig>,
+    /// Delayed exchanges (`x-delay`), by name.
+    pub exchanges: BTreeMap<String, DelayedExchangeConfig>,
 }
 
 impl Config {
@@ -599,6 +644,30 @@ impl Config {
             destinations.insert(name.into_inner(), destination);
         }
 
+        let mut exchanges = BTreeMap::new();
+        for (name, exchange) in raw.exchanges {
+            let (span, name, exchange) = (exchange.span(), name.into_inner(), exchange.into_inner());
+            let refuse = |why: String| Err(invalid(span.clone(), format!("exchanges.{name:?}: {why}")));
+            if !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) {
+                return refuse("delayed exchanges need broker.kind = \"rabbitmq\"".into());
+            }
+            if !raw.service.ingress.enabled {
+                return refuse("delayed exchanges feed the AMQP ingress queue; service.ingress.enabled must be true".into());
+            }
+            if name.is_empty() || name.starts_with("amq.") {
+                return refuse("the name must be non-empty and must not start with \"amq.\" (reserved by RabbitMQ)".into());
+            }
+            if exchange.deliver_to.is_empty() || exchange.deliver_to == name {
+                return refuse("deliver_to must name another exchange, the one consumers bind their queues to".into());
+            }
+            if let Some(strategy) = &exchange.strategy
+                && !strategies.contains_key(strategy)
+            {
+                return refuse(unknown_strategy(strategy, &strategies));
+            }
+            exchanges.insert(name, exchange);
+        }
+
         check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
         if let BrokerConfig::Rabbitmq { publish_channels: Some(channels), .. } = raw.broker
             && !(1..=MAX_PUBLISH_CHANNELS).contains(&channels)
@@ -676,6 +745,7 @@ impl Config {
             strategies,
             destinations,
             redelivery,
+            exchanges,
         })
     }
 

@@ -75,8 +75,18 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
         let left = crate::canary::depth(&setup.amqp_url, &queue).await?;
         report.check(left == 0, || format!("{left} messages left in {queue} while their destination existed"));
     }
+    // What the host took from the parking queue: `outcome=count` for each outcome seen.
+    let unparked: Vec<String> = host
+        .metric_lines("hourglass_unparked_messages_total{")
+        .await
+        .iter()
+        .filter_map(|line| Some(format!("{}={}", line.split("outcome=\"").nth(1)?.split('"').next()?, line.rsplit(' ').next()?)))
+        .collect();
+    report.notes.push(format!("unparked: {}", if unparked.is_empty() { "none".to_string() } else { unparked.join(" ") }));
     if report.tally.lost > 0 {
         eprintln!("   host log tail:\n{}", host.log_tail(10));
+        let queues = node.ctl(&["list_queues", "--quiet", "name", "messages_ready", "messages_unacknowledged"]).unwrap_or_else(|e| e.to_string());
+        eprintln!("   the node's queues (name, ready, unacked):\n{queues}");
     }
     drop(host);
     tokio::task::spawn_blocking(move || drop(node)).await?;

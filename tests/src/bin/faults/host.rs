@@ -69,6 +69,13 @@ impl Host {
         self.log.lock().unwrap().iter().any(|line| line.contains(needle))
     }
 
+    /// The host's `/metrics` lines that start with `prefix` (none if it does not answer).
+    pub async fn metric_lines(&self, prefix: &str) -> Vec<String> {
+        let url = format!("{}/metrics", self.base);
+        let text = tokio::task::spawn_blocking(move || ureq::get(&url).call().ok()?.body_mut().read_to_string().ok()).await.ok().flatten().unwrap_or_default();
+        text.lines().filter(|line| line.starts_with(prefix)).map(str::to_string).collect()
+    }
+
     pub fn port(&self) -> u16 {
         self.base.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0)
     }
