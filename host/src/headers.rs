@@ -18,6 +18,13 @@ pub const DUE_AT_HEADER: &str = "hourglass-due-at";
 /// for its own routing.)
 pub const TARGET_HEADER: &str = "hourglass-target";
 
+/// On a message due to an exchange: the exchange its release queue publishes
+/// it to when due (its `hourglass-target` is then that release queue). Also
+/// read at the AMQP ingress, instead of [`DESTINATION_HEADER`].
+pub const EXCHANGE_HEADER: &str = "hourglass-exchange";
+/// With [`EXCHANGE_HEADER`]: the routing key it is published with (empty if absent).
+pub const ROUTING_KEY_HEADER: &str = "hourglass-routing-key";
+
 /// On messages of cancellable strategies: the id the message was scheduled
 /// under (what `DELETE /v1/messages/{id}` names).
 pub const ID_HEADER: &str = "hourglass-id";

@@ -21,9 +21,8 @@ use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable};
 use crate::config::Config;
-use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
+use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, HeaderValue};
-use crate::scheduler::validate::is_death_record;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 /// A queue of set-aside messages, and where its messages go when replayed.
@@ -77,7 +76,7 @@ pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<Par
         queues.push(parking);
     }
     // Where its release consumer parks: the strategy's own messages, not claimed yet or not deliverable.
-    for strategy in config.strategies.values().filter(|s| s.cancellable) {
+    for strategy in config.strategies.values().filter(|_| matches!(config.broker, crate::config::BrokerConfig::Rabbitmq { .. })) {
         let queue = format!("{}.parked", config.service.cancel.release_queue(&strategy.name));
         queues.push(ParkingQueue::parked(config, queue, &strategy.name));
     }
@@ -297,7 +296,7 @@ pub async fn replay_parked(
     let target = header_text(delivery, TARGET_HEADER).ok_or_else(|| Left::Stays(format!("no {TARGET_HEADER} header: replay it by hand")))?;
     match (due_at(delivery).filter(|due| *due > unix_now_ms()), &parking.release_queue) {
         // Forwarded now, it would arrive early.
-        (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), &target, due).await,
+        (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), due).await,
         // Forwarded straight on, it could be a message cancelled meanwhile.
         (None, Some(release_queue)) => release(scheduler, destinations, delivery, release_queue, &target).await,
         (None, None) => {
@@ -380,12 +379,12 @@ async fn forward(scheduler: &Scheduler<Broker>, delivery: &Delivery, queue: &str
 }
 
 /// Schedules a message parked before its due time through `strategy` again, due at `due_at_ms`.
-async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy: Option<&str>, target: &str, due_at_ms: u64) -> Result<Done, Left> {
+async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy: Option<&str>, due_at_ms: u64) -> Result<Done, Left> {
     let not_due = format!("not due until {}", humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(due_at_ms)));
     let Some(strategy) = strategy else {
         return Err(Left::Stays(format!("{not_due} and no strategy of this config parks in {}: replay it after its due time", delivery.queue)));
     };
-    let request = reschedule_request(delivery, strategy, target, due_at_ms);
+    let request = ScheduleRequest::again(delivery, strategy, due_at_ms).map_err(|why| Left::Stays(format!("{not_due}; {why}: replay it by hand")))?;
     scheduler.schedule(request).await.map(|_| Done::Rescheduled).map_err(|e| {
         let why = format!("{not_due}; rescheduling it through strategy {strategy:?} failed: {e}");
         match e {
@@ -393,25 +392,6 @@ async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy
             _ => Left::Stays(why),
         }
     })
-}
-
-/// The request that sends `delivery` round `strategy` again: body and
-/// properties kept, under the id it was scheduled with (a cancellable
-/// strategy's), due at `due_at_ms`.
-fn reschedule_request(delivery: &Delivery, strategy: &str, target: &str, due_at_ms: u64) -> ScheduleRequest {
-    let mut properties = delivery.properties.clone();
-    // hourglass's headers are written afresh; a kept x-death could get it dropped as a dead-letter cycle, CC/BCC are refused.
-    properties.headers.retain(|name, _| !is_reserved(name) && !is_death_record(name) && !is_routing_header(name));
-    ScheduleRequest {
-        destination: target.to_string(),
-        deliver_at_ms: Some(due_at_ms),
-        body: delivery.body.clone(),
-        properties,
-        strategy: Some(strategy.to_string()),
-        as_is: true,
-        id: header_text(delivery, ID_HEADER),
-        ..Default::default()
-    }
 }
 
 /// Acks (deletes) each selected message.
@@ -491,7 +471,7 @@ mod tests {
             ("tenant", HeaderValue::text("acme")),
         ]);
         delivery.properties.message_id = Some("id-1".into());
-        let mut request = reschedule_request(&delivery, "main", "orders", NOW + 2_000);
+        let mut request = ScheduleRequest::again(&delivery, "main", NOW + 2_000).unwrap();
         assert_eq!(request.properties.headers.keys().collect::<Vec<_>>(), vec!["tenant"]);
         assert_eq!(request.properties.message_id.as_deref(), Some("id-1"));
         assert_eq!((request.destination.as_str(), request.deliver_at_ms, request.strategy.as_deref()), ("orders", Some(NOW + 2_000), Some("main")));

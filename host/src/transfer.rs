@@ -20,7 +20,7 @@ use thiserror::Error;
 use crate::broker::rabbitmq::manage::Management;
 use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::broker::{Broker, ExecutorError};
-use crate::headers::{DUE_AT_HEADER, ID_HEADER, TARGET_HEADER, is_reserved};
+use crate::headers::DUE_AT_HEADER;
 use crate::message::Delivery;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
@@ -100,22 +100,7 @@ fn source_queues(scheduler: &Scheduler<Broker>, management: Option<&Management>,
 fn request_for(delivery: &Delivery, to: &str) -> Result<(ScheduleRequest, u64), &'static str> {
     let headers = &delivery.properties.headers;
     let due = headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok()).ok_or("no hourglass-due-at header")?;
-    let destination = headers.get(TARGET_HEADER).and_then(|v| v.as_text()).filter(|d| !d.is_empty()).ok_or("no hourglass-target header")?;
-    let id = headers.get(ID_HEADER).and_then(|v| v.as_text());
-    let mut properties = delivery.properties.clone();
-    // hourglass's headers are written afresh by the target; the death records are dropped by the scheduler.
-    properties.headers.retain(|name, _| !is_reserved(name));
-    let request = ScheduleRequest {
-        destination,
-        deliver_at_ms: Some(due),
-        body: delivery.body.clone(),
-        properties,
-        strategy: Some(to.to_string()),
-        as_is: true,
-        id,
-        ..Default::default()
-    };
-    Ok((request, due))
+    Ok((ScheduleRequest::again(delivery, to, due)?, due))
 }
 
 /// Moves every message waiting in `from`'s queues to `to`; with `dry_run`, only counts them.

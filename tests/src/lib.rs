@@ -97,10 +97,21 @@ pub fn config_text(strategy_table: &str, more: &str) -> String {
 /// are off: their default queues have fixed names (`hourglass.ingress`,
 /// `hourglass-canary`), which a test must never declare or consume on a
 /// shared broker.
+///
+/// Every strategy has a release queue on RabbitMQ (`<release_prefix>.<strategy>`):
+/// unless `more` configures `[service.cancel]`, the release prefix is
+/// `<the strategy's prefix>.release` (a random one without a `prefix` key),
+/// so two tests never share one and [`topology_of`] names it for cleanup.
 pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
     let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
     let canary = if more.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
-    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}")
+    let release = if more.contains("[service.cancel]") {
+        String::new()
+    } else {
+        let prefix = strategy_table.lines().find_map(|line| line.strip_prefix("prefix = \"")?.strip_suffix('"').map(str::to_string));
+        format!("\n[service.cancel]\nrelease_prefix = \"{}\"\n", prefix.map_or_else(|| unique("release"), |p| format!("{p}.release")))
+    };
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}{release}")
 }
 
 /// Two `binary-levels` strategies for `hourglass transfer`: `classic` (the
@@ -236,8 +247,17 @@ pub fn topology_of(config: &Config) -> Vec<Command> {
     topologies_of(config, &["main"])
 }
 
-/// The static topology the config's strategies `names` declare, one after another.
+/// The static topology the config's strategies `names` declare, one after
+/// another, each followed by its release queue and that queue's `.parked`
+/// (a serving host declares them for every strategy).
 pub fn topologies_of(config: &Config, names: &[&str]) -> Vec<Command> {
     let mut strategies = Strategies::load(config).unwrap();
-    names.iter().flat_map(|name| strategies.get_mut(name).unwrap().topology().unwrap()).collect()
+    let mut commands = Vec::new();
+    for name in names {
+        commands.extend(strategies.get_mut(name).unwrap().topology().unwrap());
+        let release = config.service.cancel.release_queue(name);
+        commands.push(hourglass::scheduler::release_queue_declaration(&format!("{release}.parked")));
+        commands.push(hourglass::scheduler::release_queue_declaration(&release));
+    }
+    commands
 }

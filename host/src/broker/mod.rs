@@ -55,6 +55,12 @@ pub trait Executor {
     /// Fails unless the destination exists to receive messages.
     fn check_destination(&self, destination: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send;
 
+    /// Fails unless `exchange` exists to route messages (a destination by
+    /// exchange). Brokers without exchanges refuse it, naming why.
+    fn check_exchange(&self, exchange: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send {
+        async move { Err(ExecutorError::Refused(format!("exchange {exchange:?}: this broker has no exchanges; exchange destinations need RabbitMQ"))) }
+    }
+
     /// Sends one message through its planned commands; returns once the broker
     /// has confirmed it.
     fn send(&self, commands: &[Command], envelope: &Envelope) -> impl Future<Output = Result<(), ExecutorError>> + Send;
@@ -171,6 +177,14 @@ impl Executor for Broker {
             Broker::Memory(m) => m.check_destination(destination).await,
             Broker::RabbitMq(r) => r.check_destination(destination).await,
             Broker::Sqs(s) => s.check_destination(destination).await,
+        }
+    }
+
+    async fn check_exchange(&self, exchange: &str) -> Result<(), ExecutorError> {
+        match self {
+            Broker::Memory(m) => m.check_exchange(exchange).await,
+            Broker::RabbitMq(r) => r.check_exchange(exchange).await,
+            Broker::Sqs(s) => s.check_exchange(exchange).await,
         }
     }
 

@@ -96,8 +96,15 @@ enum Commands {
 /// `--to DEST` and `--delay DUR` or `--at TIME`, as `plan` and `schedule` take them.
 #[derive(clap::Args)]
 struct DelayedMessage {
-    #[arg(long = "to", value_name = "DEST")]
-    destination: String,
+    /// The destination queue.
+    #[arg(long = "to", value_name = "DEST", required_unless_present = "exchange", conflicts_with = "exchange")]
+    destination: Option<String>,
+    /// Deliver through this exchange instead (RabbitMQ): its bindings route the message when due.
+    #[arg(long, value_name = "EXCHANGE")]
+    exchange: Option<String>,
+    /// With --exchange: the routing key it is published with when due (default: empty).
+    #[arg(long, value_name = "KEY", requires = "exchange")]
+    routing_key: Option<String>,
     /// `10s`, `1500ms`, `2h 5m` or milliseconds.
     #[arg(long, value_parser = duration_arg, value_name = "DUR", required_unless_present = "at", conflicts_with = "at")]
     delay: Option<u64>,
@@ -107,6 +114,19 @@ struct DelayedMessage {
 }
 
 impl DelayedMessage {
+    /// The queue or exchange it is due to, for choosing its strategy and for messages.
+    fn target(&self) -> &str {
+        self.exchange.as_deref().or(self.destination.as_deref()).unwrap_or_default()
+    }
+
+    /// How its destination reads in a sentence: `orders`, or `exchange orders (routing key "k")`.
+    fn describe(&self) -> String {
+        match (&self.exchange, &self.destination) {
+            (Some(exchange), _) => format!("exchange {exchange} (routing key {:?})", self.routing_key.as_deref().unwrap_or_default()),
+            (None, destination) => destination.clone().unwrap_or_default(),
+        }
+    }
+
     /// The delay asked for, or what is left until `--at` now (none once it has passed).
     fn delay_ms_from_now(&self) -> u64 {
         match (self.delay, self.at) {

@@ -23,9 +23,14 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { message, format, price_per_million } = args;
-    let (destination, delay) = (&message.destination, &message.delay_ms_from_now());
+    let delay = &message.delay_ms_from_now();
     let (config, mut strategies) = load(cli)?;
-    let (name, planner) = pick(cli, &config, &mut strategies, Some(destination))?;
+    let (name, planner) = pick(cli, &config, &mut strategies, Some(message.target()))?;
+    // Due to an exchange, a message ends in its strategy's release queue, whose consumer publishes it there.
+    let destination = &match &message.exchange {
+        Some(_) => config.service.cancel.release_queue(&name),
+        None => message.target().to_string(),
+    };
     let request = PlanRequest { destination: destination.clone(), delay_ms: *delay, message_id: "plan-preview".into(), routing_key: None };
     let plan = planner.plan(&request)?;
     let info = planner.info().clone();
@@ -36,6 +41,8 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             "strategy": name,
             "planner": info.name,
             "destination": destination,
+            "exchange": message.exchange,
+            "routing_key": message.routing_key,
             "delay_ms": delay,
             "delivers_after_ms": plan.delivers_after_ms,
             "commands": plan.commands,
@@ -53,6 +60,9 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             println!("\nroute on the in-memory broker:");
             print!("{}", render::route(&simulated.hops));
             match (simulated.arrival_ms, simulated.problem) {
+                (Some(at), _) if message.exchange.is_some() => {
+                    println!("delivered to {destination} after {}, whose consumer publishes it to {}", render::duration(at), message.describe())
+                }
                 (Some(at), _) => println!("delivered to {destination} after {}", render::duration(at)),
                 (None, problem) => println!("NOT delivered: {}", problem.unwrap_or_default()),
             }

@@ -31,12 +31,14 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { message, body, body_file, headers, content_type, format } = args;
-    let DelayedMessage { destination, .. } = message;
+    let DelayedMessage { destination, exchange, routing_key, .. } = message;
     let (config, strategies) = load(cli)?;
     let body = read_body(body, body_file)?;
     let properties = hourglass::message::Properties { content_type: content_type.clone(), ..Default::default() };
     let request = ScheduleRequest {
-        destination: destination.clone(),
+        destination: destination.clone().unwrap_or_default(),
+        exchange: exchange.clone(),
+        routing_key: routing_key.clone(),
         delay_ms: message.delay.unwrap_or_default(),
         deliver_at_ms: message.at,
         body,
@@ -57,13 +59,16 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             "id": scheduled.id,
             "strategy": scheduled.strategy,
             "destination": destination,
+            "exchange": exchange,
+            "routing_key": routing_key,
             "due_at_ms": scheduled.due_at_ms,
             "due_at": due.to_string(),
             "delivers_after_ms": scheduled.delivers_after_ms,
         }))?,
         TextOrJson::Table => {
             let due_in = message.delay.unwrap_or_else(|| scheduled.due_at_ms.saturating_sub(hourglass::clock::unix_now_ms()));
-            println!("scheduled {} to {destination} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(due_in))
+            let to = message.describe();
+            println!("scheduled {} to {to} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(due_in))
         }
     }
     Ok(ExitCode::SUCCESS)

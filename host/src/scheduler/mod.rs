@@ -24,7 +24,8 @@ use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::{Config, OwnQueueType};
-use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, ID_HEADER, TARGET_HEADER};
+use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
+use crate::message::Delivery;
 use crate::message::Properties;
 use crate::metrics::Metrics;
 use crate::planner::{LoadedPlanner, Plan, PlanRequest, PlannerError, RedeliveryDecision};
@@ -52,7 +53,12 @@ pub enum ScheduleError {
 /// A message to deliver later.
 #[derive(Clone, Debug, Default)]
 pub struct ScheduleRequest {
+    /// The destination queue; empty when the message is due to [`Self::exchange`].
     pub destination: String,
+    /// Deliver through this exchange (RabbitMQ) with [`Self::routing_key`]
+    /// instead of to one queue: when due, the strategy's release queue
+    /// publishes it there, and the exchange's bindings route it.
+    pub exchange: Option<String>,
     pub delay_ms: u64,
     /// Deliver at this Unix ms instead of after `delay_ms`: the delay is what
     /// is left of it when the request is planned (none once it has passed).
@@ -63,12 +69,52 @@ pub struct ScheduleRequest {
     pub properties: Properties,
     /// Overrides the destination's strategy.
     pub strategy: Option<String>,
-    /// The routing key the message arrives with, for strategies that can keep one (default: the destination).
+    /// The routing key the message arrives with, for strategies that can keep
+    /// one (default: the destination); with [`Self::exchange`], the key it is
+    /// published to that exchange with (default: empty).
     pub routing_key: Option<String>,
     /// Send the properties exactly as given: no message id is stamped on a message without one.
     pub as_is: bool,
     /// Keep this id instead of a new one (a rescheduled message going round again).
     pub id: Option<String>,
+}
+
+impl ScheduleRequest {
+    /// The queue or exchange the message is due to: what picks its strategy and labels its metrics.
+    pub fn target(&self) -> &str {
+        self.exchange.as_deref().unwrap_or(&self.destination)
+    }
+
+    /// The request that sends a message hourglass delivered (from a release,
+    /// parking or delay queue) round `strategy` again, due at `due_at_ms`: to
+    /// the queue or exchange its headers name, under the id it was scheduled
+    /// with (a cancellable strategy's), body and properties kept. hourglass's
+    /// headers are written afresh; the broker's death records (a kept `x-death`
+    /// can get it dropped as a dead-letter cycle) and CC/BCC are left behind.
+    pub fn again(delivery: &Delivery, strategy: &str, due_at_ms: u64) -> Result<ScheduleRequest, &'static str> {
+        let text = |name: &str| delivery.properties.headers.get(name).and_then(|v| v.as_text()).filter(|t| !t.is_empty());
+        // Due to an exchange, its target is the release queue that publishes it there.
+        let exchange = text(EXCHANGE_HEADER);
+        let destination = match exchange {
+            Some(_) => String::new(),
+            None => text(TARGET_HEADER).ok_or("no hourglass-target header")?,
+        };
+        let routing_key = exchange.as_ref().map(|_| text(ROUTING_KEY_HEADER).unwrap_or_default());
+        let mut properties = delivery.properties.clone();
+        properties.headers.retain(|name, _| !is_reserved(name) && !validate::is_death_record(name) && !is_routing_header(name));
+        Ok(ScheduleRequest {
+            destination,
+            exchange,
+            routing_key,
+            deliver_at_ms: Some(due_at_ms),
+            body: delivery.body.clone(),
+            properties,
+            strategy: Some(strategy.to_string()),
+            as_is: true,
+            id: text(ID_HEADER),
+            ..Default::default()
+        })
+    }
 }
 
 /// What the broker confirmed.
@@ -80,6 +126,24 @@ pub struct Scheduled {
     pub due_at_ms: u64,
     /// The delay the strategy gives, after its rounding.
     pub delivers_after_ms: u64,
+}
+
+/// Where a message is due: one queue, or an exchange whose bindings route it.
+#[derive(Clone, Copy, Debug)]
+enum Target<'a> {
+    Queue(&'a str),
+    Exchange(&'a str),
+}
+
+impl Target<'_> {
+    /// Its name in the sets of prepared and missing destinations. An
+    /// exchange's carries a NUL, which no queue name a client declares has.
+    fn key(&self) -> String {
+        match self {
+            Target::Queue(queue) => queue.to_string(),
+            Target::Exchange(exchange) => format!("\0exchange {exchange}"),
+        }
+    }
 }
 
 /// A queue a pump must drain: it appeared in a destination's setup.
@@ -117,7 +181,7 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
     let input = config.service.redelivery_input();
     let mut reserved: HashSet<String> = [ingress.queue.clone(), ingress.invalid_queue.clone(), input.to_string(), format!("{input}.unknown")].into();
     reserved.insert(config.service.cancel.log().to_string());
-    reserved.extend(config.strategies.values().filter(|s| s.cancellable).map(|s| config.service.cancel.release_queue(&s.name)));
+    reserved.extend(config.strategies.values().map(|s| config.service.cancel.release_queue(&s.name)));
     for name in names {
         // A planner that cannot say its topology fails its own requests later, with its own error.
         let Ok(commands) = strategies.get_mut(name).map_err(PlannerError::Engine).and_then(|planner| planner.topology()) else { continue };
@@ -412,7 +476,7 @@ impl<E: Executor> Scheduler<E> {
         let generation = self.generation();
         let asked = Instant::now();
         let mut prepared = self.prepared(&generation).await;
-        self.prepare_destination_in(&generation, &mut prepared, strategy, destination, asked).await
+        self.prepare_destination_in(&generation, &mut prepared, strategy, Target::Queue(destination), asked).await
     }
 
     /// Prepares `destination` for a request made at `asked`.
@@ -421,10 +485,15 @@ impl<E: Executor> Scheduler<E> {
         generation: &Generation,
         prepared: &mut Prepared,
         strategy: &str,
-        destination: &str,
+        target: Target<'_>,
         asked: Instant,
     ) -> Result<(), ScheduleError> {
-        validate::check_destination(destination, &generation.reserved).map_err(ScheduleError::Invalid)?;
+        match target {
+            Target::Queue(queue) => validate::check_destination(queue, &generation.reserved),
+            Target::Exchange(exchange) => validate::check_exchange(exchange, &generation.reserved),
+        }
+        .map_err(ScheduleError::Invalid)?;
+        let destination = &target.key();
         if !prepared.topology.contains(strategy) {
             self.apply_topology_in(generation, prepared, strategy).await?;
         }
@@ -438,7 +507,11 @@ impl<E: Executor> Scheduler<E> {
             return Err(ExecutorError::Refused(answer.clone()).into());
         }
         let began = Instant::now();
-        match self.executor.check_destination(destination).await {
+        let checked = match target {
+            Target::Queue(queue) => self.executor.check_destination(queue).await,
+            Target::Exchange(exchange) => self.executor.check_exchange(exchange).await,
+        };
+        match checked {
             Ok(()) => {
                 prepared.missing.remove(destination);
             }
@@ -455,12 +528,16 @@ impl<E: Executor> Scheduler<E> {
             }
             Err(err) => return Err(err.into()),
         }
-        // A cancellable strategy delivers every message to its release queue; the host forwards it from there.
-        let cancellable = generation.is_cancellable(strategy);
-        let ends_in = if cancellable { generation.config.service.cancel.release_queue(strategy) } else { destination.to_string() };
+        // A cancellable strategy delivers every message to its release queue, and
+        // every strategy a message due to an exchange; the host forwards it from there.
+        let released = generation.is_cancellable(strategy) || matches!(target, Target::Exchange(_));
+        let ends_in = match target {
+            Target::Queue(queue) if !released => queue.to_string(),
+            _ => generation.config.service.cancel.release_queue(strategy),
+        };
         let setup = generation.call(strategy, |planner| planner.destination_setup(&ends_in))?;
         if self.declaring {
-            if cancellable {
+            if released {
                 self.executor.apply(&[release_queue_declaration(&ends_in)]).await?;
             }
             self.executor.apply(&setup).await?;
@@ -524,10 +601,12 @@ impl<E: Executor> Scheduler<E> {
             request.delay_ms = at.saturating_sub(unix_now_ms());
         }
         validate::check(&mut request, &generation.reserved).map_err(ScheduleError::Invalid)?;
-        let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(&request.destination));
+        let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(request.target()));
         generation.check_strategy(&strategy)?;
         let id = request.id.take().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let cancellable = generation.is_cancellable(&strategy);
+        // Due to an exchange, a message ends in its strategy's release queue, which publishes it there.
+        let released = cancellable || request.exchange.is_some();
         if cancellable {
             let retention_ms = generation.config.service.cancel.retention_ms();
             if request.delay_ms > retention_ms {
@@ -536,12 +615,13 @@ impl<E: Executor> Scheduler<E> {
                 return Err(ScheduleError::Invalid(validate::Invalid { field: "delay", reason }));
             }
         }
+        let release_queue = released.then(|| generation.config.service.cancel.release_queue(&strategy));
         let plan_request = PlanRequest {
-            destination: if cancellable { generation.config.service.cancel.release_queue(&strategy) } else { request.destination.clone() },
+            destination: release_queue.clone().unwrap_or_else(|| request.destination.clone()),
             delay_ms: request.delay_ms,
             message_id: id.clone(),
-            // The release queue is reached by its own name; the host forwards to the destination queue by its name.
-            routing_key: if cancellable { None } else { request.routing_key.clone() },
+            // The release queue is reached by its own name; the host forwards to the destination by its name.
+            routing_key: if released { None } else { request.routing_key.clone() },
         };
         let started = Instant::now();
         let plan = generation.call(&strategy, |planner| planner.plan(&plan_request))?;
@@ -550,7 +630,11 @@ impl<E: Executor> Scheduler<E> {
             return Err(ScheduleError::Unplannable(format!("strategy {strategy:?} planned no publish for this message; nothing was sent")));
         }
         // Only a request that planned cleanly declares anything on the broker.
-        let pair = (strategy.clone(), request.destination.clone());
+        let target = match &request.exchange {
+            Some(exchange) => Target::Exchange(exchange),
+            None => Target::Queue(&request.destination),
+        };
+        let pair = (strategy.clone(), target.key());
         if !self.is_ready(&generation, &pair) {
             // Boxed, as the broker's cold paths are: this runs once per destination, and inline
             // its declares would make every request's future (moved whole at each spawn) kilobytes larger.
@@ -558,7 +642,7 @@ impl<E: Executor> Scheduler<E> {
                 let mut prepared = self.prepared(&generation).await;
                 // Someone may have set it up while this request waited for the lock.
                 if !self.is_ready(&generation, &pair) {
-                    self.prepare_destination_in(&generation, &mut prepared, &strategy, &request.destination, asked).await?;
+                    self.prepare_destination_in(&generation, &mut prepared, &strategy, target, asked).await?;
                 }
                 Ok::<(), ScheduleError>(())
             })
@@ -569,7 +653,15 @@ impl<E: Executor> Scheduler<E> {
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
         // Where it is going travels with it: the release queue forwards by it, and `transfer` moves by it.
-        headers.insert(TARGET_HEADER.into(), FieldValue::Text(request.destination.clone()));
+        // Due to an exchange, its target is the release queue that publishes it there.
+        match &request.exchange {
+            Some(exchange) => {
+                headers.insert(TARGET_HEADER.into(), FieldValue::Text(release_queue.unwrap_or_default()));
+                headers.insert(EXCHANGE_HEADER.into(), FieldValue::Text(exchange.clone()));
+                headers.insert(ROUTING_KEY_HEADER.into(), FieldValue::Text(request.routing_key.clone().unwrap_or_default()));
+            }
+            None => _ = headers.insert(TARGET_HEADER.into(), FieldValue::Text(request.destination.clone())),
+        }
         if cancellable {
             headers.insert(ID_HEADER.into(), FieldValue::Text(id.clone()));
         }

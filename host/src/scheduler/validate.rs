@@ -44,9 +44,25 @@ pub fn is_death_record(name: &str) -> bool {
 /// not pass on (the broker's death records). `reserved` holds the names of
 /// hourglass's own queues and exchanges, which are never destinations.
 pub fn check(request: &mut ScheduleRequest, reserved: &HashSet<String>) -> Result<(), Invalid> {
-    check_destination(&request.destination, reserved)?;
-    if let Some(key) = &request.routing_key {
-        check_name("routing_key", key)?;
+    match &request.exchange {
+        Some(exchange) => {
+            if !request.destination.is_empty() {
+                return Err(invalid("exchange", "give a destination queue or an exchange, not both"));
+            }
+            check_exchange(exchange, reserved)?;
+            // Empty is a routing key too (fanout and headers exchanges ignore it).
+            if let Some(key) = &request.routing_key
+                && key.len() > AMQP_MAX_NAME
+            {
+                return Err(invalid("routing_key", format!("is {} bytes; at most {AMQP_MAX_NAME}", key.len())));
+            }
+        }
+        None => {
+            check_destination(&request.destination, reserved)?;
+            if let Some(key) = &request.routing_key {
+                check_name("routing_key", key)?;
+            }
+        }
     }
     check_client_headers(&request.headers)?;
     request.properties.headers.retain(|name, _| !is_death_record(name));
@@ -65,6 +81,19 @@ pub fn check_destination(destination: &str, reserved: &HashSet<String>) -> Resul
     check_name("destination", destination)?;
     if reserved.contains(destination) {
         return Err(invalid("destination", format!("{destination:?} is one of hourglass's own queues or exchanges, not a destination")));
+    }
+    Ok(())
+}
+
+/// An exchange destination is a valid AMQP name, none of hourglass's own
+/// objects and not the default exchange (a queue destination says that).
+pub fn check_exchange(exchange: &str, reserved: &HashSet<String>) -> Result<(), Invalid> {
+    check_name("exchange", exchange)?;
+    if exchange.starts_with("amq.default") {
+        return Err(invalid("exchange", "the default exchange routes by queue name: give the queue as the destination instead"));
+    }
+    if reserved.contains(exchange) {
+        return Err(invalid("exchange", format!("{exchange:?} is one of hourglass's own queues or exchanges, not a destination")));
     }
     Ok(())
 }

@@ -102,14 +102,24 @@ fn parse_timing(object: &serde_json::Map<String, Value>) -> Result<(u64, Option<
 fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
     let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object"))?;
-    const FIELDS: [&str; 7] = ["destination", "delay", "deliver_at", "body", "encoding", "headers", "strategy"];
+    const FIELDS: [&str; 9] = ["destination", "exchange", "routing_key", "delay", "deliver_at", "body", "encoding", "headers", "strategy"];
     if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: {}", FIELDS.join(", "))));
     }
-    let destination = match object.get("destination") {
-        Some(Value::String(d)) if !d.is_empty() => d.clone(),
-        Some(_) => return Err(ApiError::bad("destination", "must be a non-empty string")),
-        None => return Err(ApiError::bad("destination", "missing")),
+    // A queue, or an exchange with the routing key its bindings route by: exactly one of the two.
+    let (destination, exchange) = match (object.get("destination"), object.get("exchange")) {
+        (Some(_), Some(_)) => return Err(ApiError::bad("exchange", "give \"destination\" (a queue) or \"exchange\", not both")),
+        (Some(Value::String(d)), None) if !d.is_empty() => (d.clone(), None),
+        (Some(_), None) => return Err(ApiError::bad("destination", "must be a non-empty string")),
+        (None, Some(Value::String(e))) if !e.is_empty() => (String::new(), Some(e.clone())),
+        (None, Some(_)) => return Err(ApiError::bad("exchange", "must be a non-empty string")),
+        (None, None) => return Err(ApiError::bad("destination", "missing (or give \"exchange\" and \"routing_key\")")),
+    };
+    let routing_key = match object.get("routing_key") {
+        None | Some(Value::Null) => None,
+        Some(_) if exchange.is_none() => return Err(ApiError::bad("routing_key", "only with \"exchange\": a queue destination is reached by its name")),
+        Some(Value::String(key)) => Some(key.clone()),
+        Some(_) => return Err(ApiError::bad("routing_key", "must be a string")),
     };
     let (delay_ms, deliver_at_ms) = parse_timing(object)?;
     let text = match object.get("body") {
@@ -145,7 +155,7 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(ApiError::bad("strategy", "must be a string")),
     };
-    Ok(ScheduleRequest { destination, delay_ms, deliver_at_ms, body, headers, strategy, ..Default::default() })
+    Ok(ScheduleRequest { destination, exchange, routing_key, delay_ms, deliver_at_ms, body, headers, strategy, ..Default::default() })
 }
 
 /// Largest `POST /v1/messages` request read; base64 makes a 256 KiB body
@@ -207,7 +217,8 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
             return err.into_response();
         }
     };
-    let destination = request.destination.clone();
+    let destination = request.target().to_string();
+    let to_exchange = request.exchange.is_some();
     let scheduler = &service.scheduler;
     if let Some(strategy) = &request.strategy
         && !scheduler.strategy_names().contains(strategy)
@@ -232,6 +243,9 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
             if timed_by_deliver_at && err.field == Some("delay") {
                 // The delay was worked out from deliver_at: name what the client sent.
                 err.field = Some("deliver_at");
+            }
+            if to_exchange && err.field == Some("destination") {
+                err.field = Some("exchange");
             }
             err.into_response()
         }

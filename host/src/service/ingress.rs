@@ -15,6 +15,14 @@
 //! bounds the messages in flight. The [`Consumer`] carries out each
 //! [`Outcome`] and sets aside a message this handler keeps panicking on.
 //!
+//! A message may be due to an exchange instead of a queue
+//! (`hourglass-exchange`, `hourglass-routing-key`). The queue is also the
+//! intake of the delayed exchanges (`[exchanges."<name>"]`): each is a fanout
+//! exchange bound to it, and a message that came through one is read the
+//! delayed-message plugin's way ([`parse_delayed`]): its `x-delay` in
+//! milliseconds, delivered when due through the exchange's `deliver_to`
+//! with its own routing key.
+//!
 //! The same handler runs under the SQS consumer for the SQS ingress queue
 //! ([`Ingress::for_sqs`]): there the producer's plain attributes stay plain
 //! attributes on the way to the destination.
@@ -25,9 +33,11 @@ use std::sync::Arc;
 
 use crate::broker::{Broker, ExecutorError};
 use crate::clock::parse_rfc3339_ms;
-use crate::command::{Command, FieldValue};
-use crate::config::IngressConfig;
-use crate::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, STRATEGY_HEADER, is_reserved};
+use crate::command::{Command, ExchangeKind, FieldValue};
+use crate::config::{DelayedExchangeConfig, IngressConfig};
+use crate::headers::{
+    DELIVER_AT_HEADER, DESTINATION_HEADER, EXCHANGE_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, ROUTING_KEY_HEADER, STRATEGY_HEADER, is_reserved,
+};
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
@@ -85,6 +95,8 @@ fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool) -> Outcom
 fn wire_name(field: &str) -> &str {
     match field {
         "destination" => DESTINATION_HEADER,
+        "exchange" => EXCHANGE_HEADER,
+        "routing_key" => ROUTING_KEY_HEADER,
         "delay" => REQUESTED_DELAY_HEADER,
         "strategy" => STRATEGY_HEADER,
         other => other,
@@ -102,10 +114,19 @@ impl Handler for Ingress {
         self.config.prefetch
     }
 
-    /// The ingress and invalid-messages queues, durable, of `service.queue_type`.
+    /// The ingress and invalid-messages queues, durable, of `service.queue_type`;
+    /// on RabbitMQ each delayed exchange, bound to the ingress queue, and its `deliver_to`.
     fn declarations(&self) -> Vec<Command> {
-        let queue_type = self.scheduler.config().service.queue_type;
-        [&self.config.queue, &self.config.invalid_queue].into_iter().map(|queue| own_queue_declaration(queue, queue_type)).collect()
+        let config = self.scheduler.config();
+        let queue_type = config.service.queue_type;
+        let mut declarations: Vec<Command> =
+            [&self.config.queue, &self.config.invalid_queue].into_iter().map(|queue| own_queue_declaration(queue, queue_type)).collect();
+        if !self.plain_headers {
+            for (name, exchange) in &config.exchanges {
+                declarations.extend(delayed_exchange_declarations(name, exchange, &self.config.queue));
+            }
+        }
+        declarations
     }
 
     fn declaration_hint(&self) -> Option<String> {
@@ -114,7 +135,13 @@ impl Handler for Ingress {
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {
         self.scheduler.metrics().ingress_started();
-        let mut request = match parse(delivery) {
+        let config = self.scheduler.config();
+        let delayed = (!self.plain_headers && !delivery.exchange.is_empty()).then(|| config.exchanges.get(&delivery.exchange)).flatten();
+        let parsed = match delayed {
+            Some(exchange) => parse_delayed(delivery, exchange),
+            None => parse(delivery),
+        };
+        let mut request = match parsed {
             Ok(request) => request,
             Err(reason) => return (self.set_aside(&reason), ()),
         };
@@ -128,7 +155,7 @@ impl Handler for Ingress {
                 }
             }
         }
-        let destination = request.destination.clone();
+        let destination = request.target().to_string();
         let strategy = request.strategy.clone().unwrap_or_else(|| self.scheduler.strategy_for(&destination));
         let metrics = self.scheduler.metrics();
         match self.scheduler.schedule(request).await {
@@ -169,9 +196,19 @@ fn parse(delivery: &Delivery) -> Result<ScheduleRequest, String> {
 
 fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleRequest, String> {
     let headers = &mut properties.headers;
-    let destination = match headers.remove(DESTINATION_HEADER) {
-        None => return Err(format!("missing header {DESTINATION_HEADER}")),
-        Some(value) => value.as_text().filter(|d| !d.is_empty()).ok_or_else(|| format!("header {DESTINATION_HEADER}: must be a non-empty string"))?,
+    let text =
+        |header: &str, value: HeaderValue| value.as_text().filter(|d| !d.is_empty()).ok_or_else(|| format!("header {header}: must be a non-empty string"));
+    // A queue, or an exchange with the routing key its bindings route by: exactly one of the two.
+    let (destination, exchange) = match (headers.remove(DESTINATION_HEADER), headers.remove(EXCHANGE_HEADER)) {
+        (None, None) => return Err(format!("missing header {DESTINATION_HEADER} (a queue) or {EXCHANGE_HEADER} (an exchange)")),
+        (Some(_), Some(_)) => return Err(format!("headers {DESTINATION_HEADER} and {EXCHANGE_HEADER}: give one, not both")),
+        (Some(value), None) => (text(DESTINATION_HEADER, value)?, None),
+        (None, Some(value)) => (String::new(), Some(text(EXCHANGE_HEADER, value)?)),
+    };
+    let routing_key = match headers.remove(ROUTING_KEY_HEADER) {
+        None => None,
+        Some(_) if exchange.is_none() => return Err(format!("header {ROUTING_KEY_HEADER}: only with {EXCHANGE_HEADER}; a queue is reached by its name")),
+        Some(value) => Some(value.as_text().ok_or_else(|| format!("header {ROUTING_KEY_HEADER}: must be a string"))?),
     };
     let (delay_ms, deliver_at_ms) = match (headers.remove(REQUESTED_DELAY_HEADER), headers.remove(DELIVER_AT_HEADER)) {
         (None, None) => {
@@ -201,10 +238,68 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
     };
     if let Some(reserved) = headers.keys().find(|k| is_reserved(k)) {
         return Err(format!(
-            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {REQUESTED_DELAY_HEADER}, {DELIVER_AT_HEADER} and {STRATEGY_HEADER} may be set by a producer"
+            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {EXCHANGE_HEADER}, {ROUTING_KEY_HEADER}, {REQUESTED_DELAY_HEADER}, {DELIVER_AT_HEADER} and {STRATEGY_HEADER} may be set by a producer"
         ));
     }
-    Ok(ScheduleRequest { destination, delay_ms, deliver_at_ms, body: body.to_vec(), headers: Default::default(), properties, strategy, ..Default::default() })
+    Ok(ScheduleRequest {
+        destination,
+        exchange,
+        routing_key,
+        delay_ms,
+        deliver_at_ms,
+        body: body.to_vec(),
+        headers: Default::default(),
+        properties,
+        strategy,
+        ..Default::default()
+    })
+}
+
+/// The delayed-message plugin's header: the delay in milliseconds.
+pub const X_DELAY_HEADER: &str = "x-delay";
+
+/// What a delayed exchange declares: itself, a fanout exchange bound to the
+/// ingress queue (every routing key reaches it), and `deliver_to` with the
+/// exchange's `type`. A delayed exchange that exists as the plugin's
+/// `x-delayed-message` is refused by the broker, by name, until it is deleted.
+pub fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
+    let declare = |name: &str, kind: ExchangeKind| Command::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() };
+    vec![
+        declare(name, ExchangeKind::Fanout),
+        Command::BindQueue { queue: ingress_queue.to_string(), exchange: name.to_string(), routing_key: String::new(), arguments: Default::default() },
+        declare(&exchange.deliver_to, exchange.kind.exchange_kind()),
+    ]
+}
+
+/// A message published to a delayed exchange, read as the plugin reads it:
+/// `x-delay` (an integer, or a string of one) milliseconds, none, zero or
+/// negative meaning at once; due through `deliver_to` with the routing key it
+/// was published with, every header and property kept. A delay that is not a
+/// whole number is refused (the plugin would deliver it at once), naming the header.
+pub fn parse_delayed(delivery: &Delivery, exchange: &DelayedExchangeConfig) -> Result<ScheduleRequest, String> {
+    let properties = delivery.properties.clone();
+    let delay_ms = match properties.headers.get(X_DELAY_HEADER) {
+        None => 0,
+        Some(value) => {
+            let number = match (value.as_whole_number(), value.as_text()) {
+                (Some(number), _) => number,
+                (None, Some(text)) => {
+                    text.trim().parse::<i128>().map_err(|_| format!("header {X_DELAY_HEADER}: {text:?} is not a whole number of milliseconds"))?
+                }
+                (None, None) => return Err(format!("header {X_DELAY_HEADER}: {value:?} is not a whole number of milliseconds")),
+            };
+            u64::try_from(number.max(0)).map_err(|_| format!("header {X_DELAY_HEADER}: {number} ms is too large"))?
+        }
+    };
+    Ok(ScheduleRequest {
+        exchange: Some(exchange.deliver_to.clone()),
+        routing_key: Some(delivery.routing_key.clone()),
+        delay_ms,
+        body: delivery.body.clone(),
+        properties,
+        strategy: exchange.strategy.clone(),
+        ..Default::default()
+    })
 }
 
 /// A header's whole number as milliseconds: a delay, or a Unix time.

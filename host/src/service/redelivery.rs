@@ -196,6 +196,7 @@ impl Redelivery {
             destination: entry.queue.clone(),
             delay_ms,
             deliver_at_ms: None,
+            exchange: None,
             body: delivery.body.clone(),
             headers: Default::default(),
             properties: for_redelivery(&delivery.properties, next_attempt),

@@ -1,23 +1,28 @@
-//! The release queue of a `cancellable = true` strategy: the last hop before
-//! the destination, where the host asks the cancellation log
-//! ([`super::cancel`]) what to do with each message that finished its delay.
+//! A strategy's release queue: the last hop before the destination for the
+//! messages the host forwards itself — every message of a `cancellable = true`
+//! strategy, and every message due to an exchange. For a cancellable
+//! strategy the host asks the cancellation log ([`super::cancel`]) what to do
+//! with each message that finished its delay:
 //!
-//! * released: forwarded to its destination queue (a confirmed, mandatory
-//!   publish through the default exchange), then acked;
+//! * released: forwarded (a confirmed, mandatory publish) to its destination
+//!   queue through the default exchange, or to its exchange with its routing
+//!   key, then acked;
 //! * cancelled: acked and dropped;
 //! * rescheduled later: sent round the strategy again with the same id, due
 //!   at the new time, then acked;
-//! * a destination that no longer exists, or a message without hourglass's
-//!   headers: parked in `<release queue>.parked` with the reason.
+//! * a destination that no longer exists, an exchange that routes it nowhere,
+//!   or a message without hourglass's headers: parked in
+//!   `<release queue>.parked` with the reason.
 //!
-//! While the log cannot answer (the broker is away) the message is requeued:
-//! nothing is forwarded that the log has not let go.
+//! A strategy that is not cancellable has no log to ask: each message is
+//! forwarded as released. While the log or the broker cannot answer the
+//! message is requeued: nothing is forwarded that the log has not let go.
 
 use std::sync::Arc;
 
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
-use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER, is_reserved};
+use crate::headers::{DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, PARKED_REASON_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler, release_queue_declaration};
 
@@ -49,12 +54,40 @@ pub struct Release {
     strategy: String,
     queue: String,
     prefetch: u16,
-    log: Arc<CancelLog>,
+    /// The cancellation log, for a cancellable strategy.
+    log: Option<Arc<CancelLog>>,
     scheduler: Arc<Scheduler<Broker>>,
 }
 
+/// Where a released message goes: the queue or the exchange it is due to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Onward {
+    Queue(String),
+    Exchange { exchange: String, routing_key: String },
+}
+
+impl Onward {
+    /// Read from the message's headers: an exchange if it names one, else its target queue.
+    fn of(delivery: &Delivery) -> Option<Onward> {
+        let text = |name: &str| delivery.properties.headers.get(name).and_then(|v| v.as_text());
+        match text(EXCHANGE_HEADER).filter(|e| !e.is_empty()) {
+            Some(exchange) => Some(Onward::Exchange { exchange, routing_key: text(ROUTING_KEY_HEADER).unwrap_or_default() }),
+            None => text(TARGET_HEADER).filter(|t| !t.is_empty()).map(Onward::Queue),
+        }
+    }
+
+    /// How a refusal of the forward reads in the parked message's reason.
+    fn describe(&self) -> String {
+        match self {
+            Onward::Queue(queue) => format!("destination {queue:?}"),
+            Onward::Exchange { exchange, routing_key } => format!("exchange {exchange:?} (routing key {routing_key:?})"),
+        }
+    }
+}
+
 impl Release {
-    pub fn new(strategy: &str, queue: String, prefetch: u16, log: Arc<CancelLog>, scheduler: Arc<Scheduler<Broker>>) -> Arc<Release> {
+    /// `log`: the cancellation log, when the strategy is cancellable.
+    pub fn new(strategy: &str, queue: String, prefetch: u16, log: Option<Arc<CancelLog>>, scheduler: Arc<Scheduler<Broker>>) -> Arc<Release> {
         Arc::new(Release { strategy: strategy.to_string(), queue, prefetch, log, scheduler })
     }
 
@@ -68,9 +101,13 @@ impl Release {
         (Outcome::move_to(&self.parked_queue(), PARKED_REASON_HEADER, reason), Released::Parked)
     }
 
-    /// Publishes the message as it came to its destination queue and waits for the confirm.
-    async fn forward(&self, delivery: &Delivery, id: &str, destination: &str) -> Result<(), ExecutorError> {
-        let publish = [Command::forward("", destination)];
+    /// Publishes the message as it came to its destination queue, or to its
+    /// exchange with its routing key, and waits for the confirm.
+    async fn forward(&self, delivery: &Delivery, id: &str, onward: &Onward) -> Result<(), ExecutorError> {
+        let publish = [match onward {
+            Onward::Queue(queue) => Command::forward("", queue),
+            Onward::Exchange { exchange, routing_key } => Command::forward(exchange, routing_key),
+        }];
         let envelope = Envelope {
             id: id.to_string(),
             body: delivery.body.clone(),
@@ -82,21 +119,24 @@ impl Release {
     }
 
     /// Sends the message round the strategy again, under the same id, due at `due_at_ms`.
-    async fn replan(&self, delivery: &Delivery, id: &str, destination: &str, due_at_ms: u64) -> Result<(), ScheduleError> {
-        let mut properties = delivery.properties.clone();
-        // hourglass's headers are written afresh; the broker's death records are dropped by the scheduler.
-        properties.headers.retain(|name, _| !is_reserved(name));
-        let request = ScheduleRequest {
-            destination: destination.to_string(),
-            deliver_at_ms: Some(due_at_ms),
-            body: delivery.body.clone(),
-            properties,
-            strategy: Some(self.strategy.clone()),
-            as_is: true,
-            id: Some(id.to_string()),
-            ..Default::default()
-        };
+    async fn replan(&self, delivery: &Delivery, due_at_ms: u64) -> Result<(), ScheduleError> {
+        let request = ScheduleRequest::again(delivery, &self.strategy, due_at_ms).map_err(|why| ScheduleError::BadRequest(why.to_string()))?;
         self.scheduler.schedule(request).await.map(|_| ())
+    }
+
+    /// Forwards a message the log let go (or that no log holds back).
+    async fn release(&self, delivery: &Delivery, id: &str, onward: &Onward) -> (Outcome, Released) {
+        match self.forward(delivery, id, onward).await {
+            Ok(()) => (Outcome::Ack, Released::Forwarded),
+            Err(ExecutorError::Unavailable(why)) => {
+                tracing::warn!(%id, %why, "could not forward a released message; requeueing");
+                (Outcome::Requeue, Released::Requeued)
+            }
+            Err(ExecutorError::Unroutable(_)) if matches!(onward, Onward::Exchange { .. }) => {
+                self.park(&format!("{} routed it nowhere: no queue is bound for that routing key", onward.describe()))
+            }
+            Err(err) => self.park(&format!("{}: {err}", onward.describe())),
+        }
     }
 }
 
@@ -125,15 +165,25 @@ impl Handler for Release {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        vec![release_queue_declaration(&self.queue), release_queue_declaration(&self.parked_queue()), self.log.declaration()]
+        let mut declarations = vec![release_queue_declaration(&self.queue), release_queue_declaration(&self.parked_queue())];
+        declarations.extend(self.log.as_ref().map(|log| log.declaration()));
+        declarations
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, Released) {
         let text = |name: &str| delivery.properties.headers.get(name).and_then(|v| v.as_text()).filter(|t| !t.is_empty());
-        let (Some(id), Some(destination)) = (text(ID_HEADER), text(TARGET_HEADER)) else {
-            return self.park(&format!("no {ID_HEADER} and {TARGET_HEADER} headers: not scheduled by hourglass through strategy {:?}", self.strategy));
+        let Some(onward) = Onward::of(delivery) else {
+            return self.park(&format!("no {TARGET_HEADER} or {EXCHANGE_HEADER} header: not scheduled by hourglass through strategy {:?}", self.strategy));
         };
-        let answer = match self.log.claim(&id).await {
+        let Some(log) = &self.log else {
+            // Nothing can have cancelled it: it goes on.
+            let id = delivery.properties.message_id.clone().unwrap_or_default();
+            return self.release(delivery, &id, &onward).await;
+        };
+        let Some(id) = text(ID_HEADER) else {
+            return self.park(&format!("no {ID_HEADER} header: not scheduled by hourglass through strategy {:?}", self.strategy));
+        };
+        let answer = match log.claim(&id).await {
             Ok(answer) => answer,
             Err(err) => {
                 tracing::warn!(queue = %self.queue, %id, error = %err, "the cancellation log did not answer; requeueing");
@@ -142,10 +192,10 @@ impl Handler for Release {
         };
         match answer {
             Answer::Drop => {
-                tracing::info!(%id, %destination, "cancelled message dropped");
+                tracing::info!(%id, onward = %onward.describe(), "cancelled message dropped");
                 (Outcome::Ack, Released::Cancelled)
             }
-            Answer::Replan { due_at_ms } => match self.replan(delivery, &id, &destination, due_at_ms).await {
+            Answer::Replan { due_at_ms } => match self.replan(delivery, due_at_ms).await {
                 Ok(()) => (Outcome::Ack, Released::Rescheduled),
                 Err(ScheduleError::Broker(ExecutorError::Unavailable(why))) => {
                     tracing::warn!(%id, %why, "could not send a rescheduled message round again; requeueing");
@@ -156,14 +206,7 @@ impl Handler for Release {
                     (due_at_rescheduled(outcome, due_at_ms), released)
                 }
             },
-            Answer::Release => match self.forward(delivery, &id, &destination).await {
-                Ok(()) => (Outcome::Ack, Released::Forwarded),
-                Err(ExecutorError::Unavailable(why)) => {
-                    tracing::warn!(%id, %why, "could not forward a released message; requeueing");
-                    (Outcome::Requeue, Released::Requeued)
-                }
-                Err(err) => self.park(&format!("destination {destination:?}: {err}")),
-            },
+            Answer::Release => self.release(delivery, &id, &onward).await,
             other => self.park(&format!("the cancellation log answered a claim with {other:?}")),
         }
     }

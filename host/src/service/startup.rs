@@ -68,20 +68,20 @@ impl Service {
             if !config.redelivery.is_empty() {
                 redelivery = Some(start_redelivery(&config, &scheduler, publisher, topology, &amqp, management_url.as_deref()).await?);
             }
-            let cancellable: Vec<&str> = config.strategies.values().filter(|s| s.cancellable).map(|s| s.name.as_str()).collect();
-            if !cancellable.is_empty() {
-                let log = CancelLog::new(&amqp, &config.service.cancel, scheduler.clone());
-                for strategy in cancellable {
-                    let queue = config.service.cancel.release_queue(strategy);
-                    let consumer =
-                        Consumer::new(&amqp, publisher.clone(), Release::new(strategy, queue, config.service.ingress.prefetch, log.clone(), scheduler.clone()));
-                    if topology == TopologyAtStart::Apply {
-                        consumer.declare().await?;
-                    }
-                    releases.push((strategy.to_string(), consumer));
+            // Every strategy has a release queue: a cancellable one ends all its
+            // delays there, any other those of messages due to an exchange.
+            let log = config.strategies.values().any(|s| s.cancellable).then(|| CancelLog::new(&amqp, &config.service.cancel, scheduler.clone()));
+            for strategy in config.strategies.values() {
+                let queue = config.service.cancel.release_queue(&strategy.name);
+                let log = log.clone().filter(|_| strategy.cancellable);
+                let release = Release::new(&strategy.name, queue, config.service.ingress.prefetch, log, scheduler.clone());
+                let consumer = Consumer::new(&amqp, publisher.clone(), release);
+                if topology == TopologyAtStart::Apply {
+                    consumer.declare().await?;
                 }
-                cancel = Some(log);
+                releases.push((strategy.name.clone(), consumer));
             }
+            cancel = log;
             if config.service.unpark.unwrap_or(true) {
                 for parking in parked::strategy_parking_queues(&config, &scheduler) {
                     let queue = parking.queue.clone();

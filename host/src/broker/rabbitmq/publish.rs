@@ -451,6 +451,16 @@ impl Executor for RabbitMqExecutor {
         }
     }
 
+    async fn check_exchange(&self, exchange: &str) -> Result<(), ExecutorError> {
+        let what = || format!("checking exchange {exchange:?}");
+        let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
+        // The kind is not compared by a passive declare; any will do.
+        let declared = self
+            .control(what, async |channel| channel.exchange_declare(exchange.into(), AmqpExchangeKind::Direct, passive, AmqpTable::default()).await)
+            .await?;
+        declared.map_err(|e| passive::check_failed(&format!("exchange {exchange:?}"), &self.url(), &e, "; declare it first"))
+    }
+
     async fn queue_depth(&self, queue: &str) -> Option<u64> {
         match self.passive_declare(queue, || format!("reading the depth of queue {queue:?}")).await {
             Ok(Ok(messages)) => Some(u64::from(messages)),
