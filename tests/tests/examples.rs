@@ -84,3 +84,58 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
     assert!(serve.wait(Duration::from_secs(30)).success());
     drop(vhost);
 }
+
+/// examples/delayed-exchange: a pika producer and consumer written for the
+/// delayed-message plugin (publish to `orders.delayed` with `x-delay`;
+/// queues bound with `order.*`, `order.created`, `#`) work against the
+/// example config with only their exchange declarations changed. Each order
+/// reaches every queue whose binding matches, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_delayed_exchange_with_its_pika_producer_and_consumer_fans_out_on_time() {
+    use std::io::{BufRead, BufReader};
+    let python = std::env::var("HOURGLASS_TEST_PYTHON")
+        .unwrap_or_else(|_| panic!("HOURGLASS_TEST_PYTHON is not set: run the tests with scripts/test, which installs pika into a venv for this test"));
+    // The example's names are fixed ("orders", "orders.delayed", "hourglass.ingress"): it runs in a vhost of its own.
+    let vhost = PrivateVhost::create("examples-delayed");
+    let dir = repo_root().join("examples/delayed-exchange");
+    let serve = ServeProcess::start_on(&dir.join("hourglass.toml"), &vhost.url);
+    until("the example service ready", Duration::from_secs(20), async || serve.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+
+    let url = vhost.url.clone();
+    let (consumer_py, producer_py) = (dir.join("consumer.py"), dir.join("producer.py"));
+    let (stdout, produced) = tokio::task::spawn_blocking(move || {
+        let mut consumer = Command::new(&python)
+            .arg(consumer_py)
+            .args(["--url", &url, "--timeout", "30"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the example consumer");
+        let mut lines = BufReader::new(consumer.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(first, "ready", "the consumer binds its queues before the producer publishes");
+        let produced = Command::new(&python).arg(producer_py).args(["--url", &url]).output().unwrap();
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = consumer.wait().unwrap();
+        (format!("{}\nexit: {status}", rest.join("\n")), produced)
+    })
+    .await
+    .unwrap();
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    assert!(stdout.contains("received 6 of 6, 0 early") && stdout.ends_with("exit: exit status: 0"), "{stdout}");
+    let mut got: Vec<&str> = stdout.lines().filter(|l| l.contains(" got ")).map(|l| l.split(" late_ms=").next().unwrap()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "# got invoice.paid",
+            "# got order.created",
+            "# got order.shipped",
+            "order.* got order.created",
+            "order.* got order.shipped",
+            "order.created got order.created"
+        ],
+        "{stdout}"
+    );
+    drop(serve);
+    drop(vhost);
+}

@@ -55,15 +55,28 @@ impl BenchBroker {
     }
 }
 
-/// Deletes the queues and exchanges of strategy `main`'s static topology.
+/// Deletes the queues and exchanges of strategy `main`'s static topology,
+/// its parking queue's orphans and its release queue (a serving host declares
+/// both), and the config's delayed exchanges with their `deliver_to`.
 pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
     let mut strategies = Strategies::load(config).unwrap();
-    for command in strategies.get_mut("main").unwrap().topology().unwrap() {
+    let topology = strategies.get_mut("main").unwrap().topology().unwrap();
+    let release = config.service.cancel.release_queue("main");
+    let mut queues: Vec<String> = hourglass::command::parking_queues(&topology).iter().map(|q| hourglass::parked::orphan_queue(q)).collect();
+    queues.extend([format!("{release}.parked"), release]);
+    let mut exchanges: Vec<String> = config.exchanges.iter().flat_map(|(name, e)| [name.clone(), e.deliver_to.clone()]).collect();
+    for command in topology {
         match command {
-            Command::DeclareQueue { name, .. } => drop(channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await),
-            Command::DeclareExchange { name, .. } => drop(channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await),
+            Command::DeclareQueue { name, .. } => queues.push(name),
+            Command::DeclareExchange { name, .. } => exchanges.push(name),
             _ => {}
         }
+    }
+    for queue in queues {
+        drop(channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await);
+    }
+    for exchange in exchanges {
+        drop(channel.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default()).await);
     }
 }
 
@@ -183,7 +196,8 @@ pub async fn publish_to_ingress(channel: &lapin::Channel, queue: &str, destinati
 }
 
 /// A config with `binary-levels` as strategy `main` under `prefix` (plus
-/// `strategy` lines) and the AMQP ingress on `ingress` (plus `broker` lines).
+/// `strategy` lines, and its release queue under `prefix` too) and the AMQP
+/// ingress on `ingress` (plus `broker` lines).
 /// The benches declare and preload the ingress queue before the host starts,
 /// classic like the queues their raw baselines read, so the host keeps it
 /// classic (`service.queue_type`).
@@ -192,6 +206,7 @@ pub fn ingress_config_text(url: &str, prefix: &str, ingress: &str, strategy: &st
         "[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{broker}\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n{strategy}\n\
          [service]\nqueue_type = \"classic\"\n\
          [service.canary]\nenabled = false\n\
+         [service.cancel]\nrelease_prefix = \"{prefix}.release\"\n\
          [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n"
     )
 }

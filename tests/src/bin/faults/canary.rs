@@ -1,7 +1,8 @@
 //! Canaries: valid messages from other clients, sent all through a case, and
-//! the consumer that sees them arrive. Two HTTP clients and one ingress
-//! publisher send one message each every [`INTERVAL`], with delays of 1, 2 or
-//! 3 s and the canary's id as the body; a consumer on the destination records
+//! the consumer that sees them arrive. Two HTTP clients, one ingress
+//! publisher and one delayed-exchange publisher (`x-delay`, the
+//! delayed-message plugin's way) send one message each every [`INTERVAL`],
+//! with delays of 1, 2 or 3 s and the canary's id as the body; a consumer on the destination records
 //! each arrival in the [`Ledger`]. Every client reconnects by itself, so a
 //! broker or host that goes away and comes back is just a gap.
 
@@ -13,9 +14,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hourglass::broker::rabbitmq::nodes;
 use hourglass::clock::unix_now_ms;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
@@ -34,6 +35,8 @@ pub struct Route {
     pub http: Option<Arc<Mutex<String>>>,
     /// The ingress queue, when ingress canaries run.
     pub ingress: Option<String>,
+    /// A delayed exchange and its `deliver_to`, when delayed-exchange canaries run.
+    pub delayed: Option<(String, String)>,
     pub destination: String,
 }
 
@@ -107,7 +110,12 @@ impl Canaries {
         }
         if let Some(queue) = &route.ingress {
             let id = format!("{tag}-i");
-            senders.push(tokio::spawn(send_ingress(id, route.clone(), queue.clone(), ledger.clone(), stop.clone())));
+            senders.push(tokio::spawn(send_amqp(id, route.clone(), Into::Ingress(queue.clone()), ledger.clone(), stop.clone())));
+        }
+        if let Some((delayed, orders)) = &route.delayed {
+            let id = format!("{tag}-x");
+            let into = Into::Delayed { exchange: delayed.clone(), deliver_to: orders.clone() };
+            senders.push(tokio::spawn(send_amqp(id, route.clone(), into, ledger.clone(), stop.clone())));
         }
         Canaries { ledger, stop, senders, consumer }
     }
@@ -163,7 +171,17 @@ async fn send_http(tag: String, base: Arc<Mutex<String>>, destination: String, l
     }
 }
 
-async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
+/// Where an AMQP canary goes in.
+enum Into {
+    /// The ingress queue, with hourglass's headers.
+    Ingress(String),
+    /// A delayed exchange, with `x-delay` and the routing key `canary`; the
+    /// destination is bound to its `deliver_to` with that key (declared here
+    /// as the host declares it, so either may come first).
+    Delayed { exchange: String, deliver_to: String },
+}
+
+async fn send_amqp(tag: String, route: Route, into: Into, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
     let mut n = 0;
     'connect: while !stop.load(Ordering::SeqCst) {
         let Ok(connection) = connect(&route.amqp_url).await else {
@@ -174,15 +192,31 @@ async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledg
         if channel.confirm_select(ConfirmSelectOptions::default()).await.is_err() {
             continue;
         }
+        if let Into::Delayed { exchange, deliver_to } = &into {
+            let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+            let bound = async {
+                channel.exchange_declare(exchange.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default()).await?;
+                channel.exchange_declare(deliver_to.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default()).await?;
+                let bind = QueueBindOptions::default();
+                channel.queue_bind(route.destination.as_str().into(), deliver_to.as_str().into(), "canary".into(), bind, FieldTable::default()).await
+            };
+            if bound.await.is_err() {
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        }
         while !stop.load(Ordering::SeqCst) {
             let id = format!("{tag}-{n}");
             let delay = delay_of(n);
             n += 1;
-            let properties = ingress_properties(&route.destination, delay);
             ledger.sent(&id, unix_now_ms() + delay);
+            let (exchange, routing_key, properties) = match &into {
+                Into::Ingress(queue) => ("", queue.as_str(), ingress_properties(&route.destination, delay)),
+                Into::Delayed { exchange, .. } => (exchange.as_str(), "canary", delayed_properties(delay)),
+            };
             // Mandatory: a publish the broker cannot route is not acknowledged.
             let options = BasicPublishOptions { mandatory: true, ..Default::default() };
-            let confirmed = match channel.basic_publish("".into(), queue.as_str().into(), options, id.as_bytes(), properties).await {
+            let confirmed = match channel.basic_publish(exchange.into(), routing_key.into(), options, id.as_bytes(), properties).await {
                 Ok(confirm) => tokio::time::timeout(Duration::from_secs(15), confirm).await,
                 Err(_) => {
                     tokio::time::sleep(RETRY).await;
@@ -204,6 +238,13 @@ async fn send_ingress(tag: String, route: Route, queue: String, ledger: Arc<Ledg
         }
         connection.close(200, "done".into()).await.ok();
     }
+}
+
+/// A persistent message for a delayed exchange: due after `delay_ms`, as the plugin's producers set it.
+pub fn delayed_properties(delay_ms: u64) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(ShortString::from("x-delay"), AMQPValue::LongLongInt(delay_ms as i64));
+    BasicProperties::default().with_delivery_mode(2).with_headers(headers)
 }
 
 /// A persistent ingress message's properties: to `destination` after `delay_ms`.

@@ -11,6 +11,7 @@
 
 mod broker;
 mod canary;
+mod delayed;
 mod host;
 mod host_kill;
 mod inputs;
@@ -91,6 +92,7 @@ fn cases() -> Vec<Case> {
         ("inputs", || Box::pin(inputs::matrix())),
         ("failing-10000", || Box::pin(load::failing_in_a_row())),
         ("poison", || Box::pin(poison::at_the_head())),
+        ("delayed-exchange", || Box::pin(delayed::under_faults())),
         ("idle-2000", || Box::pin(load::idle_connections())),
         ("hosts-two-kill9", || Box::pin(scale::two_hosts_one_killed())),
         ("cluster-node-kill9", || Box::pin(scale::cluster_node_killed())),
