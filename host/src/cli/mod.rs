@@ -15,6 +15,7 @@ use hourglass_planner_sdk::parse_duration_ms;
 mod cancel;
 mod check_planner;
 mod inspect;
+mod migrate;
 mod new_planner;
 mod parked;
 mod plan;
@@ -91,6 +92,8 @@ enum Commands {
     Parked(parked::Args),
     /// Move the messages waiting in one strategy's queues into another strategy, keeping their due times.
     Transfer(transfer::Args),
+    /// Move off RabbitMQ's delayed-message plugin: plan (and start) the switch of an x-delayed-message exchange.
+    Migrate(migrate::Args),
 }
 
 /// `--to DEST` and `--delay DUR` or `--at TIME`, as `plan` and `schedule` take them.
@@ -223,5 +226,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Commands::Reschedule(args) => cancel::reschedule(&cli, args),
         Commands::Transfer(args) => transfer::run(&cli, args),
         Commands::Parked(args) => parked::run(&cli, args),
+        Commands::Migrate(args) => migrate::run(&cli, args),
     }
 }

@@ -1,6 +1,6 @@
 //! RabbitMQ's management HTTP API: the only place bindings and arguments can
-//! be read (for `verify`), and where broker policies are set (for redelivery
-//! on queues that already exist).
+//! be read (for `verify` and `migrate`), and where broker policies are set
+//! (for redelivery on queues that already exist).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -59,6 +59,8 @@ struct Endpoint {
     /// `scheme://host:port`, credentials removed.
     base: String,
     authorization: String,
+    /// The user name alone, for commands printed to the user (never the password).
+    user: String,
 }
 
 type Answer = Result<ureq::http::Response<ureq::Body>, ureq::Error>;
@@ -95,12 +97,34 @@ impl Management {
 
     /// `Ok(None)` for 404.
     pub fn get(&self, path: &str) -> Result<Option<Value>, String> {
-        let (url, mut response) = self.send(path, |url, authorization| self.agent.get(url).header("Authorization", authorization).call())?;
-        match response.status().as_u16() {
-            404 => Ok(None),
-            200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
-            code => Err(format!("{url}: HTTP {code}")),
-        }
+        let (url, response) = self.send(path, |url, authorization| self.agent.get(url).header("Authorization", authorization).call())?;
+        json_or_none(&url, response)
+    }
+
+    /// `GET path` from every endpoint, not only the first that answers, each
+    /// answer beside its endpoint's base URL: for what a node reports of
+    /// itself alone (the delayed-message plugin's count of its own messages).
+    pub fn get_each(&self, path: &str) -> Vec<(String, Result<Option<Value>, String>)> {
+        self.endpoints
+            .iter()
+            .map(|endpoint| {
+                let url = format!("{}/api/{path}", endpoint.base);
+                let answer = match self.agent.get(&url).header("Authorization", &endpoint.authorization).call() {
+                    Ok(response) => json_or_none(&url, response),
+                    Err(err) => Err(format!("{url}: {err}")),
+                };
+                (endpoint.base.clone(), answer)
+            })
+            .collect()
+    }
+
+    /// Each endpoint's base URL (no credentials) and user name, in the order given.
+    pub fn endpoints(&self) -> Vec<(String, String)> {
+        self.endpoints.iter().map(|e| (e.base.clone(), e.user.clone())).collect()
+    }
+
+    pub fn vhost(&self) -> &str {
+        &self.vhost
     }
 
     pub fn object(&self, kind: &str, name: &str) -> Result<Option<Value>, String> {
@@ -155,7 +179,17 @@ fn endpoint(url: &str) -> Result<Endpoint, String> {
     let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
     // URL credentials are percent-encoded; Basic authentication wants them as they are.
     let credentials = percent_encoding::percent_decode_str(credentials).decode_utf8().map_err(|_| "management URL credentials are not UTF-8 once decoded")?;
-    Ok(Endpoint { base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization: format!("Basic {}", BASE64.encode(credentials.as_bytes())) })
+    let user = credentials.split_once(':').map_or(&*credentials, |(user, _)| user).to_string();
+    Ok(Endpoint { base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization: format!("Basic {}", BASE64.encode(credentials.as_bytes())), user })
+}
+
+/// A 200's JSON, or `None` for 404.
+fn json_or_none(url: &str, mut response: ureq::http::Response<ureq::Body>) -> Result<Option<Value>, String> {
+    match response.status().as_u16() {
+        404 => Ok(None),
+        200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
+        code => Err(format!("{url}: HTTP {code}")),
+    }
 }
 
 fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<(), String> {
@@ -191,6 +225,7 @@ mod tests {
         let endpoint = endpoint(&management).unwrap();
         assert_eq!(endpoint.base, "http://a:15672", "no credentials in what errors quote");
         assert_eq!(endpoint.authorization, format!("Basic {}", BASE64.encode("u:p,w@x/y")));
+        assert_eq!(endpoint.user, "u");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`acks`]: a consume channel's acks, many finished deliveries in one.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
+//! * [`migrate`]: reads a delayed-message plugin exchange and plans (and applies) its move to hourglass.
 //! * [`verify`]: compares a broker with a strategy's topology.
 //! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
 //! * [`take`]: takes messages off a queue unacked, one `basic.get` at a time (transfer).
@@ -21,6 +22,7 @@ pub mod consume;
 pub mod convert;
 pub mod link;
 pub mod manage;
+pub mod migrate;
 pub mod nodes;
 pub mod passive;
 pub mod publish;
