@@ -268,6 +268,20 @@ fn the_readme_configuration_block_loads_as_copied() {
     assert!(stdout(&output).contains("seconds"), "{}", stdout(&output));
 }
 
+/// The migration guide's whole `delay.toml`, with its delayed exchange,
+/// loads as copied.
+#[test]
+fn the_migration_guide_configuration_loads_as_copied() {
+    let guide = std::fs::read_to_string(repo_root().join("docs/migrating-from-the-delayed-message-plugin.md")).unwrap();
+    let block =
+        guide.split("```toml\n").skip(1).filter_map(|b| b.split("```").next()).find(|b| b.contains("[broker]")).expect("a whole delay.toml in the guide");
+    assert!(block.contains("[exchanges.\"orders.delayed\"]"), "{block}");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("delay.toml"), block).unwrap();
+    let output = hourglass_in(dir.path(), &["--config", "delay.toml", "strategies"]);
+    assert!(output.status.success(), "the guide's delay.toml does not load: {}", stderr(&output));
+}
+
 /// How long after its due time the memory broker's delivery line may be read
 /// from `serve`'s stderr. Measured here: 2-3 ms (debug build, 2 cores, five
 /// runs beside the SQS bench); the window leaves room for a busier CI run.

@@ -89,6 +89,15 @@ pub struct NodeCount {
 /// The plugin keeps each delayed message on the node that took its publish,
 /// and each node reports only its own, in the exchange object's
 /// `messages_delayed` field: so the count is asked of every node.
+///
+/// Where the field comes from: the plugin's exchange type answers `info/1`
+/// with `[{messages_delayed, N}]`, N from its node-local store
+/// (rabbitmq-delayed-message-exchange, `rabbit_exchange_type_delayed_message`
+/// and `rabbit_delayed_message:messages_delayed/1`, a call to the node's own
+/// process); `rabbit_exchange:info/1` appends a type's `info/1` to the
+/// exchange's items, and the management API's exchange object
+/// (`rabbit_mgmt_wm_exchange`) is `rabbit_exchange:info/1` of the node that
+/// answered the request. The management UI shows it as "messages delayed".
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct DelayedCount {
     pub nodes: Vec<NodeCount>,
@@ -324,7 +333,7 @@ fn count_delayed(answered: Vec<(String, Result<Option<Value>, String>)>, cluster
                     Some(n) => (Some(n), None),
                     None => (None, Some(format!("messages_delayed is {value}, not a count"))),
                 },
-                // The plugin adds the field through the exchange-type `info` callback (rabbit_exchange_type_delayed_message:info/1).
+                // Missing with a plugin that does not report a count (see DelayedCount), or not enabled on that node.
                 None => (None, Some("the exchange has no messages_delayed field: is the plugin enabled on this node, and recent enough to count?".into())),
             },
             Ok(None) => (None, Some("the exchange was not found from this node".into())),
