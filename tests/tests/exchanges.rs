@@ -28,16 +28,19 @@ const ON_TIME_MS: u64 = 250;
 
 struct Setup {
     config: Config,
+    /// The config as written, for the binary.
+    text: String,
     /// Dropped last (made first): deletes the test's objects even when it fails.
     cleanup: Cleanup,
 }
 
 /// A `binary-levels` strategy `main` with a 1 ms unit, and `more` config.
 fn setup(stem: &str, strategy: &str, more: &str) -> Setup {
-    let config = config_with(&format!("planner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"\n{strategy}", unique(stem)), more);
+    let text = config_text(&format!("planner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"\n{strategy}", unique(stem)), more);
+    let config = Config::parse(std::path::Path::new("exchanges.toml"), text.clone()).expect("test config");
     let cleanup = Cleanup::declared(&topology_of(&config));
     cleanup.ingress(&config);
-    Setup { config, cleanup }
+    Setup { config, text, cleanup }
 }
 
 impl Setup {
@@ -312,4 +315,38 @@ async fn a_delayed_exchange_fans_x_delay_messages_out_through_deliver_to() {
         queue.assert_quiet(Duration::from_millis(300)).await;
     }
     served.stop().await;
+}
+
+/// `hourglass schedule --exchange E --routing-key K` from the command line:
+/// delivered through the exchange when due; a missing exchange exits 1,
+/// naming it, with nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_schedules_to_an_exchange() {
+    let setup = setup("exchange-cli", "", "");
+    let connection = connect().await;
+    let (exchange, mut queues) = setup.exchange(&connection, ExchangeKind::Topic, &[("order.*", FieldTable::default())]).await;
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("exchange-cli")));
+    std::fs::write(&path, &setup.text).unwrap();
+    // A serving host publishes what falls due in the release queue.
+    let served = start(&setup.config).await;
+    let run = |args: &[&str]| std::process::Command::new(hourglass_binary()).arg("--config").arg(&path).args(args).output().unwrap();
+
+    let output = run(&["schedule", "--exchange", &exchange, "--routing-key", "order.created", "--delay", "500ms", "--body", "from-cli", "--format", "json"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let scheduled: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!((scheduled["exchange"].as_str(), scheduled["routing_key"].as_str()), (Some(exchange.as_str()), Some("order.created")));
+    let got = queues[0].receive(1, Duration::from_secs(10)).await.remove(0);
+    assert_eq!(body_of(&got), "from-cli");
+    assert_on_time(&got, scheduled["due_at_ms"].as_u64().unwrap(), "scheduled from the CLI");
+
+    let missing = unique("no-such-exchange");
+    let output = run(&["schedule", "--exchange", &missing, "--delay", "500ms", "--body", "x"]);
+    assert!(!output.status.success(), "a missing exchange is refused");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&missing) && stderr.contains("does not exist"), "{stderr}");
+    let both = run(&["schedule", "--exchange", &exchange, "--to", "q", "--delay", "1s", "--body", "x"]);
+    assert!(!both.status.success() && String::from_utf8_lossy(&both.stderr).contains("cannot be used with"), "{}", String::from_utf8_lossy(&both.stderr));
+    queues[0].assert_quiet(Duration::from_millis(800)).await;
+    served.stop().await;
+    std::fs::remove_file(&path).ok();
 }
