@@ -120,9 +120,14 @@ impl PrivateNode {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    fn log_tail(&self) -> String {
-        let log = self.dir.join("log").join(format!("{}.log", self.name));
-        let text = std::fs::read_to_string(log).unwrap_or_default();
+    /// The node's log file (removed with the node).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("log").join(format!("{}.log", self.name))
+    }
+
+    /// The last 20 lines of the node's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }

@@ -22,6 +22,9 @@ use crate::setup::Setup;
 const LOAD: Duration = Duration::from_secs(5);
 /// How long after the last due time a canary may still arrive (reconnects back off up to 5 s).
 const GRACE: Duration = Duration::from_secs(40);
+/// How much longer to wait for canaries still out after [`GRACE`]: RabbitMQ
+/// retries an at-least-once dead-letter its crash interrupted after 180 s.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(200);
 /// HTTP producers sending back to back during the kill (the canaries' two besides).
 const BUSY_CLIENTS: usize = 8;
 
@@ -67,7 +70,7 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
     let up = node.clone();
     tokio::task::spawn_blocking(move || up.boot()).await??;
     tokio::time::sleep(LOAD).await;
-    let ledger = canaries.finish(GRACE).await;
+    let ledger = canaries.finish_with_patience(GRACE, DEAD_LETTER_RETRY).await;
     report.tally = ledger.tally();
     // The destination existed throughout: nothing may wait in parking, nor as an orphan.
     let parking = format!("{}.parked", setup.prefix);
@@ -87,6 +90,10 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
         eprintln!("   host log tail:\n{}", host.log_tail(10));
         let queues = node.ctl(&["list_queues", "--quiet", "name", "messages_ready", "messages_unacknowledged"]).unwrap_or_else(|e| e.to_string());
         eprintln!("   the node's queues (name, ready, unacked):\n{queues}");
+        // The node's directory goes with it: its whole log is kept beside the case's config.
+        let kept = crate::scratch("broker-node-log").join("node.log");
+        let copied = std::fs::copy(node.log_path(), &kept).map_or_else(|e| format!("not kept: {e}"), |_| format!("kept in {}", kept.display()));
+        eprintln!("   the node's log ({copied}), tail:\n{}", node.log_tail());
     }
     drop(host);
     tokio::task::spawn_blocking(move || drop(node)).await?;

@@ -123,11 +123,26 @@ impl Canaries {
     /// Stops sending, then waits until every acknowledged canary arrived or
     /// `grace` passed after the last one was due.
     pub async fn finish(self, grace: Duration) -> Arc<Ledger> {
+        self.finish_with_patience(grace, Duration::ZERO).await
+    }
+
+    /// [`Canaries::finish`], waiting up to `patience` more when some have
+    /// not arrived after `grace`: a broker that crashed may hold a message
+    /// it was dead-lettering until its at-least-once retry (about 180 s on
+    /// RabbitMQ 3.10) — late, not lost.
+    pub async fn finish_with_patience(self, grace: Duration, patience: Duration) -> Arc<Ledger> {
         self.stop.store(true, Ordering::SeqCst);
         for sender in self.senders {
             let _ = sender.await;
         }
-        let deadline_ms = self.ledger.last_due_ms() + grace.as_millis() as u64;
+        let mut deadline_ms = self.ledger.last_due_ms() + grace.as_millis() as u64;
+        while !self.ledger.complete() && unix_now_ms() < deadline_ms {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !self.ledger.complete() && !patience.is_zero() {
+            eprintln!("   {} canaries still out {grace:?} after the last due time; waiting up to {patience:?} more", self.ledger.tally().lost);
+            deadline_ms += patience.as_millis() as u64;
+        }
         while !self.ledger.complete() && unix_now_ms() < deadline_ms {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
