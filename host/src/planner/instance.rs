@@ -321,6 +321,19 @@ impl LoadedPlanner {
         self.checkout()?.plan(request)
     }
 
+    /// What the strategy declares and sends: its static topology plus one
+    /// sample plan (up to 1 s, to `sample`), which shows the queues declared
+    /// per message (hold-queues) and the publish's keys (direct levels' BCC).
+    /// A refused sample plan leaves the topology alone.
+    pub fn declarations(&self) -> Result<Vec<Command>, PlannerError> {
+        let mut commands = self.topology()?;
+        let delay_ms = self.delay_range().max_delay_ms.clamp(1, 1_000);
+        if let Ok(plan) = self.plan(&PlanRequest { destination: "sample".into(), delay_ms, message_id: "sample".into(), routing_key: None }) {
+            commands.extend(plan.commands);
+        }
+        Ok(commands)
+    }
+
     pub fn handle_due(&self, message: &DueMessage) -> Result<DueAction, PlannerError> {
         self.checkout()?.handle_due(message)
     }

@@ -339,13 +339,22 @@ impl<E: Executor> Scheduler<E> {
     /// What a strategy declares: its topology, plus one sample plan for
     /// strategies that declare queues per message (hold-queues).
     fn declarations_of(&self, strategy: &str) -> Vec<Command> {
-        let mut commands = self.topology_of(strategy).unwrap_or_default();
-        let sample = self.call_checked(strategy, |planner| {
-            let delay_ms = planner.delay_range().max_delay_ms.clamp(1, 1_000);
-            planner.plan(&PlanRequest { destination: "sample".into(), delay_ms, message_id: "sample".into(), routing_key: None })
-        });
-        commands.extend(sample.map(|plan| plan.commands).unwrap_or_default());
-        commands
+        self.call_checked(strategy, |planner| planner.declarations()).unwrap_or_default()
+    }
+
+    /// Every strategy's declarations (see [`LoadedPlanner::declarations`])
+    /// and release queue, in one list: what the broker probes
+    /// ([`crate::broker::rabbitmq::probe::mechanisms_used`]) and the capacity
+    /// check ([`crate::broker::rabbitmq::capacity::check_capacity`]) weigh.
+    pub fn all_declarations(&self) -> Vec<Command> {
+        let config = self.config();
+        self.strategy_names()
+            .into_iter()
+            .flat_map(|strategy| {
+                let release = release_queue_declaration(&config.service.cancel.release_queue(&strategy));
+                self.declarations_of(&strategy).into_iter().chain([release])
+            })
+            .collect()
     }
 
     /// Per strategy, the queues it declares that dead-letter at most once

@@ -127,6 +127,11 @@ impl Management {
         &self.vhost
     }
 
+    /// The vhost every per-vhost request is about.
+    pub fn vhost(&self) -> &str {
+        &self.vhost
+    }
+
     pub fn object(&self, kind: &str, name: &str) -> Result<Option<Value>, String> {
         self.get(&format!("{kind}/{}/{}", encode(&self.vhost), encode(name)))
     }

@@ -12,11 +12,14 @@
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
 //! * [`migrate`]: reads a delayed-message plugin exchange and plans (and applies) its move to hourglass.
 //! * [`verify`]: compares a broker with a strategy's topology.
+//! * [`probe`]: sends one message through each broker mechanism the strategies rely on.
+//! * [`capacity`]: weighs the quorum queues the strategies declare against the nodes' file handle limits.
 //! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
 //! * [`take`]: takes messages off a queue unacked, one `basic.get` at a time (transfer).
 
 pub mod acks;
 pub mod batch;
+pub mod capacity;
 pub mod channels;
 pub mod consume;
 pub mod convert;
@@ -25,6 +28,7 @@ pub mod manage;
 pub mod migrate;
 pub mod nodes;
 pub mod passive;
+pub mod probe;
 pub mod publish;
 pub mod stream;
 pub mod take;
