@@ -71,6 +71,9 @@ pub enum ServiceError {
     Broker(#[from] ExecutorError),
     #[error("{path}: topology drift on the broker (service.topology = \"verify\"): {drifts}")]
     Drift { path: String, drifts: String },
+    /// A probe sent through a mechanism the strategies rely on came out wrong.
+    #[error("the broker does not behave as the configured strategies need: {0}")]
+    BrokerMechanism(String),
     #[error("{0}")]
     Other(String),
 }

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
 use crate::broker::rabbitmq::RabbitMqExecutor;
 use crate::broker::rabbitmq::consume::Consumer;
+use crate::broker::rabbitmq::{capacity, probe};
 use crate::broker::sqs::consume::SqsConsumer;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::sqs::pumped::{Discovery, PumpSettings};
@@ -58,6 +59,7 @@ impl Service {
         let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases, mut unparks) = (None, None, None, None, Vec::new(), Vec::new());
         if let (BrokerConfig::Rabbitmq { url, url_env, management_url, .. }, Broker::RabbitMq(publisher)) = (&config.broker, scheduler.executor()) {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+            check_the_brokers_mechanisms(&scheduler, &amqp, management_url.as_deref()).await?;
             if config.service.ingress.enabled {
                 let consumer = Consumer::new(&amqp, publisher.clone(), Ingress::new(config.service.ingress.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
@@ -375,6 +377,38 @@ async fn discover_pumped_queues(service: Arc<Service>, report: mpsc::UnboundedSe
 /// Every strategy's planner writes commands for one broker family: an SQS
 /// strategy on RabbitMQ (or the reverse) is refused, naming the strategy.
 /// The memory broker simulates both.
+/// Once at start: a probe through each broker mechanism the strategies rely
+/// on (BCC through dead-lettering, alternate exchanges, at-least-once
+/// dead-lettering), refusing to start when one does not behave rather than
+/// deliver wrong; and the nodes' file handles against the quorum queues the
+/// strategies add, warned about. Only RabbitMQ 3.10 runs where hourglass is
+/// tested, so the user's broker proves what it relies on.
+async fn check_the_brokers_mechanisms(scheduler: &Scheduler<Broker>, amqp: &str, management_url: Option<&str>) -> Result<(), ServiceError> {
+    let declarations = scheduler.all_declarations();
+    let mechanisms = probe::mechanisms_used(&declarations);
+    match probe::probe(amqp, &mechanisms).await {
+        Ok(results) => {
+            for result in &results {
+                match (result.refusal(), result.outcome) {
+                    (Some(refusal), _) => return Err(ServiceError::BrokerMechanism(refusal)),
+                    (None, probe::Outcome::NotRun) => tracing::warn!(mechanism = ?result.mechanism, detail = %result.detail, "a broker probe could not run"),
+                    (None, _) => tracing::debug!(mechanism = ?result.mechanism, elapsed_ms = result.elapsed_ms, "broker probe passed"),
+                }
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "the broker's mechanisms were not probed"),
+    }
+    match capacity::check_capacity(amqp, management_url, &declarations).await {
+        Ok(report) => {
+            for warning in &report.warnings {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(err) => tracing::info!(error = %err, "the broker's capacity was not checked"),
+    }
+    Ok(())
+}
+
 pub(super) fn check_broker_family(broker: &BrokerConfig, config: &Config, strategies: &Strategies) -> Result<(), ServiceError> {
     let (wanted, broker) = match broker {
         BrokerConfig::Memory => return Ok(()),

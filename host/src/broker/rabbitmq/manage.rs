@@ -123,10 +123,6 @@ impl Management {
         self.endpoints.iter().map(|e| (e.base.clone(), e.user.clone())).collect()
     }
 
-    pub fn vhost(&self) -> &str {
-        &self.vhost
-    }
-
     /// The vhost every per-vhost request is about.
     pub fn vhost(&self) -> &str {
         &self.vhost
