@@ -122,3 +122,17 @@ fn verify_names_the_alternate_exchange_when_nothing_comes_through_it() {
     assert!(table.contains("nothing arrived in hourglass.probe."), "{table}");
     assert!(probe_row(&table, "alternate-exchange").contains("FAILED") && probe_row(&table, "bcc").contains("passed"), "{table}");
 }
+
+/// `serve` probes at start too: on a broker that dead-letters without the
+/// BCC keys it refuses to start, naming the mechanism, instead of serving
+/// messages it would deliver wrong.
+#[test]
+fn serve_refuses_to_start_on_a_broker_that_dead_letters_without_the_bcc_keys() {
+    let broker = Broker::with_topology("probe-serve");
+    broker.policy(r"^hourglass\.probe\.", serde_json::json!({ "dead-letter-routing-key": "elsewhere" }));
+    let output = broker.hourglass(&["serve", "--listen", "127.0.0.1:0"]);
+    let text = text(&output);
+    assert!(!output.status.success(), "serve started on a broker that drops BCC keys: {text}");
+    assert!(text.contains("the broker does not behave as the configured strategies need: BCC keys are not carried through dead-lettering"), "{text}");
+    assert!(broker.probe_leftovers().is_empty(), "{:?}", broker.probe_leftovers());
+}
