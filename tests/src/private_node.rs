@@ -127,7 +127,8 @@ impl PrivateNode {
 
     /// The last 20 lines of the node's log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        // Lossy: a log line may carry bytes that are not UTF-8, which must not hide the rest.
+        let text = String::from_utf8_lossy(&std::fs::read(self.log_path()).unwrap_or_default()).into_owned();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
