@@ -346,7 +346,13 @@ impl RabbitMqExecutor {
             Answer::Returned { code, text } => {
                 Err(ExecutorError::Unroutable(format!("{}: the broker returned it ({code} {text}): nothing is bound for that routing key", what())))
             }
-            Answer::Nacked => Err(ExecutorError::Refused(format!("{}: the broker did not accept it (nack)", what()))),
+            // A nack is "not now": a quorum queue it routes to has no leader (a node was lost) or is full
+            // (reject-publish). Treated as a refusal, a release or unpark consumer would park a message
+            // whose destination is fine; as unavailable, it is retried (HTTP 503, ingress requeue).
+            Answer::Nacked => Err(ExecutorError::Unavailable(format!(
+                "{}: the broker did not accept it now (nack: a queue it routes to has no leader or is full); try again later",
+                what()
+            ))),
             Answer::NotConfirmMode => Err(ExecutorError::Refused(format!("{}: channel is not in confirm mode", what()))),
             Answer::Failed(err) => {
                 if err.is_amqp_soft_error() {
