@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hourglass::broker::rabbitmq::nodes;
 use hourglass::clock::unix_now_ms;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
@@ -22,6 +25,8 @@ use tokio::task::JoinHandle;
 
 use crate::ledger::Ledger;
 
+/// Deliveries the destination's consumer holds unacked at once.
+const CONSUMER_PREFETCH: u16 = 256;
 /// Time between two messages of one client.
 pub const INTERVAL: Duration = Duration::from_millis(150);
 const RETRY: Duration = Duration::from_millis(300);
@@ -277,10 +282,20 @@ pub async fn consume(amqp_url: String, queue: String, ledger: Arc<Ledger>) {
         if let Ok(connection) = connect(&amqp_url).await
             && let Ok(channel) = connection.create_channel().await
         {
-            let options = BasicConsumeOptions { no_ack: true, ..Default::default() };
-            if let Ok(mut consumer) = channel.basic_consume(queue.as_str().into(), "faults-canary".into(), options, FieldTable::default()).await {
+            // Acked once recorded, within a bounded window: with auto-ack the broker counts a message
+            // delivered as it writes it, so a broker killed with deliveries in its socket buffers (an
+            // unbounded auto-ack consumer gets hundreds) lost them for this consumer, not for hourglass.
+            // Unacked, they are delivered again after the restart (a duplicate at most).
+            let options = BasicConsumeOptions::default();
+            let prefetch = channel.basic_qos(CONSUMER_PREFETCH, BasicQosOptions::default()).await;
+            if prefetch.is_ok()
+                && let Ok(mut consumer) = channel.basic_consume(queue.as_str().into(), "faults-canary".into(), options, FieldTable::default()).await
+            {
                 while let Some(Ok(delivery)) = consumer.next().await {
                     ledger.arrived(&String::from_utf8_lossy(&delivery.data));
+                    if delivery.acker.ack(BasicAckOptions::default()).await.is_err() {
+                        break;
+                    }
                 }
             }
         }
