@@ -97,6 +97,8 @@ struct Mirrored {
     sqs: Vec<Arc<RequestCounts>>,
     pumps: Vec<(String, Arc<PumpCounters>)>,
     channels: Vec<ChannelCounts>,
+    /// The host's clock, whose offset from the broker's is read at each scrape.
+    clock: Option<Arc<crate::clock::Clock>>,
 }
 
 /// A registry that remembers the names it was given, so tests (and the
@@ -135,6 +137,8 @@ pub struct Metrics {
     redeliveries: Family<QueueOutcome, Counter>,
     task_restarts: Family<TaskLabel, Counter>,
     open_channels: Family<ConnectionLabel, Gauge>,
+    clock_offset: Gauge<f64, AtomicU64>,
+    clock_offset_error: Gauge<f64, AtomicU64>,
     parked: Family<Strategy, Gauge>,
     pending: Family<Level, Gauge>,
     lateness: Family<Strategy, Histogram>,
@@ -153,6 +157,13 @@ const RECENT_LATENESS: usize = 200;
 fn lateness_histogram() -> Histogram {
     // 1 ms to ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// A gauge that reads NaN until it is set: no reading is not an offset of zero.
+fn not_measured() -> Gauge<f64, AtomicU64> {
+    let gauge = Gauge::<f64, AtomicU64>::default();
+    gauge.set(f64::NAN);
+    gauge
 }
 
 fn latency_histogram() -> Histogram {
@@ -184,6 +195,8 @@ impl Default for Metrics {
             redeliveries: Family::default(),
             task_restarts: Family::default(),
             open_channels: Family::default(),
+            clock_offset: not_measured(),
+            clock_offset_error: not_measured(),
             parked: Family::default(),
             pending: Family::default(),
             lateness: Family::new_with_constructor(lateness_histogram),
@@ -227,6 +240,16 @@ impl Default for Metrics {
             metrics.task_restarts.clone(),
         );
         registry.register("open_channels", "AMQP channels open, by connection", metrics.open_channels.clone());
+        registry.register(
+            "clock_offset_seconds",
+            "The broker's clock minus this host's, as last read (RabbitMQ: the management API's Date header; SQS: the pumps' receive stamps); NaN until read",
+            metrics.clock_offset.clone(),
+        );
+        registry.register(
+            "clock_offset_error_seconds",
+            "How far the true offset may be from hourglass_clock_offset_seconds (the readings' resolution, round trips and age); NaN until read",
+            metrics.clock_offset_error.clone(),
+        );
         registry.register(
             "parked_messages",
             "Messages waiting in a strategy's parking queue: their destination was gone when their delay ended",
@@ -393,6 +416,11 @@ impl Metrics {
         self.reloads.get_or_create(&Outcome { outcome: outcome.into() }).inc();
     }
 
+    /// Reports `clock`'s offset from the broker's clock at each scrape.
+    pub fn watch_clock(&self, clock: Arc<crate::clock::Clock>) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).clock = Some(clock);
+    }
+
     /// Reports an SQS executor's request counts.
     pub fn watch_sqs(&self, counts: Arc<RequestCounts>) {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).sqs.push(counts);
@@ -437,6 +465,11 @@ impl Metrics {
             for (connection, open) in counts() {
                 self.open_channels.get_or_create(&ConnectionLabel { connection: connection.into() }).set(open);
             }
+        }
+        // Read now against the host's clock now: a step of it shows at the next scrape.
+        if let Some(offset) = mirrored.clock.as_ref().and_then(|clock| clock.offset()) {
+            self.clock_offset.set(offset.offset_ms as f64 / 1_000.0);
+            self.clock_offset_error.set(offset.error_ms as f64 / 1_000.0);
         }
     }
 

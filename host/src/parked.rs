@@ -294,7 +294,7 @@ pub async fn replay_parked(
     delivery: &Delivery,
 ) -> Result<Done, Left> {
     let target = header_text(delivery, TARGET_HEADER).ok_or_else(|| Left::Stays(format!("no {TARGET_HEADER} header: replay it by hand")))?;
-    match (due_at(delivery).filter(|due| *due > unix_now_ms()), &parking.release_queue) {
+    match (due_at(delivery).filter(|due| *due > scheduler.clock().earliest_ms()), &parking.release_queue) {
         // Forwarded now, it would arrive early.
         (Some(due), _) => reschedule(scheduler, delivery, parking.strategy.as_deref(), due).await,
         // Forwarded straight on, it could be a message cancelled meanwhile.

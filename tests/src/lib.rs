@@ -57,6 +57,16 @@ pub fn built_planner(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("{file} is missing beside {}: run the tests with `cargo test --workspace` (scripts/test does)", exe.display()))
 }
 
+/// How much later a message may arrive when a serving host decides its time
+/// on the broker's clock: a `deliver_at`, a reschedule, a parked message sent
+/// on at its due time. The host counts from the earliest the broker's clock
+/// can read by the management API's `Date` header: up to 2 s before it at
+/// the first reading (the header names a whole second, and RabbitMQ renews it
+/// once a second), less as more readings come in and are taken in
+/// (RELIABILITY.md, "Clocks"). Measured here in tests that decide within
+/// seconds of the host's start: 0.4–1.9 s (tests/tests/clock.rs prints it).
+pub const CLOCK_ERROR_MS: u64 = 2_000;
+
 pub fn amqp_url() -> String {
     std::env::var("HOURGLASS_TEST_AMQP_URL").unwrap_or_else(|_| hourglass::broker::rabbitmq::DEFAULT_URL.to_string())
 }

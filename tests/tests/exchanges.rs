@@ -87,10 +87,15 @@ async fn schedule(served: &Served, exchange: &str, routing_key: &str, delay_ms: 
 
 /// The message arrived at or after `due_at`, within [`ON_TIME_MS`].
 fn assert_on_time(received: &Received, due_at: u64, what: &str) {
+    assert_within(received, due_at, what, ON_TIME_MS);
+}
+
+/// The message arrived at or after `due_at`, within `window_ms`.
+fn assert_within(received: &Received, due_at: u64, what: &str, window_ms: u64) {
     let late = received.at_ms as i64 - due_at as i64;
     eprintln!("{what}: {late} ms late");
     assert!(late >= 0, "{what} arrived {} ms early", -late);
-    assert!(late as u64 <= ON_TIME_MS, "{what} arrived {late} ms late (window {ON_TIME_MS} ms)");
+    assert!(late as u64 <= window_ms, "{what} arrived {late} ms late (window {window_ms} ms)");
 }
 
 fn body_of(received: &Received) -> String {
@@ -214,7 +219,8 @@ async fn a_cancel_or_a_reschedule_holds_for_a_message_due_to_an_exchange() {
     let received = queues[0].receive(2, Duration::from_secs(10)).await;
     let by_body: HashMap<String, &Received> = received.iter().map(|r| (body_of(r), r)).collect();
     assert_on_time(by_body["kept"], kept_due, "kept");
-    assert_on_time(by_body["moved"], new_due, "moved (rescheduled)");
+    // Its new time is held to by the claim, on the earliest the broker's clock can read.
+    assert_within(by_body["moved"], new_due, "moved (rescheduled)", ON_TIME_MS + CLOCK_ERROR_MS);
     assert_eq!(by_body["moved"].delivery.routing_key.as_str(), "order.moved", "a rescheduled message keeps its routing key");
     queues[0].assert_quiet(Duration::from_millis(500)).await;
     served.stop().await;

@@ -65,7 +65,10 @@ fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&CancelLog) -> Result
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
         let broker = Broker::connect(&config.broker).await?;
-        let log = CancelLog::new(&url, &config.service.cancel, Arc::new(Scheduler::new(&config, strategies, broker)));
+        let scheduler = Scheduler::new(&config, strategies, broker);
+        // The log's records and due times count on the broker's clock, as a serving host's do.
+        hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
+        let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let reader = tokio::spawn(log.clone().read(stopped));
         let answer = ask(&log).await;
@@ -81,9 +84,11 @@ pub fn cancel(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
 }
 
 pub fn reschedule(cli: &Cli, args: &RescheduleArgs) -> Result<ExitCode> {
-    let due_at_ms = args.at.unwrap_or_else(|| hourglass::clock::unix_now_ms() + args.delay.unwrap_or_default());
     let answer = with_log(cli, args.wait, async |log: &CancelLog| {
-        if due_at_ms.saturating_sub(hourglass::clock::unix_now_ms()) > log.retention_ms() {
+        // The latest the broker's clock can read: --delay counts from no earlier than now.
+        let now = log.clock().latest_ms();
+        let due_at_ms = args.at.unwrap_or(now + args.delay.unwrap_or_default());
+        if due_at_ms.saturating_sub(now) > log.retention_ms() {
             bail!("the new due time is more than service.cancel.retention ({} ms) away; the log would forget it", log.retention_ms());
         }
         Ok(log.reschedule(&args.id, due_at_ms).await?)

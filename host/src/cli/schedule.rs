@@ -47,11 +47,16 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         strategy: cli.strategy.clone(),
         ..Default::default()
     };
-    let (scheduled, place) = tokio_runtime()?.block_on(async {
+    let (scheduled, place, now) = tokio_runtime()?.block_on(async {
         let broker = Broker::connect(&config.broker).await?;
         let place = broker.describe();
         let scheduler = Scheduler::new(&config, strategies, broker);
-        Ok::<_, anyhow::Error>((scheduler.schedule(request).await?, place))
+        if request.deliver_at_ms.is_some() {
+            // --at is counted on the broker's clock, as a serving host counts it.
+            hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
+        }
+        let scheduled = scheduler.schedule(request).await?;
+        Ok::<_, anyhow::Error>((scheduled, place, scheduler.clock().now_ms()))
     })?;
     let due = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(scheduled.due_at_ms));
     match format {
@@ -66,7 +71,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             "delivers_after_ms": scheduled.delivers_after_ms,
         }))?,
         TextOrJson::Table => {
-            let due_in = message.delay.unwrap_or_else(|| scheduled.due_at_ms.saturating_sub(hourglass::clock::unix_now_ms()));
+            let due_in = message.delay.unwrap_or_else(|| scheduled.due_at_ms.saturating_sub(now));
             let to = message.describe();
             println!("scheduled {} to {to} via strategy {} on {place}: due {due} (in {})", scheduled.id, scheduled.strategy, render::duration(due_in))
         }

@@ -21,7 +21,7 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 
 use crate::broker::{Envelope, Executor, ExecutorError};
-use crate::clock::unix_now_ms;
+use crate::clock::Clock;
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::{Config, OwnQueueType};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
@@ -122,7 +122,11 @@ impl ScheduleRequest {
 pub struct Scheduled {
     pub id: String,
     pub strategy: String,
-    /// Unix ms at which the message is due: publish time plus the requested delay.
+    /// Unix ms at which the message is due, on the broker's clock as this
+    /// host reads it ([`Clock`]): for a `deliver_at`, the time asked (or
+    /// later: its delay is counted from the earliest the broker's clock can
+    /// read); for a delay, publish time plus the delay (the publish time on
+    /// this host's clock unless the readings fault it, see [`Clock::now_ms`]).
     pub due_at_ms: u64,
     /// The delay the strategy gives, after its rounding.
     pub delivers_after_ms: u64,
@@ -268,6 +272,8 @@ pub struct Scheduler<E> {
     pumped_queues: OnceLock<mpsc::UnboundedSender<PumpedQueue>>,
     /// Whether this scheduler declares broker objects, or trusts they exist.
     declaring: bool,
+    /// What due times are counted on: the broker's clock once it was read.
+    clock: Arc<Clock>,
 }
 
 impl<E: Executor> Scheduler<E> {
@@ -278,7 +284,20 @@ impl<E: Executor> Scheduler<E> {
             metrics: Arc::default(),
             pumped_queues: OnceLock::new(),
             declaring: true,
+            clock: Clock::system(),
         }
+    }
+
+    /// Counts due times on `clock` (default: the system's, until readings of the broker's clock arrive).
+    pub fn set_clock(&mut self, clock: Arc<Clock>) {
+        self.metrics.watch_clock(clock.clone());
+        self.clock = clock;
+    }
+
+    /// The clock due times are counted on: every `hourglass-due-at` this host
+    /// writes or compares, every `deliver_at` it turns into a delay.
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
     }
 
     /// `false`: never declare topology or destination setup (the operator
@@ -606,8 +625,10 @@ impl<E: Executor> Scheduler<E> {
         let asked = Instant::now();
         let generation = self.generation();
         if let Some(at) = request.deliver_at_ms {
-            // Counted from before the declares and the publish, so it can only come out later.
-            request.delay_ms = at.saturating_sub(unix_now_ms());
+            // Counted from before the declares and the publish, so it can only come out later;
+            // and from the earliest the broker's clock can read now (its TTLs do the waiting),
+            // so a host clock that is ahead cannot make it early.
+            request.delay_ms = at.saturating_sub(self.clock.earliest_ms());
         }
         validate::check(&mut request, &generation.reserved).map_err(ScheduleError::Invalid)?;
         let strategy = request.strategy.clone().unwrap_or_else(|| generation.strategy_for(request.target()));
@@ -657,7 +678,10 @@ impl<E: Executor> Scheduler<E> {
             })
             .await?;
         }
-        let due_at_ms = unix_now_ms() + request.delay_ms;
+        // A deliver_at's due time is on the clock its delay was counted against
+        // (so at or after the time asked); a delay's is its publish time as reported.
+        let now = if request.deliver_at_ms.is_some() { self.clock.earliest_ms() } else { self.clock.now_ms() };
+        let due_at_ms = now + request.delay_ms;
         let mut headers = request.headers;
         headers.insert(DELAY_HEADER.into(), FieldValue::Int(request.delay_ms as i64));
         headers.insert(DUE_AT_HEADER.into(), FieldValue::Int(due_at_ms as i64));
@@ -834,6 +858,35 @@ mod tests {
             assert!(matches!(answer.unwrap(), Err(ScheduleError::Broker(ExecutorError::Refused(_)))));
         }
         assert_eq!(checks() - before, 20);
+    }
+
+    /// A host whose clock runs 5 s ahead. Before it has read the broker's
+    /// clock it can only trust its own (a `deliver_at` 4 s away is past due
+    /// by it: sent at once, the documented assumption that the host's clock
+    /// is right); once it has, the delay is counted on the broker's clock and
+    /// the due time is the one asked, at or after it.
+    #[tokio::test]
+    async fn deliver_at_counts_on_the_host_clock_until_the_broker_s_is_read_then_on_the_broker_s() {
+        use crate::clock::estimate::Reading;
+        use crate::clock::{ShiftedClock, monotonic_ms, unix_now_ms};
+        let config = two_strategies();
+        let mut scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), MemoryExecutor::default());
+        let clock = Clock::new(ShiftedClock::new(5_000));
+        scheduler.set_clock(clock.clone());
+        let at = unix_now_ms() + 4_000;
+        let request = || ScheduleRequest { destination: "orders".into(), deliver_at_ms: Some(at), ..Default::default() };
+        let unread = scheduler.schedule(request()).await.unwrap();
+        assert!(unread.due_at_ms >= unix_now_ms() + 4_900, "counted on the host's clock, 5 s ahead: {unread:?}");
+
+        // The broker's clock is the system's (this test's): a millisecond stamp of it.
+        let sent = monotonic_ms();
+        let stamp = unix_now_ms();
+        clock.record(Reading::stamp(stamp, sent, monotonic_ms()), "test");
+        let read = scheduler.schedule(request()).await.unwrap();
+        assert!(read.due_at_ms >= at && read.due_at_ms - at < 50, "due when asked, on the broker's clock: {read:?} for {at}");
+        let delayed = scheduler.schedule(ScheduleRequest { destination: "orders".into(), delay_ms: 1_000, ..Default::default() }).await.unwrap();
+        let truth = unix_now_ms() + 1_000;
+        assert!(delayed.due_at_ms <= truth && truth - delayed.due_at_ms < 50, "a delay's due time on the broker's clock, not 5 s off: {delayed:?}");
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
 //! Lateness you can graph: every `[service.canary] every`, the host sends one
 //! small probe through each strategy to a queue of its own, and consumes that
-//! queue (with the AMQP consumer on RabbitMQ, the SQS one on SQS). Arrival minus the probe's `hourglass-due-at` is observed in
+//! queue (with the AMQP consumer on RabbitMQ, the SQS one on SQS). Arrival minus the probe's due time (sent plus delay) is observed in
 //! `hourglass_delivery_lateness_seconds{strategy}`; a probe that arrives early
 //! is counted in `hourglass_delivery_early_total{strategy}` and logged, since
 //! early is the one thing a delay must never be.
@@ -9,15 +9,21 @@
 //! host's probes (several hosts share the queue as competing consumers, and a
 //! restarted host reads the probes its predecessor sent). A strategy that
 //! cannot plan the probe's delay (a redelivery-only strategy, say) is left out.
+//!
+//! Times are on the host's [`Clock`](crate::clock::Clock): the broker's clock
+//! as read, on the early side. A probe carries when it was sent
+//! (`canary-sent`) and which clock read that (`canary-clock`): its own host
+//! compares exactly; another host counts it early only when it is early for
+//! certain by the broker's clock (hosts' readings differ by up to their
+//! errors, `hourglass_clock_offset_error_seconds`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::Broker;
-use crate::clock::unix_now_ms;
-use crate::command::Command;
+use crate::command::{Command, FieldValue};
 use crate::config::CanaryConfig;
-use crate::headers::DUE_AT_HEADER;
+use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::planner::PlannerError;
 use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
@@ -55,6 +61,11 @@ impl Canary {
     }
 }
 
+/// Names the clock (the host) that sent a probe.
+const CLOCK_HEADER: &str = "canary-clock";
+/// When the probe was sent, as [`Clock::earliest_ms`](crate::clock::Clock::earliest_ms) of its host read it.
+const SENT_HEADER: &str = "canary-sent";
+
 /// One probe through every strategy that can plan its delay.
 async fn send_each(scheduler: &Scheduler<Broker>, config: &CanaryConfig) {
     for strategy in scheduler.strategy_names() {
@@ -62,6 +73,11 @@ async fn send_each(scheduler: &Scheduler<Broker>, config: &CanaryConfig) {
             destination: config.queue.clone(),
             delay_ms: config.delay.ms(),
             body: strategy.clone().into_bytes(),
+            headers: [
+                (CLOCK_HEADER.to_string(), FieldValue::Text(scheduler.clock().id().to_string())),
+                (SENT_HEADER.to_string(), FieldValue::Int(scheduler.clock().earliest_ms() as i64)),
+            ]
+            .into(),
             strategy: Some(strategy.clone()),
             ..Default::default()
         };
@@ -93,15 +109,33 @@ impl Handler for Canary {
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, ()) {
-        let now = unix_now_ms();
+        let clock = self.scheduler.clock();
         let strategy = String::from_utf8_lossy(&delivery.body).into_owned();
-        let due_at = delivery.properties.headers.get(DUE_AT_HEADER).and_then(|v| v.as_whole_number()).and_then(|due| u64::try_from(due).ok());
+        let header = |name: &str| delivery.properties.headers.get(name).and_then(|v| v.as_whole_number()).and_then(|n| u64::try_from(n).ok());
+        let own = delivery.properties.headers.get(CLOCK_HEADER).and_then(|v| v.as_text()).is_some_and(|id| id == clock.id());
+        // Due when it was sent plus its delay, both as the sender wrote them. Its own
+        // host compares on the clock the send was read on, which runs without jumps
+        // (exact to its slew, 1 % of the delay). Another host's reading of the broker's
+        // clock may be closer than this one's (both err to the early side, by up to their
+        // errors): it counts a probe early only when it is early for certain, by the
+        // latest the broker's clock can read. A probe without them (from an older host)
+        // has its hourglass-due-at compared with this host's clock, as before.
+        let (due_at, now, latest) = match (header(SENT_HEADER), header(DELAY_HEADER)) {
+            (Some(sent), Some(delay)) => {
+                let now = clock.earliest_ms();
+                (Some(sent + delay), now, if own { now } else { clock.latest_ms() })
+            }
+            _ => {
+                let now = clock.host_now_ms();
+                (header(DUE_AT_HEADER), now, now)
+            }
+        };
         match due_at {
-            Some(due) if now < due => {
-                tracing::error!(%strategy, early_ms = due - now, "canary probe arrived EARLY");
+            Some(due) if latest < due => {
+                tracing::error!(%strategy, early_ms = due - latest, "canary probe arrived EARLY");
                 self.scheduler.metrics().delivered_early(&strategy);
             }
-            Some(due) => self.scheduler.metrics().observe_lateness(&strategy, Duration::from_millis(now - due)),
+            Some(due) => self.scheduler.metrics().observe_lateness(&strategy, Duration::from_millis(now.saturating_sub(due))),
             None => tracing::warn!(queue = %self.config.queue, "a message without hourglass-due-at on the canary queue; dropped"),
         }
         (Outcome::Ack, ())

@@ -33,7 +33,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::broker::rabbitmq::stream;
 use crate::broker::{Broker, Envelope, Executor, ExecutorError};
-use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable};
 use crate::config::CancelConfig;
 use crate::message::Properties;
@@ -58,7 +57,9 @@ pub struct Record {
     pub event: Event,
     /// Unique per append: the writer finds its answer by it.
     pub token: String,
-    /// The writer's Unix ms when it appended; a claim compares due times with it.
+    /// The writer's Unix ms when it appended, on the broker's clock as the
+    /// writer read it (its own clock before any reading); a claim compares
+    /// due times with it.
     pub at_ms: u64,
 }
 
@@ -218,6 +219,11 @@ impl CancelLog {
         &self.stream
     }
 
+    /// The clock its records and due times count on.
+    pub fn clock(&self) -> &Arc<crate::clock::Clock> {
+        self.scheduler.clock()
+    }
+
     /// The longest delay a cancellable strategy takes: its cancellations must outlive it.
     pub fn retention_ms(&self) -> u64 {
         self.retention_ms
@@ -258,7 +264,8 @@ impl CancelLog {
     /// Appends `event` (a confirmed publish) and waits until the reader reaches it.
     async fn append(&self, event: Event) -> Result<Answer, CancelError> {
         let token = uuid::Uuid::new_v4().to_string();
-        let record = Record { event, token: token.clone(), at_ms: unix_now_ms() };
+        // The broker's clock as read (never after it): every host's claims compare due times on the one clock.
+        let record = Record { event, token: token.clone(), at_ms: self.scheduler.clock().earliest_ms() };
         let (answered, answer) = oneshot::channel();
         self.lock().waiting.insert(token.clone(), answered);
         let forget = || self.lock().waiting.remove(&token);

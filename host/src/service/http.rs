@@ -312,7 +312,8 @@ async fn patch_message(State(service): State<Arc<Service>>, headers: HeaderMap, 
         Ok(log) => log,
         Err(err) => return err.into_response(),
     };
-    let due_at_ms = match receive(&headers, body).await.and_then(|bytes| parse_new_due_time(&bytes, log.retention_ms())) {
+    let due_at_ms = match receive(&headers, body).await.and_then(|bytes| parse_new_due_time(&bytes, service.scheduler.clock().latest_ms(), log.retention_ms()))
+    {
         Ok(due) => due,
         Err(err) => return err.into_response(),
     };
@@ -321,14 +322,16 @@ async fn patch_message(State(service): State<Arc<Service>>, headers: HeaderMap, 
     response
 }
 
-/// The new due time (Unix ms) of a `PATCH`: `delay` from now or `deliver_at`, within the log's retention.
-fn parse_new_due_time(bytes: &[u8], retention_ms: u64) -> Result<u64, ApiError> {
+/// The new due time (Unix ms) of a `PATCH`: `delay` from `now` or `deliver_at`, within the log's retention.
+/// `now` is the latest the broker's clock can read now (the host's before any
+/// reading): the claim that meets this due time compares it with the earliest
+/// it can read then, so the message cannot go before `delay` has passed.
+fn parse_new_due_time(bytes: &[u8], now: u64, retention_ms: u64) -> Result<u64, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
     let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object with delay or deliver_at"))?;
     if let Some(unknown) = object.keys().find(|k| !["delay", "deliver_at"].contains(&k.as_str())) {
         return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: delay, deliver_at")));
     }
-    let now = crate::clock::unix_now_ms();
     let (delay_ms, deliver_at_ms) = parse_timing(object)?;
     let due = deliver_at_ms.unwrap_or(now.saturating_add(delay_ms));
     if due.saturating_sub(now) > retention_ms {

@@ -12,6 +12,8 @@
 //!   run by the [`supervise`] supervisor, which restarts a task that panicked
 //!   or failed and tells readiness which task is down.
 //! * [`pending`]: the queue depths read every 5 s, and [`status`]: the page at `/`.
+//! * [`clock_check`]: the broker's clock read on RabbitMQ (the management
+//!   API's `Date`), so due times count on it and not on a host clock that is wrong.
 //! * [`cancel`]: the cancellation log that decides `DELETE`/`PATCH
 //!   /v1/messages/{id}`, and [`release`]: the release queue of each
 //!   `cancellable = true` strategy, which asks it before forwarding.
@@ -33,6 +35,7 @@ use tokio::task::JoinHandle;
 
 pub mod canary;
 pub mod cancel;
+pub mod clock_check;
 pub mod connections;
 pub mod http;
 pub mod ingress;

@@ -22,7 +22,6 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::broker::{Broker, ExecutorError};
-use crate::clock::unix_now_ms;
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
 use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
@@ -136,7 +135,7 @@ impl Redelivery {
 
     /// Per queue: waiting, redelivered, given up.
     pub fn status(&self) -> Vec<QueueStatus> {
-        let now = unix_now_ms();
+        let now = self.scheduler.clock().now_ms();
         let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         self.queues
             .values()
@@ -158,7 +157,7 @@ impl Redelivery {
     }
 
     fn count(&self, queue: &str, due_at_ms: Option<u64>) {
-        let now = unix_now_ms();
+        let now = self.scheduler.clock().now_ms();
         let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let counts = stats.entry(queue.to_string()).or_default();
         match due_at_ms {

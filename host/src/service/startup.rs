@@ -17,6 +17,7 @@ use crate::broker::sqs::consume::SqsConsumer;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::sqs::pumped::{Discovery, PumpSettings};
 use crate::broker::{Broker, amqp_url};
+use crate::clock::Clock;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::parked;
 use crate::planner::BrokerFamily;
@@ -37,6 +38,13 @@ impl Service {
     /// the broker, applies or verifies the topology, prepares the configured
     /// destinations, starts the ingress (RabbitMQ) and the pumps (SQS).
     pub async fn start(config: Config) -> Result<Arc<Service>, ServiceError> {
+        Service::start_with_clock(config, Clock::system()).await
+    }
+
+    /// [`Service::start`] with due times counted on `clock`: its wall clock is
+    /// this host's (a [`crate::clock::ShiftedClock`] plays a host whose clock
+    /// is wrong), and readings of the broker's clock go into it.
+    pub async fn start_with_clock(config: Config, clock: Arc<Clock>) -> Result<Arc<Service>, ServiceError> {
         let loaded = config.clone();
         let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded)).await.map_err(|e| ServiceError::Other(e.to_string()))??;
         check_broker_family(&config.broker, &config, &strategies)?;
@@ -44,7 +52,17 @@ impl Service {
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
         let mut scheduler = Scheduler::new(&config, strategies, broker);
         scheduler.set_declaring(topology == TopologyAtStart::Apply);
+        scheduler.set_clock(clock);
         let scheduler = Arc::new(scheduler);
+        // Read before anything can take work: a deliver_at must not be counted on a host clock that is wrong.
+        let clock_api = if matches!(scheduler.executor(), Broker::RabbitMq(_)) { super::pending::management_for(&config) } else { None };
+        if let Some(api) = &clock_api {
+            super::clock_check::first(api, scheduler.clock()).await;
+        } else if matches!(scheduler.executor(), Broker::RabbitMq(_)) {
+            tracing::warn!(
+                "no management API to read the broker's clock from: deliver_at and other due times are counted on this host's clock, which must be right (NTP)"
+            );
+        }
         check_redelivery_policies(&config, &scheduler)?;
         match topology {
             TopologyAtStart::Apply => scheduler.apply_topology(&config.default_strategy).await?,
@@ -119,6 +137,9 @@ impl Service {
         });
         watch_the_broker(&service);
         supervise_broker_connections(&service);
+        if let Some(api) = clock_api {
+            super::clock_check::supervise(&service, api);
+        }
         super::pending::spawn_poll(&service);
         if matches!(service.scheduler.executor(), Broker::Memory(_)) {
             let (clocked, stop) = (service.clone(), service.background.stop.subscribe());
@@ -321,10 +342,10 @@ async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceive
             tracing::error!(queue = %pumped.queue, strategy = %pumped.strategy, "a pumped queue needs the SQS broker; not pumping it");
             continue;
         };
-        let (sqs, metrics, pump_stop) = (sqs.clone(), service.metrics.clone(), service.background.stop.subscribe());
+        let (sqs, metrics, pump_stop, clock) = (sqs.clone(), service.metrics.clone(), service.background.stop.subscribe(), service.scheduler.clock().clone());
         let pumped = Arc::new(pumped);
         service.background.supervisor.spawn(format!("pump:{}", pumped.queue), None, move || {
-            let (sqs, metrics, stop, pumped) = (sqs.clone(), metrics.clone(), pump_stop.clone(), pumped.clone());
+            let (sqs, metrics, stop, pumped, clock) = (sqs.clone(), metrics.clone(), pump_stop.clone(), pumped.clone(), clock.clone());
             async move {
                 let (config, strategy) = (pumped.config.clone(), pumped.strategy.clone());
                 let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
@@ -336,7 +357,8 @@ async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceive
                 let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, start.wait_seconds)
                     .await
                     .map_err(|e| format!("starting the pump: {e}"))?
-                    .prepared(&prepared, &start.settings);
+                    .prepared(&prepared, &start.settings)
+                    .clocked(clock);
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
                 metrics.watch_pump(&pumped.queue, pump.counters.clone());
                 pump.run(stop).await.map_err(|e| format!("pump stopped: {e}"))

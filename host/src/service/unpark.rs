@@ -126,7 +126,7 @@ impl Handler for Unpark {
         if sent > MAX_SENDS {
             return self.orphan(&format!("parked again after it was sent on {MAX_SENDS} times; replay it by hand once the strategy's topology is whole"));
         }
-        let not_due = parked::due_at(delivery).is_some_and(|due| due > crate::clock::unix_now_ms());
+        let not_due = parked::due_at(delivery).is_some_and(|due| due > self.scheduler.clock().earliest_ms());
         if not_due {
             self.redeclare_topology().await;
         }

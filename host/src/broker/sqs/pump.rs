@@ -41,7 +41,8 @@ use aws_sdk_sqs::types::{
 };
 
 use crate::broker::ExecutorError;
-use crate::clock::unix_now_ms;
+use crate::clock::estimate::Reading;
+use crate::clock::{Clock, monotonic_ms};
 use crate::command::{Command, FieldValue};
 use crate::command::{DueAction, DueMessage};
 use crate::metrics::PumpCounters;
@@ -81,6 +82,9 @@ pub struct Pump {
     linger: Duration,
     gone_on: GoneOn,
     pub counters: Arc<PumpCounters>,
+    /// The host's clock: SQS's receive stamps are read into it, and it tells a
+    /// redelivered copy (whose stamps are old) what time it is on SQS.
+    clock: Arc<Clock>,
 }
 
 /// Where a message went on to.
@@ -276,7 +280,14 @@ impl Pump {
             linger: Duration::ZERO,
             gone_on: GoneOn::default(),
             counters: Arc::default(),
+            clock: Clock::system(),
         })
+    }
+
+    /// Reads SQS's clock into `clock` (the service's), and asks it the time.
+    pub fn clocked(mut self, clock: Arc<Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Parks what cannot go on in the prepared dead-letter queue, keeps a
@@ -302,9 +313,17 @@ impl Pump {
     /// A long poll for up to ten messages. Dropping it mid-poll is safe: a
     /// message it had taken comes back after its visibility timeout.
     async fn receive(&self) -> Result<Vec<Message>, ExecutorError> {
+        let sent = monotonic_ms();
         let messages = self.executor.receive_ten(&self.queue, &self.url, self.wait_seconds).await?;
+        let received = monotonic_ms();
         if messages.is_empty() {
             self.counters.empty_polls.fetch_add(1, Ordering::Relaxed);
+        }
+        // A first receive is stamped by SQS's clock during this very call: a
+        // reading of it, tight at its lower end (SQS answers as soon as it hands a message out).
+        let newest = messages.iter().map(Stamps::of).filter(|s| s.receive_count == 1 && s.first_receive_ms > 0).map(|s| s.first_receive_ms).max();
+        if let Some(stamp) = newest {
+            self.clock.record(Reading::stamp(stamp, sent, received), "SQS's first-receive stamps");
         }
         Ok(messages)
     }
@@ -403,7 +422,9 @@ impl Pump {
             sent_timestamp_ms: stamps.sent_ms,
             first_receive_timestamp_ms: stamps.first_receive_ms,
             receive_count: stamps.receive_count,
-            host_now_ms: unix_now_ms(),
+            // SQS's clock as read (never after it; the host's own before any reading):
+            // a redelivered copy's remaining wait is counted on it.
+            host_now_ms: self.clock.earliest_ms(),
         };
         let (commands, went) = match self.planner.handle_due(&due) {
             Ok(DueAction::Recycle(commands)) => (commands, Went::AroundAgain),
