@@ -27,6 +27,18 @@ impl Served {
         Served { service, http: Http::new(&format!("http://{address}")), stop, server }
     }
 
+    /// A service started on `config` in this process, returned once `/readyz`
+    /// answers 200: every consumer it runs (ingress, release, parking queue,
+    /// cancellation-log reader) attached.
+    pub async fn start_ready(config: &hourglass::config::Config) -> Served {
+        let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+        crate::until("readyz 200 (every consumer running)", std::time::Duration::from_secs(10), async || {
+            served.http.call("GET", "/readyz", None, None).await.0 == 200
+        })
+        .await;
+        served
+    }
+
     pub async fn stop(self) {
         self.stop.send(()).ok();
         self.server.await.unwrap().expect("graceful shutdown");

@@ -64,15 +64,6 @@ impl Setup {
     }
 }
 
-async fn start(setup: &Setup) -> Served {
-    let served = Served::start(Service::start(setup.config.clone()).await.expect("service starts")).await;
-    until("readyz 200 (release consumer and log reader running)", Duration::from_secs(10), async || {
-        served.http.call("GET", "/readyz", None, None).await.0 == 200
-    })
-    .await;
-    served
-}
-
 async fn schedule(served: &Served, destination: &str, delay_ms: u64, body: &str) -> (String, u64) {
     let (status, answer) = served.http.schedule(None, json!({ "destination": destination, "delay": delay_ms, "body": body })).await;
     assert_eq!(status, 202, "{answer}");
@@ -103,7 +94,7 @@ async fn a_cancel_on_one_host_holds_on_another_and_after_every_host_restarted() 
     let setup = setup();
     let connection = connect().await;
     let mut destination = setup.destination(&connection, "cancel-dest").await;
-    let (first, second) = (start(&setup).await, start(&setup).await);
+    let (first, second) = (Served::start_ready(&setup.config).await, Served::start_ready(&setup.config).await);
 
     let mut due = std::collections::HashMap::new();
     let mut ids = std::collections::HashMap::new();
@@ -120,7 +111,7 @@ async fn a_cancel_on_one_host_holds_on_another_and_after_every_host_restarted() 
     // Every host goes away before the messages are due; a fresh one reads the log from the start.
     first.stop().await;
     second.stop().await;
-    let third = start(&setup).await;
+    let third = Served::start_ready(&setup.config).await;
 
     let received = destination.receive(2, Duration::from_secs(10)).await;
     let mut bodies: Vec<String> = received.iter().map(|r| String::from_utf8_lossy(&r.delivery.data).to_string()).collect();
@@ -160,7 +151,7 @@ async fn a_rescheduled_message_arrives_at_its_new_time_and_not_before() {
     let setup = setup();
     let connection = connect().await;
     let mut destination = setup.destination(&connection, "reschedule-dest").await;
-    let served = start(&setup).await;
+    let served = Served::start_ready(&setup.config).await;
 
     let mut due = std::collections::HashMap::new();
     let (_, neighbour_due) = schedule(&served, &destination.name, 2_000, "neighbour").await;
@@ -270,7 +261,7 @@ async fn replay_of_a_parked_cancellable_message_asks_the_cancellation_log_first(
     // Given back, they are ready again in the parking queue once the broker has taken the requeues.
     until("both back in the parking queue", Duration::from_secs(5), async || queue_depth(&channel, &parking).await == 2).await;
 
-    let served = start(&setup).await;
+    let served = Served::start_ready(&setup.config).await;
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "{answer}");
     let handled = replay_parking_queue(&setup, &scheduler, &parking).await;
@@ -356,7 +347,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_before_its_claim_honour
     }
     assert_eq!(queue_depth(&channel, &release_parked).await, 2);
 
-    let served = start(&setup).await;
+    let served = Served::start_ready(&setup.config).await;
     let (status, answer) = json_call(&served, "DELETE", &format!("/v1/messages/{}", ids["victim"]), None).await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "never claimed, so the cancel holds: {answer}");
 
@@ -404,7 +395,7 @@ async fn replay_leaves_a_cancellable_message_parked_while_its_destination_is_gon
     channel.queue_delete(gone.as_str().into(), QueueDeleteOptions::default()).await.unwrap();
 
     // A serving host declares the release queue again; only the destination is missing now.
-    let served = start(&setup).await;
+    let served = Served::start_ready(&setup.config).await;
     for parking in [&own, &release_parked] {
         let handled = replay_parking_queue(&setup, &scheduler, parking).await;
         assert_eq!((handled.done, handled.left), (1, 1), "{parking}: {handled:?}");
@@ -444,7 +435,7 @@ async fn replay_of_a_message_parked_at_the_release_queue_with_a_later_due_time_r
     park_unclaimed(&setup, &scheduler, &format!("rescheduling to {moved_to} failed: broker refused: test"), Some(moved_to)).await;
 
     // The log holds the reschedule the release consumer was carrying out.
-    let served = start(&setup).await;
+    let served = Served::start_ready(&setup.config).await;
     let deliver_at = humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(moved_to)).to_string();
     let (status, answer) = json_call(&served, "PATCH", &format!("/v1/messages/{later}"), Some(json!({ "deliver_at": deliver_at }))).await;
     assert_eq!((status, answer["due_at"].as_u64()), (200, Some(moved_to)), "{answer}");

@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use hourglass::config::Config;
-use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions};
@@ -65,15 +64,6 @@ impl Setup {
     }
 }
 
-async fn start(config: &Config) -> Served {
-    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
-    until("readyz 200 (release and ingress consumers running)", Duration::from_secs(10), async || {
-        served.http.call("GET", "/readyz", None, None).await.0 == 200
-    })
-    .await;
-    served
-}
-
 async fn post(served: &Served, body: Value) -> (u16, Value) {
     served.http.schedule(None, body).await
 }
@@ -122,7 +112,7 @@ async fn due_messages_are_routed_by_direct_topic_fanout_and_headers_bindings() {
     let acme = table(&[("x-match", "all"), ("tenant", "acme")]);
     let other = table(&[("x-match", "all"), ("tenant", "other")]);
     let (headers, mut headers_queues) = setup.exchange(&connection, ExchangeKind::Headers, &[("", acme), ("", other)]).await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
 
     let (_, direct_due) = schedule(&served, &direct, "eu", 1_000, "to-eu", json!({})).await;
     let (_, topic_due) = schedule(&served, &topic, "order.created", 1_200, "order-created", json!({})).await;
@@ -158,7 +148,7 @@ async fn a_missing_exchange_is_refused_and_one_routing_nowhere_when_due_is_parke
     let setup = setup("exchange-faults", "", "");
     let connection = connect().await;
     let (exchange, mut queues) = setup.exchange(&connection, ExchangeKind::Direct, &[("bound", FieldTable::default())]).await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
 
     let missing = unique("no-such-exchange");
     let (status, answer) = post(&served, json!({ "exchange": missing, "routing_key": "k", "delay": 1000 })).await;
@@ -205,7 +195,7 @@ async fn a_cancel_or_a_reschedule_holds_for_a_message_due_to_an_exchange() {
     }
     let connection = connect().await;
     let (exchange, mut queues) = setup.exchange(&connection, ExchangeKind::Topic, &[("order.#", FieldTable::default())]).await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
 
     let (victim, _) = schedule(&served, &exchange, "order.cancelled", 1_500, "victim", json!({})).await;
     let (moved, _) = schedule(&served, &exchange, "order.moved", 1_000, "moved", json!({})).await;
@@ -249,7 +239,7 @@ async fn the_ingress_takes_exchange_headers() {
     let setup = setup("exchange-ingress", "", &more);
     let connection = connect().await;
     let (exchange, mut queues) = setup.exchange(&connection, ExchangeKind::Direct, &[("k", FieldTable::default())]).await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     let channel = connection.create_channel().await.unwrap();
     channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
     let headers = |exchange: &str| table(&[("hourglass-exchange", exchange), ("hourglass-routing-key", "k"), ("hourglass-delay", "500ms")]);
@@ -281,7 +271,7 @@ async fn a_delayed_exchange_fans_x_delay_messages_out_through_deliver_to() {
     let setup = setup("delayed-exchange", "", &more);
     setup.cleanup.exchange(&delayed);
     setup.cleanup.exchange(&orders);
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     // hourglass declared `deliver_to`; the consumers bind to it as they bound to the plugin's exchange.
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
@@ -334,7 +324,7 @@ async fn the_cli_schedules_to_an_exchange() {
     let path = std::env::temp_dir().join(format!("{}.toml", unique("exchange-cli")));
     std::fs::write(&path, &setup.text).unwrap();
     // A serving host publishes what falls due in the release queue.
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     let run = |args: &[&str]| std::process::Command::new(hourglass_binary()).arg("--config").arg(&path).args(args).output().unwrap();
 
     let output = run(&["schedule", "--exchange", &exchange, "--routing-key", "order.created", "--delay", "500ms", "--body", "from-cli", "--format", "json"]);

@@ -17,7 +17,6 @@ use std::time::Duration;
 use hourglass::broker::rabbitmq::take::Taker;
 use hourglass::config::Config;
 use hourglass::parked;
-use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::types::FieldTable;
@@ -67,13 +66,6 @@ impl Setup {
     }
 }
 
-async fn start(config: &Config) -> Served {
-    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
-    until("readyz 200 (the parking queue's consumer running)", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
-        .await;
-    served
-}
-
 async fn schedule(served: &Served, destination: &str, delay_ms: u64, body: &str) -> (String, u64) {
     let (status, answer) = served.http.schedule(None, json!({ "destination": destination, "delay": delay_ms, "body": body })).await;
     assert_eq!(status, 202, "{answer}");
@@ -112,7 +104,7 @@ async fn a_message_parked_while_its_destination_exists_reaches_it_without_an_ope
     let connection = connect().await;
     let mut routed = setup.destination(&connection, "unpark-routed").await;
     let mut unrouted = setup.destination(&connection, "unpark-unrouted").await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     let mut due = HashMap::new();
     // First use binds each destination; then one loses its route, as in a restart's recovery.
     for destination in [&routed.name, &unrouted.name] {
@@ -149,7 +141,7 @@ async fn a_message_whose_destination_is_gone_waits_orphaned_with_its_reason_unti
     let mut canary = setup.destination(&connection, "orphan-canary").await;
     let doomed = setup.destination(&connection, "orphan-doomed").await;
     let doomed_name = doomed.name.clone();
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     let (id, due_at) = schedule(&served, &doomed_name, 1_000, "doomed").await;
     let (_, canary_due) = schedule(&served, &canary.name, 1_000, "canary").await;
     doomed.delete().await;
@@ -194,7 +186,7 @@ async fn a_cancellable_strategys_parked_message_goes_through_its_release_queue_s
     }
     let connection = connect().await;
     let mut destination = setup.destination(&connection, "unpark-cancel-dest").await;
-    let served = start(&setup.config).await;
+    let served = Served::start_ready(&setup.config).await;
     schedule(&served, &destination.name, 1, "warm-up").await;
     destination.receive(1, Duration::from_secs(10)).await;
     // The release queue loses its route: every message of the strategy is parked when due.
