@@ -5,6 +5,7 @@
 
 mod amqp;
 pub mod blackhole;
+pub mod chaos;
 mod cleanup;
 pub mod cluster;
 pub mod ports;

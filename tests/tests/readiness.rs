@@ -111,3 +111,34 @@ async fn an_idle_service_answers_readyz_at_once_while_cut_off_and_reconnects_by_
 
     served.stop().await;
 }
+
+/// A reload while the broker is unreachable is no fault of the config: 503
+/// (ask again later), not 422, and the running config stays; once the broker
+/// is back the same reload is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_the_broker_is_unreachable_answers_503_and_applies_once_it_is_back() {
+    let blackhole = Blackhole::start(&amqp_url()).await;
+    let prefix = unique("reload-away");
+    let text = config_text_on(&blackhole.url, &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "");
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("reload-away")));
+    std::fs::write(&path, text).unwrap();
+    let config = Config::load(&path).expect("test config");
+    let _cleanup = Cleanup::declared(&topology_of(&config));
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    let base = served.http.base.clone();
+    until("ready", Duration::from_secs(10), async || readyz(&base).await.0 == 200).await;
+
+    blackhole.cut();
+    until("readyz 503 after the cut", Duration::from_secs(10), async || readyz(&base).await.0 == 503).await;
+    let (status, answer) = served.http.call("POST", "/v1/reload", None, None).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(served.http.metric("hourglass_reloads_total{outcome=\"refused\"}").await, 1.0);
+
+    blackhole.restore();
+    until("readyz 200 again", Duration::from_secs(30), async || readyz(&base).await.0 == 200).await;
+    let (status, answer) = served.http.call("POST", "/v1/reload", None, None).await;
+    assert_eq!(status, 200, "{answer}");
+
+    served.stop().await;
+    std::fs::remove_file(&path).ok();
+}

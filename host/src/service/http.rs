@@ -473,6 +473,8 @@ async fn post_reload(State(service): State<Arc<Service>>, headers: HeaderMap) ->
     }
     match service.reload().await {
         Ok(reloaded) => axum::Json(reloaded).into_response(),
+        // The broker away is no fault of the config: ask again later.
+        Err(err) if err.broker_unavailable() => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message: err.to_string() }.into_response(),
         Err(err) => ApiError { status: StatusCode::UNPROCESSABLE_ENTITY, field: Some("config"), message: err.to_string() }.into_response(),
     }
 }

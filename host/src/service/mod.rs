@@ -81,6 +81,13 @@ pub enum ServiceError {
     Other(String),
 }
 
+impl ServiceError {
+    /// The broker could not be reached (or refused for now): asking again later may succeed.
+    pub fn broker_unavailable(&self) -> bool {
+        matches!(self, ServiceError::Broker(ExecutorError::Unavailable(_)) | ServiceError::Schedule(ScheduleError::Broker(ExecutorError::Unavailable(_))))
+    }
+}
+
 /// The tasks that run beside the HTTP API, and how to stop them.
 struct Background {
     stop: watch::Sender<bool>,

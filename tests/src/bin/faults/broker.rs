@@ -14,9 +14,9 @@ use std::time::Duration;
 use hourglass_e2e::private_node::PrivateNode;
 
 use crate::Report;
-use crate::canary::Canaries;
-use crate::host::Host;
-use crate::setup::Setup;
+use hourglass_e2e::chaos::canary::Canaries;
+use hourglass_e2e::chaos::host::Host;
+use hourglass_e2e::chaos::setup::Setup;
 
 /// Load before the fault, and after the broker is back.
 const LOAD: Duration = Duration::from_secs(5);
@@ -75,7 +75,7 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
     // The destination existed throughout: nothing may wait in parking, nor as an orphan.
     let parking = format!("{}.parked", setup.prefix);
     for queue in [parking.clone(), hourglass::parked::orphan_queue(&parking)] {
-        let left = crate::canary::depth(&setup.amqp_url, &queue).await?;
+        let left = hourglass_e2e::chaos::canary::depth(&setup.amqp_url, &queue).await?;
         report.check(left == 0, || format!("{left} messages left in {queue} while their destination existed"));
     }
     // What the host took from the parking queue: `outcome=count` for each outcome seen.
@@ -91,7 +91,7 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
         let queues = node.ctl(&["list_queues", "--quiet", "name", "messages_ready", "messages_unacknowledged"]).unwrap_or_else(|e| e.to_string());
         eprintln!("   the node's queues (name, ready, unacked):\n{queues}");
         // The node's directory goes with it: its whole log is kept beside the case's config.
-        let kept = crate::scratch("broker-node-log").join("node.log");
+        let kept = hourglass_e2e::chaos::scratch("broker-node-log").join("node.log");
         let copied = std::fs::copy(node.log_path(), &kept).map_or_else(|e| format!("not kept: {e}"), |_| format!("kept in {}", kept.display()));
         eprintln!("   the node's log ({copied}), tail:\n{}", node.log_tail());
     }

@@ -16,9 +16,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::Report;
-use crate::canary::Canaries;
-use crate::host::{Host, binary};
-use crate::setup::Setup;
+use hourglass_e2e::chaos::canary::Canaries;
+use hourglass_e2e::chaos::host::{Host, binary};
+use hourglass_e2e::chaos::setup::Setup;
 
 pub async fn under_faults() -> Vec<Report> {
     let mut report = Report::new("delayed exchange: poison, x-delay garbage, deliver_to deleted");
@@ -101,7 +101,7 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     channel.exchange_delete(setup.orders.as_str().into(), Default::default()).await?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let release_parked = format!("{}.parked", setup.release_queue());
-    let parked = crate::canary::depth(&setup.amqp_url, &release_parked).await?;
+    let parked = hourglass_e2e::chaos::canary::depth(&setup.amqp_url, &release_parked).await?;
     report.notes.push(format!("{parked} parked while deliver_to was gone"));
     // Back, as an operator would put it back; then the parked ones are replayed.
     channel.exchange_declare(setup.orders.as_str().into(), ExchangeKind::Topic, durable_exchange, FieldTable::default()).await?;
@@ -113,7 +113,7 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
             .arg("--config")
             .arg(config)
             .args(["parked", "replay", "--queue", &queue])
-            .env("HOURGLASS_CACHE_DIR", crate::scratch("delayed-cache"))
+            .env("HOURGLASS_CACHE_DIR", hourglass_e2e::chaos::scratch("delayed-cache"))
             .output()
     })
     .await??;

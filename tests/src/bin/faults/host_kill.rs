@@ -10,9 +10,9 @@ use std::time::Duration;
 use hourglass_e2e::vhost::PrivateVhost;
 
 use crate::Report;
-use crate::canary::Canaries;
-use crate::host::Host;
-use crate::setup::Setup;
+use hourglass_e2e::chaos::canary::Canaries;
+use hourglass_e2e::chaos::host::Host;
+use hourglass_e2e::chaos::setup::Setup;
 
 const LOAD: Duration = Duration::from_secs(5);
 const GRACE: Duration = Duration::from_secs(20);

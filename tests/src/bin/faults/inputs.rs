@@ -19,10 +19,10 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
 use crate::Report;
-use crate::canary::{self, Canaries};
-use crate::host::Host;
-use crate::ledger::Ledger;
-use crate::setup::Setup;
+use hourglass_e2e::chaos::canary::{self, Canaries};
+use hourglass_e2e::chaos::host::Host;
+use hourglass_e2e::chaos::ledger::Ledger;
+use hourglass_e2e::chaos::setup::Setup;
 
 const GRACE: Duration = Duration::from_secs(10);
 
@@ -43,7 +43,7 @@ pub struct Bench {
 impl Bench {
     pub async fn start(stem: &str) -> anyhow::Result<Bench> {
         let vhost = tokio::task::spawn_blocking(move || PrivateVhost::create("faults-inputs")).await?;
-        let nothing = crate::host::binary().parent().unwrap().parent().unwrap().join("wasm-planners/wasm32-wasip2/planner/misbehaving.wasm");
+        let nothing = hourglass_e2e::chaos::host::binary().parent().unwrap().parent().unwrap().join("wasm-planners/wasm32-wasip2/planner/misbehaving.wasm");
         let work = unique("work");
         let more = format!(
             "[service]\nredelivery_input = \"{}\"\n\n\

@@ -15,8 +15,8 @@ use lapin::types::{FieldTable, ShortString};
 use serde_json::json;
 
 use crate::Report;
-use crate::canary::Canaries;
 use crate::inputs::{Bench, text};
+use hourglass_e2e::chaos::canary::Canaries;
 
 const FAILING: usize = 10_000;
 

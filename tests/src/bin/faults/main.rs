@@ -10,23 +10,18 @@
 //! the others a private vhost on the shared broker (`HOURGLASS_TEST_AMQP_URL`).
 
 mod broker;
-mod canary;
 mod delayed;
-mod host;
 mod host_kill;
 mod inputs;
-mod ledger;
 mod load;
 mod poison;
 mod scale;
-mod setup;
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Instant;
 
-use ledger::Tally;
+use hourglass_e2e::chaos::ledger::{self, Tally};
 
 /// One case's result: the canaries' tally and what else went wrong.
 pub struct Report {
@@ -97,13 +92,6 @@ fn cases() -> Vec<Case> {
         ("hosts-two-kill9", || Box::pin(scale::two_hosts_one_killed())),
         ("cluster-node-kill9", || Box::pin(scale::cluster_node_killed())),
     ]
-}
-
-/// A scratch directory for one case's config.
-pub fn scratch(stem: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(hourglass_e2e::unique(stem));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
 }
 
 fn main() {

@@ -13,10 +13,10 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use crate::Report;
-use crate::canary::Canaries;
-use crate::host::Host;
 use crate::inputs::{publish, text};
-use crate::setup::Setup;
+use hourglass_e2e::chaos::canary::Canaries;
+use hourglass_e2e::chaos::host::Host;
+use hourglass_e2e::chaos::setup::Setup;
 
 pub async fn at_the_head() -> Vec<Report> {
     let mut report = Report::new("poison messages at the head of the ingress queue");

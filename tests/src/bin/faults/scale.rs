@@ -19,10 +19,10 @@ use hourglass_e2e::vhost::PrivateVhost;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 
 use crate::Report;
-use crate::canary::{self, Canaries};
-use crate::host::Host;
-use crate::ledger::Ledger;
-use crate::setup::{INGRESS_PREFETCH, Setup};
+use hourglass_e2e::chaos::canary::{self, Canaries};
+use hourglass_e2e::chaos::host::Host;
+use hourglass_e2e::chaos::ledger::Ledger;
+use hourglass_e2e::chaos::setup::{INGRESS_PREFETCH, Setup};
 
 const MESSAGES: usize = 10_000;
 /// Messages published between two waits for their confirms: 2,000 a second,

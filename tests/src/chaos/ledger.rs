@@ -21,6 +21,12 @@ struct Entry {
     due_ms: u64,
     acknowledged: bool,
     arrivals: Vec<u64>,
+    /// A cancel of it was answered 200: it must never arrive.
+    cancelled: bool,
+    /// A cancel of it went unanswered: it may arrive or not.
+    either: bool,
+    /// Found set aside with this reason (a parking, orphan or invalid queue).
+    parked: Option<String>,
 }
 
 #[derive(Default)]
@@ -45,6 +51,17 @@ pub struct Tally {
     pub max_late_ms: u64,
     /// Sent but refused or unanswered (not a 2xx / not confirmed).
     pub refused: usize,
+    /// Acknowledged canaries found set aside with a reason instead of arriving.
+    pub parked: usize,
+    /// Canaries whose cancel was answered 200 and that arrived all the same.
+    pub cancelled_arrived: usize,
+}
+
+impl Entry {
+    /// Acknowledged, and neither cancelled nor of unknown fate: it must arrive.
+    fn expected(&self) -> bool {
+        self.acknowledged && !self.cancelled && !self.either && self.parked.is_none()
+    }
 }
 
 impl Ledger {
@@ -63,6 +80,67 @@ impl Ledger {
         }
     }
 
+    /// A cancel of it was answered 200: from now on it must never arrive.
+    pub fn cancelled(&self, id: &str) {
+        if let Some(entry) = self.entries.lock().unwrap().get_mut(id) {
+            entry.cancelled = true;
+        }
+    }
+
+    /// A cancel of it got no clear answer: arriving and not arriving are both right.
+    pub fn either(&self, id: &str) {
+        if let Some(entry) = self.entries.lock().unwrap().get_mut(id) {
+            entry.either = true;
+        }
+    }
+
+    /// A reschedule was answered 2xx: it is due at `due_ms` now.
+    pub fn rescheduled(&self, id: &str, due_ms: u64) {
+        if let Some(entry) = self.entries.lock().unwrap().get_mut(id) {
+            entry.due_ms = due_ms;
+        }
+    }
+
+    /// It was found set aside with `reason`.
+    pub fn parked(&self, id: &str, reason: &str) {
+        if let Some(entry) = self.entries.lock().unwrap().get_mut(id) {
+            entry.parked = Some(reason.to_string());
+        }
+    }
+
+    /// The acknowledged canaries that arrived: when each was sent, due, and how late its first copy came (ms).
+    pub fn lateness(&self) -> Vec<(u64, u64, u64)> {
+        let entries = self.entries.lock().unwrap();
+        entries
+            .values()
+            .filter(|e| e.acknowledged && !e.cancelled)
+            .filter_map(|e| Some((e.sent_ms, e.due_ms, e.arrivals.iter().min()?.saturating_sub(e.due_ms))))
+            .collect()
+    }
+
+    /// Up to `n` acknowledged canaries that have not arrived (and need to): id, sent and due (unix ms).
+    pub fn missing(&self, n: usize) -> Vec<(String, u64, u64)> {
+        let entries = self.entries.lock().unwrap();
+        let mut missing: Vec<_> =
+            entries.iter().filter(|(_, e)| e.expected() && e.arrivals.is_empty()).map(|(id, e)| (id.clone(), e.sent_ms, e.due_ms)).collect();
+        missing.sort_by_key(|m| m.2);
+        missing.truncate(n);
+        missing
+    }
+
+    /// The `n` latest first arrivals: id and how late (ms), latest first.
+    pub fn latest(&self, n: usize) -> Vec<(String, u64)> {
+        let entries = self.entries.lock().unwrap();
+        let mut late: Vec<_> = entries
+            .iter()
+            .filter(|(_, e)| e.acknowledged)
+            .filter_map(|(id, e)| Some((id.clone(), e.arrivals.iter().min()?.saturating_sub(e.due_ms))))
+            .collect();
+        late.sort_by_key(|(_, late)| std::cmp::Reverse(*late));
+        late.truncate(n);
+        late
+    }
+
     /// A copy of the canary arrived now. Unknown ids (another case's) are ignored.
     pub fn arrived(&self, id: &str) {
         let now = unix_now_ms();
@@ -71,9 +149,9 @@ impl Ledger {
         }
     }
 
-    /// True when every acknowledged canary has arrived.
+    /// True when every acknowledged canary has arrived (or need not).
     pub fn complete(&self) -> bool {
-        self.entries.lock().unwrap().values().all(|e| !e.acknowledged || !e.arrivals.is_empty())
+        self.entries.lock().unwrap().values().all(|e| !e.expected() || !e.arrivals.is_empty())
     }
 
     /// The latest due time of an acknowledged canary.
@@ -103,10 +181,13 @@ impl Ledger {
             tally.refused += usize::from(!entry.acknowledged);
             if let Some(&first) = entry.arrivals.iter().min() {
                 tally.arrived += 1;
+                tally.cancelled_arrived += usize::from(entry.cancelled);
                 tally.duplicated += usize::from(entry.arrivals.len() > 1);
                 tally.early += usize::from(first + EARLY_WINDOW_MS < entry.due_ms);
                 tally.max_late_ms = tally.max_late_ms.max(first.saturating_sub(entry.due_ms));
-            } else if entry.acknowledged {
+            } else if entry.acknowledged && entry.parked.is_some() {
+                tally.parked += 1;
+            } else if entry.expected() {
                 tally.lost += 1;
             }
         }

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use hourglass_e2e::unique;
+use crate::unique;
 
-use crate::canary::{self, Route};
+use crate::chaos::canary::{self, Route};
 
 /// The ingress consumer's prefetch: how many deliveries a killed host can leave unacknowledged.
 pub const INGRESS_PREFETCH: u16 = 16;
@@ -29,7 +29,7 @@ pub struct Setup {
 impl Setup {
     /// Writes the config (with `more` TOML appended) and declares the destination.
     pub async fn new(stem: &str, amqp_url: &str, more: &str) -> anyhow::Result<Setup> {
-        let dir = crate::scratch(stem);
+        let dir = crate::chaos::scratch(stem);
         let prefix = unique(stem);
         let ingress = unique(&format!("{stem}-in"));
         let invalid = format!("{ingress}.invalid");

@@ -23,7 +23,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::ledger::Ledger;
+use crate::chaos::ledger::Ledger;
 
 /// Deliveries the destination's consumer holds unacked at once.
 const CONSUMER_PREFETCH: u16 = 256;
@@ -49,7 +49,8 @@ pub struct Canaries {
     pub ledger: Arc<Ledger>,
     stop: Arc<AtomicBool>,
     senders: Vec<JoinHandle<()>>,
-    consumer: JoinHandle<()>,
+    consumers: Vec<JoinHandle<()>>,
+    amqp_url: String,
 }
 
 /// A connection to the first node of `amqp_url` (one URL or a cluster's comma-separated list) that answers.
@@ -122,7 +123,26 @@ impl Canaries {
             let into = Into::Delayed { exchange: delayed.clone(), deliver_to: orders.clone() };
             senders.push(tokio::spawn(send_amqp(id, route.clone(), into, ledger.clone(), stop.clone())));
         }
-        Canaries { ledger, stop, senders, consumer }
+        Canaries { ledger, stop, senders, consumers: vec![consumer], amqp_url: route.amqp_url }
+    }
+
+    /// One more HTTP client at the canaries' pace, to `destination` through the host at `base`.
+    pub fn add_http(&mut self, tag: &str, base: Arc<Mutex<String>>, destination: &str) {
+        let sender = send_http(tag.to_string(), base, destination.to_string(), self.ledger.clone(), self.stop.clone(), CANARY);
+        self.senders.push(tokio::spawn(sender));
+    }
+
+    /// Records arrivals on `queue` too (another destination of the canaries).
+    pub fn add_consumer(&mut self, queue: &str) {
+        self.consumers.push(tokio::spawn(consume(self.amqp_url.clone(), queue.to_string(), self.ledger.clone())));
+    }
+
+    /// A sender of the caller's own: given the ledger and the flag that says stop.
+    pub fn add_sender<F>(&mut self, sender: impl FnOnce(Arc<Ledger>, Arc<AtomicBool>) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.senders.push(tokio::spawn(sender(self.ledger.clone(), self.stop.clone())));
     }
 
     /// Stops sending, then waits until every acknowledged canary arrived or
@@ -136,6 +156,13 @@ impl Canaries {
     /// it was dead-lettering until its at-least-once retry (about 180 s on
     /// RabbitMQ 3.10) — late, not lost.
     pub async fn finish_with_patience(self, grace: Duration, patience: Duration) -> Arc<Ledger> {
+        self.finish_with(grace, patience, async {}).await
+    }
+
+    /// [`Canaries::finish_with_patience`], running `before_patience` when
+    /// some are still out after `grace` (say, to find those set aside, so
+    /// the wait is only for canaries that may still come).
+    pub async fn finish_with(self, grace: Duration, patience: Duration, before_patience: impl std::future::Future<Output = ()>) -> Arc<Ledger> {
         self.stop.store(true, Ordering::SeqCst);
         for sender in self.senders {
             let _ = sender.await;
@@ -143,6 +170,9 @@ impl Canaries {
         let mut deadline_ms = self.ledger.last_due_ms() + grace.as_millis() as u64;
         while !self.ledger.complete() && unix_now_ms() < deadline_ms {
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !self.ledger.complete() && !patience.is_zero() {
+            before_patience.await;
         }
         if !self.ledger.complete() && !patience.is_zero() {
             eprintln!("   {} canaries still out {grace:?} after the last due time; waiting up to {patience:?} more", self.ledger.tally().lost);
@@ -153,7 +183,9 @@ impl Canaries {
         }
         // A moment more, so a duplicate right behind its first copy is counted.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        self.consumer.abort();
+        for consumer in self.consumers {
+            consumer.abort();
+        }
         self.ledger
     }
 }

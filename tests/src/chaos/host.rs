@@ -41,7 +41,7 @@ impl Host {
             .stdout(Stdio::null())
             .spawn()
             .with_context(|| format!("spawn {}", binary().display()))?;
-        let (log, address_rx) = hourglass_e2e::process::follow_stderr(&mut child);
+        let (log, address_rx) = crate::process::follow_stderr(&mut child);
         match address_rx.recv_timeout(Duration::from_secs(60)) {
             Ok(address) => Ok(Host { child, base: format!("http://{address}"), log }),
             Err(_) => {
