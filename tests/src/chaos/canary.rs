@@ -30,6 +30,8 @@ const CONSUMER_PREFETCH: u16 = 256;
 /// Time between two messages of one client.
 pub const INTERVAL: Duration = Duration::from_millis(150);
 const RETRY: Duration = Duration::from_millis(300);
+/// How often [`Canaries::finish_with`] looks for canaries set aside while it waits.
+pub const LOOK_EVERY: Duration = Duration::from_secs(2);
 
 /// Where canaries go in, and where they come out.
 #[derive(Clone)]
@@ -128,13 +130,27 @@ impl Canaries {
 
     /// One more HTTP client at the canaries' pace, to `destination` through the host at `base`.
     pub fn add_http(&mut self, tag: &str, base: Arc<Mutex<String>>, destination: &str) {
-        let sender = send_http(tag.to_string(), base, destination.to_string(), self.ledger.clone(), self.stop.clone(), CANARY);
+        self.add_http_with_delays(tag, base, destination, delay_of);
+    }
+
+    /// [`Canaries::add_http`] with the `n`th message's delay (ms) from `delay_of`.
+    pub fn add_http_with_delays(&mut self, tag: &str, base: Arc<Mutex<String>>, destination: &str, delay_of: fn(u64) -> u64) {
+        let pace = Pace { interval: INTERVAL, delay_of };
+        let sender = send_http(tag.to_string(), base, destination.to_string(), self.ledger.clone(), self.stop.clone(), pace);
         self.senders.push(tokio::spawn(sender));
     }
 
     /// Records arrivals on `queue` too (another destination of the canaries).
     pub fn add_consumer(&mut self, queue: &str) {
         self.consumers.push(tokio::spawn(consume(self.amqp_url.clone(), queue.to_string(), self.ledger.clone())));
+    }
+
+    /// A consumer of the caller's own (another broker's destination), given the ledger; stopped at the end.
+    pub fn add_consumer_with<F>(&mut self, consumer: impl FnOnce(Arc<Ledger>) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.consumers.push(tokio::spawn(consumer(self.ledger.clone())));
     }
 
     /// A sender of the caller's own: given the ledger and the flag that says stop.
@@ -156,37 +172,43 @@ impl Canaries {
     /// it was dead-lettering until its at-least-once retry (about 180 s on
     /// RabbitMQ 3.10) — late, not lost.
     pub async fn finish_with_patience(self, grace: Duration, patience: Duration) -> Arc<Ledger> {
-        self.finish_with(grace, patience, async {}).await
+        self.finish_with(grace, patience, || async {}).await
     }
 
-    /// [`Canaries::finish_with_patience`], running `before_patience` when
-    /// some are still out after `grace` (say, to find those set aside, so
-    /// the wait is only for canaries that may still come).
-    pub async fn finish_with(self, grace: Duration, patience: Duration, before_patience: impl std::future::Future<Output = ()>) -> Arc<Ledger> {
+    /// [`Canaries::finish_with_patience`], calling `look` every
+    /// [`LOOK_EVERY`] while some are still out (say, to find those set
+    /// aside, so the wait is only for canaries that may still come).
+    pub async fn finish_with<F>(self, grace: Duration, patience: Duration, mut look: impl FnMut() -> F) -> Arc<Ledger>
+    where
+        F: std::future::Future<Output = ()>,
+    {
         self.stop.store(true, Ordering::SeqCst);
         for sender in self.senders {
             let _ = sender.await;
         }
-        let mut deadline_ms = self.ledger.last_due_ms() + grace.as_millis() as u64;
-        while !self.ledger.complete() && unix_now_ms() < deadline_ms {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if !self.ledger.complete() && !patience.is_zero() {
-            before_patience.await;
-        }
-        if !self.ledger.complete() && !patience.is_zero() {
-            eprintln!("   {} canaries still out {grace:?} after the last due time; waiting up to {patience:?} more", self.ledger.tally().lost);
-            deadline_ms += patience.as_millis() as u64;
-        }
-        while !self.ledger.complete() && unix_now_ms() < deadline_ms {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let ledger = self.ledger;
+        let mut looked = Instant::now();
+        let mut wait_until = async |deadline_ms: u64| {
+            while !ledger.complete() && unix_now_ms() < deadline_ms {
+                if looked.elapsed() >= LOOK_EVERY {
+                    look().await;
+                    looked = Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        let deadline_ms = ledger.last_due_ms() + grace.as_millis() as u64;
+        wait_until(deadline_ms).await;
+        if !ledger.complete() && !patience.is_zero() {
+            eprintln!("   {} canaries still out {grace:?} after the last due time; waiting up to {patience:?} more", ledger.tally().lost);
+            wait_until(deadline_ms + patience.as_millis() as u64).await;
         }
         // A moment more, so a duplicate right behind its first copy is counted.
         tokio::time::sleep(Duration::from_millis(500)).await;
         for consumer in self.consumers {
             consumer.abort();
         }
-        self.ledger
+        ledger
     }
 }
 

@@ -174,9 +174,15 @@ impl Ledger {
     }
 
     pub fn tally(&self) -> Tally {
+        self.tally_of("")
+    }
+
+    /// The tally of the canaries whose id starts with `prefix` (one client's, say).
+    pub fn tally_of(&self, prefix: &str) -> Tally {
         let entries = self.entries.lock().unwrap();
-        let mut tally = Tally { sent: entries.len(), ..Default::default() };
-        for entry in entries.values() {
+        let mut tally = Tally::default();
+        for entry in entries.iter().filter(|(id, _)| id.starts_with(prefix)).map(|(_, entry)| entry) {
+            tally.sent += 1;
             tally.acknowledged += usize::from(entry.acknowledged);
             tally.refused += usize::from(!entry.acknowledged);
             if let Some(&first) = entry.arrivals.iter().min() {

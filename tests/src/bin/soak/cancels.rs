@@ -4,6 +4,7 @@
 //! never arrive; a reschedule answered 2xx moves its due time; one that got
 //! no clear answer after a few tries may arrive or not.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +21,15 @@ const SECOND_THOUGHTS: Duration = Duration::from_millis(300);
 /// How often a 503 (the log could not be written: asking again is safe) is asked again.
 const TRIES: usize = 5;
 
+/// How the schedule requests were answered: status (0: unanswered) → count.
+static ANSWERS: Mutex<BTreeMap<u16, usize>> = Mutex::new(BTreeMap::new());
+
+/// How the schedule requests were answered, e.g. `202×46 503×40 unanswered×17`.
+pub fn answers() -> String {
+    let answers = ANSWERS.lock().unwrap();
+    answers.iter().map(|(status, n)| if *status == 0 { format!("unanswered×{n}") } else { format!("{status}×{n}") }).collect::<Vec<_>>().join(" ")
+}
+
 /// Sends until `stop`, alternating between the hosts at `bases`.
 pub async fn send(tag: String, bases: Vec<Arc<Mutex<String>>>, destination: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(10))).build().into();
@@ -31,6 +41,7 @@ pub async fn send(tag: String, bases: Vec<Arc<Mutex<String>>>, destination: Stri
         ledger.sent(&id, unix_now_ms() + delay);
         let body = json!({ "destination": destination, "delay": delay, "strategy": STRATEGY, "body": id });
         let answer = call(&agent, "POST", format!("{base}/v1/messages"), Some(body)).await;
+        *ANSWERS.lock().unwrap().entry(answer.as_ref().map_or(0, |(status, _)| *status)).or_default() += 1;
         if let Some((200..=299, json)) = &answer {
             ledger.acknowledged(&id, json.get("due_at").and_then(Value::as_u64));
             if let Some(message) = json.get("id").and_then(Value::as_str) {

@@ -1,6 +1,7 @@
 //! The chaos soak (RELIABILITY.md, "Soak"): canaries flow for a set time
-//! through HTTP on two hosts, the AMQP ingress, a delayed exchange (`x-delay`)
-//! and cancel/reschedule, while a seeded schedule of faults hits the broker,
+//! through HTTP on two RabbitMQ hosts, the AMQP ingress, a delayed exchange
+//! (`x-delay`), cancel/reschedule, and HTTP on a host on the local SQS server
+//! (`sqs-cycles`), while a seeded schedule of faults hits the broker,
 //! the hosts, their connections, the destinations and the config, often
 //! several at once. Then a checker reads every acknowledged canary's fate:
 //! arrived (the first copy not before its due time), set aside with a reason
@@ -14,11 +15,12 @@
 //!
 //! Layout: [`schedule`] draws the faults from the seed; [`world`] is the
 //! broker, hosts and proxy and how each fault is done to them; [`cancels`]
-//! the cancel/reschedule canaries; [`fates`] what the checker reads at the end.
+//! the cancel/reschedule canaries; [`sqs`] the SQS host's side; [`fates`] what the checker reads at the end.
 
 mod cancels;
 mod fates;
 mod schedule;
+mod sqs;
 mod world;
 
 use std::collections::BTreeMap;
@@ -86,7 +88,10 @@ async fn soak(args: &Args) -> anyhow::Result<bool> {
     canaries.add_http("soak-b", world.bases[1].clone(), &world.setup.destination);
     canaries.add_http("soak-v", world.bases[1].clone(), &world.victim);
     canaries.add_consumer(&world.victim);
-    let (bases, destination) = (world.bases.clone(), world.setup.destination.clone());
+    canaries.add_http_with_delays("soak-s", world.bases[2].clone(), &world.sqs.destination, sqs::delay_of);
+    canaries.add_consumer_with(world.sqs.consume());
+    // The RabbitMQ hosts: cancel is RabbitMQ only.
+    let (bases, destination) = (world.bases[..2].to_vec(), world.setup.destination.clone());
     canaries.add_sender(move |ledger, stop| cancels::send("soak-c".into(), bases, destination, ledger, stop));
 
     let started = Instant::now();
@@ -104,7 +109,7 @@ async fn soak(args: &Args) -> anyhow::Result<bool> {
     }
     let ledger = canaries.ledger.clone();
     // Canaries set aside where no host looks (an orphan, a release queue's parking) are not waited for.
-    let ledger = canaries.finish_with(GRACE, DEAD_LETTER_RETRY, fates::read_set_aside(&world, &ledger, fates::Where::NoHostLooks)).await;
+    let ledger = canaries.finish_with(GRACE, DEAD_LETTER_RETRY, || fates::read_set_aside(&world, &ledger, fates::Where::NoHostLooks)).await;
     let unparked = world.metric_lines("hourglass_unparked_messages_total{").await;
     world.stop_hosts().await;
     fates::read_set_aside(&world, &ledger, fates::Where::Everywhere).await;
@@ -112,10 +117,12 @@ async fn soak(args: &Args) -> anyhow::Result<bool> {
     let tally = ledger.tally();
 
     print_faults(&injected);
+    print_routes(&ledger);
     print_phases(&injected, &ledger);
     let latest: Vec<String> = ledger.latest(5).into_iter().map(|(id, late)| format!("{id} {:.1} s", late as f64 / 1000.0)).collect();
     println!("\nlatest: {}", latest.join(", "));
     println!("set aside with a reason: {set_aside}");
+    println!("cancellable schedule requests answered: {}", cancels::answers());
     println!("unparked by the hosts: {}", if unparked.is_empty() { "none".to_string() } else { unparked.join(", ") });
     let mut problems = world.problems.lock().unwrap().clone();
     if tally.cancelled_arrived > 0 {
@@ -160,6 +167,28 @@ fn print_faults(injected: &[Injected]) {
         }
         let notes: Vec<String> = notes.into_iter().map(|(note, n)| if n > 1 { format!("{note} (×{n})") } else { note.to_string() }).collect();
         println!("| {} | {} | {:.1} | {} |", kind.name(), faults.len(), held as f64 / 1000.0, notes.join("; "));
+    }
+}
+
+/// Each way in: the canaries' ids start with its tag.
+const ROUTES: [(&str, &str); 7] = [
+    ("soak-h", "HTTP, host 0 (through the proxy)"),
+    ("soak-b", "HTTP, host 1"),
+    ("soak-i", "AMQP ingress"),
+    ("soak-x", "delayed exchange (x-delay)"),
+    ("soak-v", "HTTP to the victim destination"),
+    ("soak-c", "cancel / reschedule (HTTP)"),
+    ("soak-s", "SQS cycles (HTTP, host 2)"),
+];
+
+/// The tally of each way in.
+fn print_routes(ledger: &ledger::Ledger) {
+    println!("\n| way in | sent | acknowledged | arrived | set aside | duplicated | early | lost | max late (s) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (tag, route) in ROUTES {
+        let t = ledger.tally_of(tag);
+        let late = t.max_late_ms as f64 / 1000.0;
+        println!("| {route} | {} | {} | {} | {} | {} | {} | {} | {late:.1} |", t.sent, t.acknowledged, t.arrived, t.parked, t.duplicated, t.early, t.lost);
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the soak runs and hurts: a private RabbitMQ node, two hosts on one
 //! config (host 0 reaches the broker through a proxy that can go dark or drop
-//! its connections, host 1 directly), the canaries' destinations, and how each
+//! its connections, host 1 directly), a third host on the local SQS server,
+//! the canaries' destinations, and how each
 //! kind of fault is done to them. Faults on different parts run at once;
 //! two on the same part (the broker, one host, the proxy, a queue) take
 //! turns.
@@ -25,6 +26,7 @@ use tokio::sync::Mutex as Turn;
 use crate::cancels;
 use crate::fates::SetAside;
 use crate::schedule::{Kind, Planned};
+use crate::sqs::SqsSide;
 
 /// How long a fault keeps trying a broker operation (the broker may be down meanwhile).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -48,6 +50,8 @@ pub struct World {
     pub setup: Setup,
     /// The cancellable strategy's prefix (its parking queue is `<prefix>.parked`).
     pub cancellable_prefix: String,
+    /// The SQS host's config and destination.
+    pub sqs: SqsSide,
     /// A destination the soak deletes and declares again; its own canaries go there.
     pub victim: String,
     configs: Vec<PathBuf>,
@@ -78,7 +82,9 @@ impl World {
         // Host 0 through the proxy, host 1 straight to the node: the same config otherwise.
         let through_proxy = setup.config.with_file_name("hourglass-proxied.toml");
         std::fs::write(&through_proxy, std::fs::read_to_string(&setup.config)?.replace(&node.url(), &proxy.url))?;
-        let configs = vec![through_proxy, setup.config.clone()];
+        // Host 2 on the local SQS server.
+        let sqs = SqsSide::prepare(&setup.config).await?;
+        let configs = vec![through_proxy, setup.config.clone(), sqs.config.clone()];
         let mut hosts = Vec::new();
         let mut bases = Vec::new();
         for config in &configs {
@@ -92,6 +98,7 @@ impl World {
             setup,
             cancellable_prefix,
             victim,
+            sqs,
             configs,
             hosts,
             bases,
