@@ -126,8 +126,16 @@ pub struct Delivery {
 pub enum Outcome {
     /// Done with it (its forward was confirmed): acknowledge it.
     Ack,
-    /// Not now (the broker or the planner could not answer): back on its queue after a short pause.
+    /// Not now, and maybe not here (the planner ran out of time): back on its queue after a short pause.
     Requeue,
+    /// Not now, through no fault of the message (the broker cannot take the
+    /// publish it needs): a RabbitMQ consumer keeps it in hand and asks the
+    /// handler again after a pause, longer each time, until the answer
+    /// changes; only when the consumer stops or loses its channel does it go
+    /// back to its queue. RabbitMQ 4's quorum queues drop a message returned
+    /// more than 20 times, so waiting out an outage must not return it. An
+    /// SQS consumer makes it visible again later, as for `Requeue`.
+    Retry,
     /// Set it aside: publish it as it came plus `headers` to `queue`, wait for
     /// the broker's confirm, then acknowledge it; if that publish fails it is
     /// requeued instead, never dropped. `reason` is for the log.

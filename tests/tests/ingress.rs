@@ -614,3 +614,83 @@ async fn an_ingress_queue_declared_classic_before_refuses_the_start_with_the_set
     assert_eq!(received[0].delivery.data, b"kept");
     served.stop().await;
 }
+
+/// A handler that answers [`Outcome::Retry`] (the broker cannot take what it
+/// needs) until told the broker is back, then acks; it records every call.
+struct WaitingOutAnOutage {
+    queue: String,
+    back: tokio::sync::watch::Receiver<bool>,
+    /// Every call: whether the broker had delivered the message before.
+    calls: std::sync::Mutex<Vec<bool>>,
+    settled: tokio::sync::mpsc::UnboundedSender<Settled>,
+}
+
+/// Returns a quorum queue allows before it drops a message (RabbitMQ 4 sets 20 on every quorum queue).
+const DELIVERY_LIMIT: i64 = 2;
+
+impl Handler for WaitingOutAnOutage {
+    type Note = ();
+
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    fn prefetch(&self) -> u16 {
+        4
+    }
+
+    fn declarations(&self) -> Vec<Command> {
+        let arguments = [
+            ("x-queue-type".to_string(), hourglass::command::FieldValue::Text("quorum".into())),
+            ("x-delivery-limit".to_string(), hourglass::command::FieldValue::Int(DELIVERY_LIMIT)),
+        ];
+        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: arguments.into_iter().collect() }]
+    }
+
+    async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, ()) {
+        self.calls.lock().unwrap().push(delivery.redelivered);
+        (if *self.back.borrow() { Outcome::Ack } else { Outcome::Retry }, ())
+    }
+
+    fn poisoned(&self, _delivery: &hourglass::message::Delivery, _reason: &str) -> Outcome {
+        Outcome::Requeue
+    }
+
+    fn settled(&self, _note: Option<()>, _outcome: &Outcome, settled: &Settled) {
+        let _ = self.settled.send(settled.clone());
+    }
+}
+
+/// A message the broker cannot take on yet is held and asked about again,
+/// never returned to its queue: on a quorum queue with a delivery limit (20
+/// on every quorum queue from RabbitMQ 4.0) returning it every pause would
+/// drop it after a few seconds of outage. Here the limit is 2 and the outage
+/// lasts well past three pauses; the message is acked once the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_waiting_out_an_outage_is_held_not_returned_so_a_delivery_limit_never_drops_it() {
+    let (back_tx, back) = tokio::sync::watch::channel(false);
+    let (settled, mut settled_rx) = tokio::sync::mpsc::unbounded_channel();
+    let handler = Arc::new(WaitingOutAnOutage { queue: unique("outage-in"), back, calls: Default::default(), settled });
+    let _cleanup = Cleanup::declared(&handler.declarations());
+    let connection = connect().await;
+    let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
+    let consumer = Consumer::new(&amqp_url(), publisher, handler.clone());
+    consumer.declare().await.expect("declares its queue");
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    publish(&channel, &handler.queue, "waits", vec![], BasicProperties::default().with_message_id("waits".into())).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(consumer.clone().run(stopped));
+
+    // Pauses of 0.5, 1 and 2 s: four calls take 3.5 s, past the two returns the queue allows.
+    until("asked four times", Duration::from_secs(10), async || handler.calls.lock().unwrap().len() >= 4).await;
+    back_tx.send(true).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), settled_rx.recv()).await.expect("settled within 10 s once back");
+    assert_eq!(outcome, Some(Settled::Acked), "held through the outage, then acked");
+    let calls = handler.calls.lock().unwrap().clone();
+    assert!(calls.iter().all(|redelivered| !redelivered), "never returned to the queue meanwhile: {calls:?}");
+    until("the queue drained", Duration::from_secs(5), async || queue_depth(&channel, &handler.queue).await == 0).await;
+
+    stop.send(true).unwrap();
+    running.await.unwrap();
+}

@@ -74,8 +74,8 @@ fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool) -> Outcom
     match err {
         // Not the message's fault: it waits on its queue until the broker can answer.
         ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
-            tracing::warn!(%why, "broker unavailable; requeueing the ingress message");
-            Outcome::Requeue
+            tracing::warn!(%why, "broker unavailable; holding the ingress message to try again");
+            Outcome::Retry
         }
         // Once may be a starved CPU; again on a redelivery is a planner that
         // loops on this message, which would otherwise come back forever.
@@ -180,7 +180,7 @@ impl Handler for Ingress {
             // Not acked: the broker delivers it again; forwarded twice, never lost.
             Outcome::Ack => settled.label("forwarded"),
             Outcome::MoveTo { .. } => settled.label("invalid"),
-            Outcome::Requeue => settled.label("requeued"),
+            Outcome::Requeue | Outcome::Retry => settled.label("requeued"),
         };
         metrics.ingress(&label);
         metrics.ingress_finished();
@@ -345,7 +345,7 @@ mod tests {
         let reason = headers[INVALID_REASON_HEADER].as_text().unwrap();
         assert!(reason.contains("p") && reason.contains("again after a requeue"), "{reason}");
         for redelivered in [false, true] {
-            assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad", redelivered), Outcome::Requeue);
+            assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad", redelivered), Outcome::Retry);
         }
         let trap = PlannerError::Trapped { planner: "p".into(), function: "plan", reason: "unreachable".into() };
         let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad", false) else { panic!("a trap is not retried") };

@@ -181,16 +181,8 @@ impl Redelivery {
         decision(&policy, failure.attempt, self.scheduler.decide_redelivery(&policy, &entry.queue, failure.attempt, seed, Some(&failure.reason)))
     }
 
-    /// Schedules the message back to its queue. `Err(None)` when it must wait
-    /// (the broker is unavailable, the planner ran out of time).
-    async fn redeliver(
-        &self,
-        delivery: &Delivery,
-        entry: &RedeliveryConfig,
-        failure: &Failure,
-        delay_ms: u64,
-        next_attempt: u32,
-    ) -> Result<u64, Option<String>> {
+    /// Schedules the message back to its queue; its due time, or why not.
+    async fn redeliver(&self, delivery: &Delivery, entry: &RedeliveryConfig, failure: &Failure, delay_ms: u64, next_attempt: u32) -> Result<u64, Unscheduled> {
         let request = ScheduleRequest {
             destination: entry.queue.clone(),
             delay_ms,
@@ -207,14 +199,14 @@ impl Redelivery {
         match self.scheduler.schedule(request).await {
             Ok(scheduled) => Ok(scheduled.due_at_ms),
             Err(ScheduleError::Broker(ExecutorError::Unavailable(why))) => {
-                tracing::warn!(queue = %entry.queue, %why, "broker unavailable; requeueing the rejected message");
-                Err(None)
+                tracing::warn!(queue = %entry.queue, %why, "broker unavailable; holding the rejected message to try again");
+                Err(Unscheduled::BrokerAway)
             }
             Err(ScheduleError::Planner(err)) if err.is_timeout() => {
                 tracing::warn!(queue = %entry.queue, error = %err, "the planner ran out of time; requeueing the rejected message");
-                Err(None)
+                Err(Unscheduled::PlannerTimedOut)
             }
-            Err(err) => Err(Some(format!("could not schedule the redelivery: {err}"))),
+            Err(err) => Err(Unscheduled::Failed(format!("could not schedule the redelivery: {err}"))),
         }
     }
 
@@ -391,8 +383,9 @@ impl Handler for Redelivery {
                     tracing::debug!(queue = %failure.queue, attempt = next_attempt, delay_ms, "redelivery scheduled");
                     (Outcome::Ack, Handled::Redelivered { queue: failure.queue.clone(), due_at_ms })
                 }
-                Err(None) => waiting(),
-                Err(Some(why)) => self.give_up(entry, &failure, &why),
+                Err(Unscheduled::BrokerAway) => (Outcome::Retry, Handled::Waiting { queue: failure.queue.clone() }),
+                Err(Unscheduled::PlannerTimedOut) => waiting(),
+                Err(Unscheduled::Failed(why)) => self.give_up(entry, &failure, &why),
             },
         }
     }
@@ -424,6 +417,16 @@ impl Handler for Redelivery {
         };
         self.scheduler.metrics().redelivery(&queue, &label);
     }
+}
+
+/// Why a redelivery was not scheduled.
+enum Unscheduled {
+    /// The broker cannot take it now: the message is held and tried again.
+    BrokerAway,
+    /// The planner ran out of time: back on its queue (another host may have the time).
+    PlannerTimedOut,
+    /// Anything else: the message is given up on with this reason.
+    Failed(String),
 }
 
 #[cfg(test)]

@@ -129,8 +129,8 @@ impl Release {
         match self.forward(delivery, id, onward).await {
             Ok(()) => (Outcome::Ack, Released::Forwarded),
             Err(ExecutorError::Unavailable(why)) => {
-                tracing::warn!(%id, %why, "could not forward a released message; requeueing");
-                (Outcome::Requeue, Released::Requeued)
+                tracing::warn!(%id, %why, "could not forward a released message; holding it to try again");
+                (Outcome::Retry, Released::Requeued)
             }
             Err(ExecutorError::Unroutable(_)) if matches!(onward, Onward::Exchange { .. }) => {
                 self.park(&format!("{} routed it nowhere: no queue is bound for that routing key", onward.describe()))
@@ -186,8 +186,8 @@ impl Handler for Release {
         let answer = match log.claim(&id).await {
             Ok(answer) => answer,
             Err(err) => {
-                tracing::warn!(queue = %self.queue, %id, error = %err, "the cancellation log did not answer; requeueing");
-                return (Outcome::Requeue, Released::Requeued);
+                tracing::warn!(queue = %self.queue, %id, error = %err, "the cancellation log did not answer; holding the message to ask again");
+                return (Outcome::Retry, Released::Requeued);
             }
         };
         match answer {
@@ -198,8 +198,8 @@ impl Handler for Release {
             Answer::Replan { due_at_ms } => match self.replan(delivery, due_at_ms).await {
                 Ok(()) => (Outcome::Ack, Released::Rescheduled),
                 Err(ScheduleError::Broker(ExecutorError::Unavailable(why))) => {
-                    tracing::warn!(%id, %why, "could not send a rescheduled message round again; requeueing");
-                    (Outcome::Requeue, Released::Requeued)
+                    tracing::warn!(%id, %why, "could not send a rescheduled message round again; holding it to try again");
+                    (Outcome::Retry, Released::Requeued)
                 }
                 Err(err) => {
                     let (outcome, released) = self.park(&format!("rescheduling to {due_at_ms} failed: {err}"));

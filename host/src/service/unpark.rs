@@ -136,8 +136,10 @@ impl Handler for Unpark {
             Ok(Done::Rescheduled) => (Outcome::Ack, Unparked::Rescheduled),
             Ok(Done::Forwarded | Done::Dropped) => (Outcome::Ack, Unparked::Forwarded),
             Err(Left::NotNow(why)) => {
-                tracing::warn!(queue = %self.parking.queue, %why, "could not send a parked message on now; requeueing");
-                (Outcome::Requeue, Unparked::Requeued)
+                tracing::warn!(queue = %self.parking.queue, %why, "could not send a parked message on now; holding it to try again");
+                // Asked again in hand, not parked again: this send does not count.
+                self.sends.lock().unwrap_or_else(|p| p.into_inner()).uncount(delivery);
+                (Outcome::Retry, Unparked::Requeued)
             }
             Err(Left::Stays(why)) => self.orphan(&why),
         }
@@ -167,9 +169,13 @@ struct Sends {
 }
 
 impl Sends {
+    /// A message is known by hourglass's id, else by its message id.
+    fn id_of(delivery: &Delivery) -> Option<String> {
+        delivery.properties.headers.get(ID_HEADER).and_then(|v| v.as_text()).or_else(|| delivery.properties.message_id.clone())
+    }
+
     fn count(&mut self, delivery: &Delivery) -> u32 {
-        let id = delivery.properties.headers.get(ID_HEADER).and_then(|v| v.as_text()).or_else(|| delivery.properties.message_id.clone());
-        let Some(id) = id else { return 1 };
+        let Some(id) = Sends::id_of(delivery) else { return 1 };
         if !self.counts.contains_key(&id) {
             if self.order.len() >= SENDS_REMEMBERED
                 && let Some(oldest) = self.order.pop_front()
@@ -181,6 +187,13 @@ impl Sends {
         let count = self.counts.entry(id).or_insert(0);
         *count += 1;
         *count
+    }
+
+    /// Takes back the last [`Sends::count`] of this message.
+    fn uncount(&mut self, delivery: &Delivery) {
+        if let Some(count) = Sends::id_of(delivery).and_then(|id| self.counts.get_mut(&id)) {
+            *count = count.saturating_sub(1);
+        }
     }
 }
 
@@ -202,6 +215,8 @@ mod tests {
         assert_eq!(sends.count(&with_id("b")), 1, "another message counts apart");
         assert_eq!(sends.count(&Delivery::default()), 1, "one without an id is never counted up");
         assert_eq!(sends.count(&Delivery::default()), 1);
+        sends.uncount(&with_id("a"));
+        assert_eq!(sends.count(&with_id("a")), 2, "a retry in hand takes its count back");
         for n in 0..SENDS_REMEMBERED {
             sends.count(&with_id(&format!("filler-{n}")));
         }

@@ -5,7 +5,9 @@
 //! prefetch, and hands each delivery, converted to a neutral
 //! [`Delivery`], to the handler with at most `prefetch` in flight. The
 //! handler answers with an [`Outcome`] and the consumer carries it out: ack
-//! (many finished deliveries in one, see [`super::acks`]), requeue, or move
+//! (many finished deliveries in one, see [`super::acks`]), requeue, retry
+//! (hold the message and ask the handler again, backing off, so an outage is
+//! waited out without returning it to a queue that counts returns), or move
 //! the message aside (a confirmed publish, then the ack; a requeue if the
 //! publish fails). Declares and moves go through the
 //! [`RabbitMqExecutor`] it is given, the service's own: its channels are
@@ -50,8 +52,11 @@ use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
 /// How long a message waits before it is requeued (so a broker outage or a
-/// panicking handler is not a hot loop).
+/// panicking handler is not a hot loop), and before the first retry of an
+/// [`Outcome::Retry`].
 const REQUEUE_PAUSE: Duration = Duration::from_millis(500);
+/// The longest pause between two retries of a message held in hand.
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(5);
 /// A message the handler panicked on this many times is moved aside.
 pub const MAX_PANICS: u32 = 3;
 /// Messages whose panics are remembered at once; the oldest is forgotten first.
@@ -135,6 +140,8 @@ impl<H: Handler> Consumer<H> {
         let acks = &Acks::default();
         // Ends the deliveries when the stop's cancel goes unanswered (they end at the broker's cancel-ok otherwise).
         let (give_up, gave_up) = tokio::sync::oneshot::channel::<()>();
+        let held = Held { channel: &channel, stop: stop.clone() };
+        let held = &held;
         let processing = consumer.take_until(gave_up).for_each_concurrent(self.handler.prefetch() as usize, |delivery| {
             // In hand from here, in delivery order: no multiple ack may cover it before it is done.
             if let Ok(delivery) = &delivery {
@@ -142,7 +149,7 @@ impl<H: Handler> Consumer<H> {
             }
             async move {
                 match delivery {
-                    Ok(delivery) => self.process(delivery, publisher, acks).await,
+                    Ok(delivery) => self.process(delivery, publisher, acks, held).await,
                     Err(err) => tracing::warn!(error = %err, "delivery failed"),
                 }
             }
@@ -186,27 +193,22 @@ impl<H: Handler> Consumer<H> {
         Ok((connection, channel, consumer, node))
     }
 
-    /// One delivery: the handler's decision (a panic caught and counted), carried out.
-    async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor, acks: &Acks) {
+    /// One delivery: the handler's decision (a panic caught and counted; a
+    /// [`Outcome::Retry`] asked again while the message is held), carried out.
+    async fn process(&self, raw: lapin::message::Delivery, publisher: &RabbitMqExecutor, acks: &Acks, held: &Held<'_>) {
         let delivery = from_amqp_delivery(self.handler.queue(), &raw);
-        // Boxed: a handler's future holds a whole schedule (kilobytes); inline, every delivery's
-        // future would be that large and be copied whole as it is spawned and moved.
-        let (outcome, note) = match AssertUnwindSafe(Box::pin(self.handler.handle(&delivery))).catch_unwind().await {
-            Ok((outcome, note)) => {
-                self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(&delivery);
-                (outcome, Some(note))
+        let mut pause = REQUEUE_PAUSE;
+        let (outcome, note) = loop {
+            let (outcome, note) = self.decide(&delivery).await;
+            if outcome != Outcome::Retry {
+                break (outcome, note);
             }
-            Err(panic) => {
-                let what = panic_message(panic.as_ref());
-                let panics = self.panics.lock().unwrap_or_else(|p| p.into_inner()).record(&delivery);
-                tracing::error!(queue = %delivery.queue, panics, panic = %what, "the handler panicked on a message");
-                if panics >= MAX_PANICS {
-                    let reason = format!("hourglass failed on this message {panics} times (it panicked: {what}); set aside so the messages behind it go on");
-                    (self.handler.poisoned(&delivery, &reason), None)
-                } else {
-                    (Outcome::Requeue, None)
-                }
+            if !held.wait(pause).await {
+                // Stopping, or the channel is gone (then the broker has it back already).
+                break (Outcome::Requeue, note);
             }
+            tracing::debug!(queue = %delivery.queue, ?pause, "asking again about a message held in hand");
+            pause = (pause * 2).min(RETRY_PAUSE_MAX);
         };
         let settled = self.carry_out(&raw, &delivery, &outcome, publisher, acks).await;
         if let (Outcome::MoveTo { .. }, Settled::Acked | Settled::AckLost) = (&outcome, &settled) {
@@ -215,11 +217,35 @@ impl<H: Handler> Consumer<H> {
         self.handler.settled(note, &outcome, &settled);
     }
 
+    /// The handler's answer for one delivery; a panic is caught, counted, and
+    /// after [`MAX_PANICS`] turned into a move aside.
+    async fn decide(&self, delivery: &Delivery) -> (Outcome, Option<H::Note>) {
+        // Boxed: a handler's future holds a whole schedule (kilobytes); inline, every delivery's
+        // future would be that large and be copied whole as it is spawned and moved.
+        match AssertUnwindSafe(Box::pin(self.handler.handle(delivery))).catch_unwind().await {
+            Ok((outcome, note)) => {
+                self.panics.lock().unwrap_or_else(|p| p.into_inner()).forget(delivery);
+                (outcome, Some(note))
+            }
+            Err(panic) => {
+                let what = panic_message(panic.as_ref());
+                let panics = self.panics.lock().unwrap_or_else(|p| p.into_inner()).record(delivery);
+                tracing::error!(queue = %delivery.queue, panics, panic = %what, "the handler panicked on a message");
+                if panics >= MAX_PANICS {
+                    let reason = format!("hourglass failed on this message {panics} times (it panicked: {what}); set aside so the messages behind it go on");
+                    (self.handler.poisoned(delivery, &reason), None)
+                } else {
+                    (Outcome::Requeue, None)
+                }
+            }
+        }
+    }
+
     async fn carry_out(&self, raw: &lapin::message::Delivery, delivery: &Delivery, outcome: &Outcome, publisher: &RabbitMqExecutor, acks: &Acks) -> Settled {
         let tag = raw.delivery_tag;
         match outcome {
             Outcome::Ack => acks.ack(tag, &raw.acker).await,
-            Outcome::Requeue => {
+            Outcome::Requeue | Outcome::Retry => {
                 acks.alone(tag, requeue(raw)).await;
                 Settled::Requeued
             }
@@ -261,6 +287,24 @@ async fn move_to(publisher: &RabbitMqExecutor, queue: &str, delivery: &Delivery,
             publisher.send(&publish, &envelope).await
         }
         other => other,
+    }
+}
+
+/// What a consumer holding a message in hand must know: whether it still holds it.
+struct Held<'a> {
+    channel: &'a Channel,
+    stop: watch::Receiver<bool>,
+}
+
+impl Held<'_> {
+    /// Waits `pause`; true when the message is still ours to retry (no stop, the channel open).
+    async fn wait(&self, pause: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.wait_for(|stopping| *stopping) => return false,
+        }
+        !*stop.borrow() && self.channel.status().connected()
     }
 }
 

@@ -115,7 +115,7 @@ impl<H: Handler> SqsConsumer<H> {
             let handle = message.receipt_handle().unwrap_or_default();
             match outcome {
                 Outcome::Ack => deletes.push(delete_entry(index, message)?),
-                Outcome::Requeue => requeues.push(requeue_entry(index, handle)?),
+                Outcome::Requeue | Outcome::Retry => requeues.push(requeue_entry(index, handle)?),
                 Outcome::MoveTo { queue: to, headers, reason } => {
                     tracing::warn!(from = %queue, %to, %reason, "setting a message aside");
                     let extra: Vec<(String, String)> =
@@ -139,7 +139,7 @@ impl<H: Handler> SqsConsumer<H> {
         for (index, (outcome, note)) in decided.into_iter().enumerate() {
             let id = index.to_string();
             let settled = match (&outcome, move_failed.get(&id)) {
-                (Outcome::Requeue, _) => Settled::Requeued,
+                (Outcome::Requeue | Outcome::Retry, _) => Settled::Requeued,
                 (_, Some(reason)) => Settled::MoveFailed(reason.clone()),
                 _ if unacked.contains(&id) => Settled::AckLost,
                 _ => Settled::Acked,
