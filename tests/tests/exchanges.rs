@@ -346,3 +346,37 @@ async fn the_cli_schedules_to_an_exchange() {
     served.stop().await;
     std::fs::remove_file(&path).ok();
 }
+
+/// A strategy a reload adds ends messages due to an exchange in its release
+/// queue like any other: its release consumer starts at the reload (before,
+/// only at a restart, and such a message waited there until one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strategy_added_by_a_reload_releases_messages_due_to_an_exchange() {
+    let main = format!("planner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"", unique("reload-main"));
+    let added = format!("[strategies.added]\nplanner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"\n", unique("reload-added"));
+    let path = std::env::temp_dir().join(format!("{}.toml", unique("reload-added")));
+    let after = format!("default_strategy = \"main\"\n{}", config_text(&main, &added));
+    // Cleanup from the config after the reload: it names both strategies' queues.
+    let final_config = Config::parse(&path, after.clone()).expect("test config");
+    let setup = Setup { cleanup: Cleanup::declared(&topology_of(&final_config)), config: final_config, text: after.clone() };
+    std::fs::write(&path, format!("default_strategy = \"main\"\n{}", config_text(&main, ""))).unwrap();
+    let served = Served::start_ready(&Config::load(&path).expect("test config")).await;
+    let connection = connect().await;
+    let (exchange, mut queues) = setup.exchange(&connection, ExchangeKind::Direct, &[("k", FieldTable::default())]).await;
+
+    std::fs::write(&path, &setup.text).unwrap();
+    let (status, answer) = served.http.call("POST", "/v1/reload", None, None).await;
+    assert_eq!(status, 200, "{answer}");
+    until("readyz 200 with the added strategy's consumers", Duration::from_secs(10), async || served.http.call("GET", "/readyz", None, None).await.0 == 200)
+        .await;
+    let (status, answer) = post(&served, json!({ "exchange": exchange, "routing_key": "k", "delay": 300, "strategy": "added", "body": "added" })).await;
+    assert_eq!(status, 202, "{answer}");
+    let due_at = answer["due_at"].as_u64().unwrap();
+    let received = queues[0].receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"added");
+    assert_on_time(&received[0], due_at, "through the added strategy's release queue");
+    assert_eq!(setup.config.strategies.len(), 2);
+
+    served.stop().await;
+    std::fs::remove_file(&path).ok();
+}

@@ -298,6 +298,12 @@ impl Service {
         let reloaded = Reloaded { strategies: config.strategies.keys().cloned().collect(), default_strategy: config.default_strategy.clone(), needs_restart };
         let apply_default = self.topology == TopologyAtStart::Apply;
         self.scheduler.reload(config.clone(), strategies, apply_default).await?;
+        // A strategy the reload added gets its release and parking-queue
+        // consumers now, as at start. They declare their queues as they attach
+        // (not here): the new config is in effect, so the reload must not fail after this.
+        let running = |name: &str| self.background.supervisor.has(name);
+        let added = startup::strategy_consumers(&config, &self.scheduler, self.background.cancel.as_ref(), TopologyAtStart::Skip, running).await?;
+        added.supervise(&self.background);
         self.metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         self.prepare_configured_destinations(&config).await;
         Ok(reloaded)

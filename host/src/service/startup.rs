@@ -74,7 +74,7 @@ impl Service {
         }
         let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
         scheduler.report_pumped_queues(pumped_tx.clone());
-        let (mut ingress, mut redelivery, mut canary, mut cancel, mut releases, mut unparks) = (None, None, None, None, Vec::new(), Vec::new());
+        let (mut ingress, mut redelivery, mut canary, mut cancel, mut per_strategy) = (None, None, None, None, StrategyConsumers::default());
         if let (BrokerConfig::Rabbitmq { url, url_env, management_url, .. }, Broker::RabbitMq(publisher)) = (&config.broker, scheduler.executor()) {
             let amqp = amqp_url(url.as_deref(), url_env.as_deref());
             check_the_brokers_mechanisms(&scheduler, &amqp, management_url.as_deref()).await?;
@@ -88,30 +88,9 @@ impl Service {
             if !config.redelivery.is_empty() {
                 redelivery = Some(start_redelivery(&config, &scheduler, publisher, topology, &amqp, management_url.as_deref()).await?);
             }
-            // Every strategy has a release queue: a cancellable one ends all its
-            // delays there, any other those of messages due to an exchange.
             let log = config.strategies.values().any(|s| s.cancellable).then(|| CancelLog::new(&amqp, &config.service.cancel, scheduler.clone()));
-            for strategy in config.strategies.values() {
-                let queue = config.service.cancel.release_queue(&strategy.name);
-                let log = log.clone().filter(|_| strategy.cancellable);
-                let release = Release::new(&strategy.name, queue, config.service.ingress.prefetch, log, scheduler.clone());
-                let consumer = Consumer::new(&amqp, publisher.clone(), release);
-                if topology == TopologyAtStart::Apply {
-                    consumer.declare().await?;
-                }
-                releases.push((strategy.name.clone(), consumer));
-            }
+            per_strategy = strategy_consumers(&config, &scheduler, log.as_ref(), topology, |_| false).await?;
             cancel = log;
-            if config.service.unpark.unwrap_or(true) {
-                for parking in parked::strategy_parking_queues(&config, &scheduler) {
-                    let queue = parking.queue.clone();
-                    let consumer = Consumer::new(&amqp, publisher.clone(), Unpark::new(parking, config.service.ingress.prefetch, scheduler.clone()));
-                    if topology == TopologyAtStart::Apply {
-                        consumer.declare().await?;
-                    }
-                    unparks.push((queue, consumer));
-                }
-            }
             if config.service.canary.enabled {
                 let consumer = Consumer::new(&amqp, publisher.clone(), Canary::new(config.service.canary.clone(), scheduler.clone()));
                 if topology == TopologyAtStart::Apply {
@@ -176,12 +155,7 @@ impl Service {
             let (reader, probe, stop) = (log.clone(), log.clone(), background.stop.subscribe());
             background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || reader.clone().read(stop.clone()));
         }
-        for (strategy, consumer) in releases {
-            supervise_consumer(background, &format!("release:{strategy}"), consumer);
-        }
-        for (queue, consumer) in unparks {
-            supervise_consumer(background, &format!("unpark:{queue}"), consumer);
-        }
+        per_strategy.supervise(background);
         if let Some(canary) = canary {
             supervise_consumer(background, "canary", canary);
             supervise_canary_probes(&service, &config);
@@ -296,6 +270,69 @@ impl<H: crate::message::Handler> QueueConsumer for SqsConsumer<H> {
 }
 
 /// Runs a consumer under the supervisor; it is up while it consumes.
+/// Each RabbitMQ strategy's release consumer and parking-queue consumers,
+/// by the name each runs under, leaving out those `running` already (at
+/// start none; at a reload those of the strategies it kept). Every strategy
+/// has a release queue: a cancellable one ends all its delays there, any
+/// other those of messages due to an exchange.
+pub(super) async fn strategy_consumers(
+    config: &Config,
+    scheduler: &Arc<Scheduler<Broker>>,
+    log: Option<&Arc<CancelLog>>,
+    topology: TopologyAtStart,
+    running: impl Fn(&str) -> bool,
+) -> Result<StrategyConsumers, ServiceError> {
+    let (BrokerConfig::Rabbitmq { url, url_env, .. }, Broker::RabbitMq(publisher)) = (&config.broker, scheduler.executor()) else {
+        return Ok(Default::default());
+    };
+    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+    let mut consumers = StrategyConsumers::default();
+    for strategy in config.strategies.values() {
+        let name = format!("release:{}", strategy.name);
+        if running(&name) {
+            continue;
+        }
+        let queue = config.service.cancel.release_queue(&strategy.name);
+        let log = log.cloned().filter(|_| strategy.cancellable);
+        let release = Release::new(&strategy.name, queue, config.service.ingress.prefetch, log, scheduler.clone());
+        let consumer = Consumer::new(&amqp, publisher.clone(), release);
+        if topology == TopologyAtStart::Apply {
+            consumer.declare().await?;
+        }
+        consumers.0.push((name, consumer));
+    }
+    if config.service.unpark.unwrap_or(true) {
+        for parking in parked::strategy_parking_queues(config, scheduler) {
+            let name = format!("unpark:{}", parking.queue);
+            if running(&name) {
+                continue;
+            }
+            let consumer = Consumer::new(&amqp, publisher.clone(), Unpark::new(parking, config.service.ingress.prefetch, scheduler.clone()));
+            if topology == TopologyAtStart::Apply {
+                consumer.declare().await?;
+            }
+            consumers.1.push((name, consumer));
+        }
+    }
+    Ok(consumers)
+}
+
+/// Release consumers and parking-queue consumers, each by the name it runs under.
+#[derive(Default)]
+pub(super) struct StrategyConsumers(Vec<(String, Arc<Consumer<Release>>)>, Vec<(String, Arc<Consumer<Unpark>>)>);
+
+impl StrategyConsumers {
+    /// Runs each under the service's supervisor.
+    pub(super) fn supervise(self, background: &Background) {
+        for (name, consumer) in self.0 {
+            supervise_consumer(background, &name, consumer);
+        }
+        for (name, consumer) in self.1 {
+            supervise_consumer(background, &name, consumer);
+        }
+    }
+}
+
 fn supervise_consumer(background: &Background, name: &str, consumer: Arc<impl QueueConsumer>) {
     let stop = background.stop.subscribe();
     let probe = consumer.clone();

@@ -112,9 +112,13 @@ impl Handler for Unpark {
         self.prefetch
     }
 
-    /// The orphan queue only: the parking queue is the strategy's, declared with its topology.
+    /// The orphan queue, and the strategy's topology (its parking queue among
+    /// it): a strategy not used yet since the start or the reload that added
+    /// it has declared nothing, and its parking queue must be consumed all the same.
     fn declarations(&self) -> Vec<Command> {
-        vec![release_queue_declaration(&self.orphans)]
+        let mut declarations = self.scheduler.topology_of(self.strategy()).unwrap_or_default();
+        declarations.push(release_queue_declaration(&self.orphans));
+        declarations
     }
 
     async fn handle(&self, delivery: &Delivery) -> (Outcome, Unparked) {
