@@ -39,6 +39,7 @@ use crate::headers::{
     DELIVER_AT_HEADER, DESTINATION_HEADER, EXCHANGE_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, ROUTING_KEY_HEADER, STRATEGY_HEADER, is_reserved,
 };
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
+use crate::planner::PlannerError;
 use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
 /// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
@@ -69,8 +70,10 @@ fn set_aside(invalid_queue: &str, reason: &str) -> Outcome {
 }
 
 /// What becomes of a message the scheduler could not take. `redelivered`:
-/// the broker delivered this message before.
-fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool) -> Outcome {
+/// the broker delivered this message before; `delay_header`: the header its
+/// producer set the delay in (`hourglass-delay`, or `x-delay` through a
+/// delayed exchange), named in the reason when the delay is what is wrong.
+fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool, delay_header: &str) -> Outcome {
     match err {
         // Not the message's fault: it waits on its queue until the broker can answer.
         ScheduleError::Broker(ExecutorError::Unavailable(why)) => {
@@ -86,7 +89,10 @@ fn refused(err: ScheduleError, invalid_queue: &str, redelivered: bool) -> Outcom
         ScheduleError::Planner(err) if err.is_timeout() => {
             set_aside(invalid_queue, &format!("{err}, again after a requeue; publish it again to retry, or raise the planner's budget"))
         }
+        ScheduleError::Invalid(invalid) if invalid.field == "delay" => set_aside(invalid_queue, &format!("{delay_header}: {}", invalid.reason)),
         ScheduleError::Invalid(invalid) => set_aside(invalid_queue, &format!("{}: {}", wire_name(invalid.field), invalid.reason)),
+        // A planner refuses a message for its delay (too long, say).
+        ScheduleError::Planner(err @ PlannerError::Refused { .. }) => set_aside(invalid_queue, &format!("{delay_header}: {err}")),
         other => set_aside(invalid_queue, &other.to_string()),
     }
 }
@@ -165,7 +171,8 @@ impl Handler for Ingress {
             }
             Err(err) => {
                 metrics.failed(&strategy, &destination);
-                (refused(err, &self.config.invalid_queue, delivery.redelivered), ())
+                let delay_header = if delayed.is_some() { X_DELAY_HEADER } else { REQUESTED_DELAY_HEADER };
+                (refused(err, &self.config.invalid_queue, delivery.redelivered, delay_header), ())
             }
         }
     }
@@ -336,30 +343,42 @@ mod tests {
 
     #[test]
     fn an_unavailable_broker_requeues_a_planner_out_of_time_requeues_once_and_anything_else_sets_aside() {
-        use crate::planner::PlannerError;
         let timeout = || PlannerError::Timeout { planner: "p".into(), function: "plan", budget: std::time::Duration::from_millis(100) };
-        assert_eq!(refused(ScheduleError::Planner(timeout()), "bad", false), Outcome::Requeue, "a starved CPU is not the message's fault");
-        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Planner(timeout()), "bad", true) else {
+        assert_eq!(
+            refused(ScheduleError::Planner(timeout()), "bad", false, REQUESTED_DELAY_HEADER),
+            Outcome::Requeue,
+            "a starved CPU is not the message's fault"
+        );
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Planner(timeout()), "bad", true, REQUESTED_DELAY_HEADER) else {
             panic!("a planner out of time on a redelivered message sets it aside, or a looping planner requeues it forever")
         };
         let reason = headers[INVALID_REASON_HEADER].as_text().unwrap();
         assert!(reason.contains("p") && reason.contains("again after a requeue"), "{reason}");
         for redelivered in [false, true] {
-            assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad", redelivered), Outcome::Retry);
+            assert_eq!(refused(ScheduleError::Broker(ExecutorError::Unavailable("down".into())), "bad", redelivered, REQUESTED_DELAY_HEADER), Outcome::Retry);
         }
         let trap = PlannerError::Trapped { planner: "p".into(), function: "plan", reason: "unreachable".into() };
-        let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad", false) else { panic!("a trap is not retried") };
+        let Outcome::MoveTo { queue, headers, .. } = refused(ScheduleError::Planner(trap), "bad", false, REQUESTED_DELAY_HEADER) else {
+            panic!("a trap is not retried")
+        };
         assert_eq!(queue, "bad");
         assert!(headers[INVALID_REASON_HEADER].as_text().unwrap().contains("unreachable"));
-        let refusal = PlannerError::Refused { planner: "p".into(), message: "too long".into() };
-        assert!(matches!(refused(ScheduleError::Planner(refusal), "bad", false), Outcome::MoveTo { .. }));
+        let refusal = || PlannerError::Refused { planner: "p".into(), message: "too long".into() };
+        for header in [REQUESTED_DELAY_HEADER, X_DELAY_HEADER] {
+            let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Planner(refusal()), "bad", false, header) else { panic!("a refusal sets aside") };
+            let reason = headers[INVALID_REASON_HEADER].as_text().unwrap();
+            assert!(reason.starts_with(&format!("{header}: ")) && reason.contains("too long"), "names the header the producer set: {reason}");
+        }
     }
 
     #[test]
     fn a_refused_field_is_named_as_the_producer_set_it() {
         let invalid = crate::scheduler::validate::Invalid { field: "destination", reason: "is 300 bytes; at most 255".into() };
-        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(invalid), "bad", false) else { panic!("set aside") };
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(invalid), "bad", false, REQUESTED_DELAY_HEADER) else { panic!("set aside") };
         assert_eq!(headers[INVALID_REASON_HEADER].as_text().unwrap(), "hourglass-destination: is 300 bytes; at most 255");
+        let delay = || crate::scheduler::validate::Invalid { field: "delay", reason: "is above the maximum".into() };
+        let Outcome::MoveTo { headers, .. } = refused(ScheduleError::Invalid(delay()), "bad", false, X_DELAY_HEADER) else { panic!("set aside") };
+        assert_eq!(headers[INVALID_REASON_HEADER].as_text().unwrap(), "x-delay: is above the maximum", "through a delayed exchange the delay is x-delay");
     }
 
     #[test]
