@@ -16,7 +16,8 @@
 //!   vocabulary (the WIT types, checked), [`message`] the broker-neutral
 //!   message properties, [`headers`] names every header,
 //!   [`clock`] is Unix-ms time, [`backoff`] the jittered waits between
-//!   reconnects and restarts: leaves every layer may use.
+//!   reconnects and restarts, `recent` bounded counts per message: leaves
+//!   every layer may use.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
 //!   process, the compiled-component cache, the built-in planners.
 //! * [`scheduler`] takes one message from request to confirmed publish and
@@ -49,6 +50,7 @@ pub mod message;
 pub mod metrics;
 pub mod parked;
 pub mod planner;
+mod recent;
 pub mod render;
 pub mod scaffold;
 pub mod scheduler;

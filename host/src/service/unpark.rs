@@ -19,7 +19,6 @@
 //!   `<parking queue>.orphaned` with the reason, where `parked list` shows it
 //!   and `parked replay` sends it on once the destination is back.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,7 @@ use crate::command::Command;
 use crate::headers::{ID_HEADER, PARKED_REASON_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::parked::{self, Destinations, Done, Left, ParkingQueue};
+use crate::recent::RecentCounts;
 use crate::scheduler::{Scheduler, release_queue_declaration};
 
 /// Times one host sends a message on before it takes the message's return
@@ -166,10 +166,12 @@ impl Handler for Unpark {
 /// bounded: a message is known by its id (`hourglass-id`, else its message
 /// id); one with neither is not counted (only a level that stays missing
 /// brings a message back, and such a message is sent on no more than any other).
-#[derive(Default)]
-struct Sends {
-    counts: HashMap<String, u32>,
-    order: VecDeque<String>,
+struct Sends(RecentCounts<String>);
+
+impl Default for Sends {
+    fn default() -> Self {
+        Sends(RecentCounts::new(SENDS_REMEMBERED))
+    }
 }
 
 impl Sends {
@@ -180,22 +182,14 @@ impl Sends {
 
     fn count(&mut self, delivery: &Delivery) -> u32 {
         let Some(id) = Sends::id_of(delivery) else { return 1 };
-        if !self.counts.contains_key(&id) {
-            if self.order.len() >= SENDS_REMEMBERED
-                && let Some(oldest) = self.order.pop_front()
-            {
-                self.counts.remove(&oldest);
-            }
-            self.order.push_back(id.clone());
-        }
-        let count = self.counts.entry(id).or_insert(0);
+        let count = self.0.entry(id);
         *count += 1;
         *count
     }
 
     /// Takes back the last [`Sends::count`] of this message.
     fn uncount(&mut self, delivery: &Delivery) {
-        if let Some(count) = Sends::id_of(delivery).and_then(|id| self.counts.get_mut(&id)) {
+        if let Some(count) = Sends::id_of(delivery).and_then(|id| self.0.get_mut(&id)) {
             *count = count.saturating_sub(1);
         }
     }
@@ -224,7 +218,7 @@ mod tests {
         for n in 0..SENDS_REMEMBERED {
             sends.count(&with_id(&format!("filler-{n}")));
         }
-        assert!(sends.counts.len() <= SENDS_REMEMBERED);
+        assert!(sends.0.len() <= SENDS_REMEMBERED);
         assert_eq!(sends.count(&with_id("a")), 1, "forgotten once SENDS_REMEMBERED others came after it");
     }
 }

@@ -26,7 +26,6 @@
 //! while it is still declaring or connecting ends that at once, and a cancel
 //! or close the broker does not answer is given up (see [`parting`]).
 
-use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +43,7 @@ use crate::command::{Command, FieldTable};
 use crate::headers::is_routing_header;
 pub use crate::message::Handler;
 use crate::message::{Delivery, Headers, Outcome, Settled};
+use crate::recent::RecentCounts;
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
@@ -327,10 +327,12 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// A message is known by its message id, else by its content (exchange,
 /// routing key, properties, body): a requeued message comes back under a new
 /// delivery tag. A first delivery (not `redelivered`) starts its count afresh.
-#[derive(Default)]
-struct PanicCounts {
-    counts: HashMap<u64, u32>,
-    order: VecDeque<u64>,
+struct PanicCounts(RecentCounts<u64>);
+
+impl Default for PanicCounts {
+    fn default() -> Self {
+        PanicCounts(RecentCounts::new(PANICS_REMEMBERED))
+    }
 }
 
 impl PanicCounts {
@@ -350,28 +352,14 @@ impl PanicCounts {
 
     /// Counts one more panic on `delivery`; returns its count.
     fn record(&mut self, delivery: &Delivery) -> u32 {
-        let key = Self::key(delivery);
-        let known = self.counts.contains_key(&key);
-        if !known {
-            if self.order.len() >= PANICS_REMEMBERED
-                && let Some(oldest) = self.order.pop_front()
-            {
-                self.counts.remove(&oldest);
-            }
-            self.order.push_back(key);
-        }
-        let count = self.counts.entry(key).or_insert(0);
+        let count = self.0.entry(Self::key(delivery));
         *count = if delivery.redelivered { *count + 1 } else { 1 };
         *count
     }
 
     fn forget(&mut self, delivery: &Delivery) {
-        if self.counts.is_empty() {
-            return;
-        }
-        let key = Self::key(delivery);
-        if self.counts.remove(&key).is_some() {
-            self.order.retain(|k| *k != key);
+        if self.0.len() > 0 {
+            self.0.forget(&Self::key(delivery));
         }
     }
 }
@@ -407,8 +395,7 @@ mod tests {
         for i in 0..PANICS_REMEMBERED + 10 {
             counts.record(&delivery(&i.to_string(), true));
         }
-        assert_eq!(counts.counts.len(), PANICS_REMEMBERED);
-        assert_eq!(counts.order.len(), PANICS_REMEMBERED);
+        assert_eq!(counts.0.len(), PANICS_REMEMBERED);
         assert_eq!(counts.record(&delivery("0", true)), 1, "the oldest was forgotten");
     }
 
