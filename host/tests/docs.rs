@@ -135,7 +135,11 @@ impl Checker {
             Err(e) => return self.fail(file, block.fence_line, format!("not TOML: {e}")),
         };
         let (text, whole) = completed(&block.text, &table);
-        if whole { self.tally.whole_configs += 1 } else { self.tally.fragments += 1 }
+        if whole {
+            self.tally.whole_configs += 1
+        } else {
+            self.tally.fragments += 1
+        }
         // Blank lines in front keep the parser's line numbers the markdown's.
         let padded = format!("{}{text}", "\n".repeat(block.fence_line));
         let what = if whole { "this delay.toml" } else { "this fragment, completed with a [broker] and a strategy," };
