@@ -102,6 +102,7 @@ struct Tally {
     json_requests: usize,
     json_answers: usize,
     cli_lines: usize,
+    synopses: usize,
 }
 
 struct Checker {
@@ -119,6 +120,7 @@ impl Checker {
     fn check(&mut self, path: &Path) {
         let markdown = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let file = path.strip_prefix(repo_root()).unwrap().display().to_string();
+        self.check_synopses(&file, &markdown);
         for block in blocks(&markdown) {
             match block.language() {
                 "toml" => self.check_toml(path, &file, &block),
@@ -204,6 +206,27 @@ impl Checker {
                 }
                 if command.first().is_some_and(|c| c == "curl") {
                     self.check_curl(file, line_number, &command);
+                }
+            }
+        }
+    }
+
+    /// A command's synopsis in a table row (docs/cli.md's reference):
+    /// `hourglass parked list|replay|drop [--queue Q] …`. Its subcommands
+    /// must exist, and each flag must be in the help of one of them.
+    fn check_synopses(&mut self, file: &str, markdown: &str) {
+        let mut in_block = false;
+        for (index, line) in markdown.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_block = !in_block;
+            }
+            if in_block || !line.starts_with('|') {
+                continue;
+            }
+            for synopsis in line.split('`').skip(1).step_by(2).filter(|code| code.starts_with("hourglass ")) {
+                self.tally.synopses += 1;
+                if let Err(e) = self.help.check_synopsis(synopsis) {
+                    self.fail(file, index + 1, format!("`{synopsis}`: {e}"));
                 }
             }
         }
@@ -376,6 +399,45 @@ impl Help {
     }
 }
 
+impl Help {
+    fn check_synopsis(&mut self, synopsis: &str) -> Result<(), String> {
+        let words: Vec<String> = synopsis
+            .replace("\\|", "|")
+            .split_whitespace()
+            .skip(1)
+            .map(|w| w.trim_matches(|c| matches!(c, '[' | ']' | '…')).to_string())
+            .filter(|w| !w.is_empty())
+            .collect();
+        // Leading words that are subcommands (or alternatives of them, `list|replay|drop`) make the paths.
+        let mut paths: Vec<Vec<String>> = vec![Vec::new()];
+        for word in words.iter().take_while(|w| !w.starts_with('-')) {
+            let known = subcommands(self.page(&paths[0]));
+            let alternatives: Vec<&str> = word.split('|').collect();
+            if known.is_empty() || !alternatives.iter().all(|a| known.iter().any(|k| k == a)) {
+                break;
+            }
+            paths = paths.iter().flat_map(|p| alternatives.iter().map(move |a| [p.clone(), vec![a.to_string()]].concat())).collect();
+        }
+        for path in &paths {
+            let missing = subcommands(self.page(path));
+            if !missing.is_empty() {
+                return Err(format!("`hourglass {}` needs a subcommand: one of {}", path.join(" "), missing.join(", ")));
+            }
+        }
+        for flag in words.iter().flat_map(|w| w.split('|')).filter_map(|w| w.strip_prefix("--")) {
+            let listed = paths.iter().any(|path| {
+                let page = self.page(path);
+                [" ", "\n", ",", "="].iter().any(|after| page.contains(&format!("--{flag}{after}")))
+            });
+            if !listed {
+                let names: Vec<String> = paths.iter().map(|p| p.join(" ")).collect();
+                return Err(format!("--{flag} is in no --help of `hourglass {}`", names.join("`, `hourglass ")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The subcommands a help page lists (none for a leaf command).
 fn subcommands(page: &str) -> Vec<String> {
     let Some((_, rest)) = page.split_once("Commands:\n") else { return Vec::new() };
@@ -396,8 +458,8 @@ fn every_example_in_the_docs_works_as_copied() {
     }
     let Checker { failures, tally, .. } = checker;
     println!(
-        "checked: {} whole configs and {} fragments ({} loaded with their planners), {} JSON requests, {} JSON answers, {} command lines",
-        tally.whole_configs, tally.fragments, tally.configs_loaded, tally.json_requests, tally.json_answers, tally.cli_lines
+        "checked: {} whole configs and {} fragments ({} loaded with their planners), {} JSON requests, {} JSON answers, {} command lines, {} command synopses",
+        tally.whole_configs, tally.fragments, tally.configs_loaded, tally.json_requests, tally.json_answers, tally.cli_lines, tally.synopses
     );
     assert!(failures.is_empty(), "{} examples do not work as copied:\n{}", failures.len(), failures.join("\n"));
     // A walk that found nothing would pass the checks above: the docs have examples of every kind.
@@ -407,6 +469,7 @@ fn every_example_in_the_docs_works_as_copied() {
         ("JSON requests", tally.json_requests),
         ("JSON answers", tally.json_answers),
         ("command lines", tally.cli_lines),
+        ("command synopses", tally.synopses),
     ] {
         assert!(count > 0, "no {kind} found in the docs: is the walk reading them?");
     }
@@ -423,6 +486,8 @@ fn the_checks_catch_a_broken_example() {
     assert!(unknown_flag.contains("--colour"), "{unknown_flag}");
     assert!(help.check(&args("hourglass parked")).unwrap_err().contains("needs a subcommand"));
     assert!(help.check(&args("hourglass simulat --to d")).unwrap_err().contains("no subcommand"));
+    assert!(help.check_synopsis("hourglass parked list\\|drop [--queue Q] [--all]").is_ok());
+    assert!(help.check_synopsis("hourglass parked list\\|replay [--colour]").unwrap_err().contains("--colour"));
 
     assert_eq!(commands("a 'b c' && d # e")[..], [vec!["a".to_string(), "b c".into()], vec!["d".into()]]);
 
