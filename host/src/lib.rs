@@ -12,12 +12,13 @@
 //!                       └──────▶ broker ──┘
 //! ```
 //!
-//! * [`config`] reads `delay.toml`. [`command`] is the broker command
-//!   vocabulary (the WIT types, checked), [`message`] the broker-neutral
-//!   message properties, [`headers`] names every header,
-//!   [`clock`] is Unix-ms time, [`backoff`] the jittered waits between
-//!   reconnects and restarts, `recent` bounded counts per message: leaves
-//!   every layer may use.
+//! * [`command`] is the broker command vocabulary (the WIT types, checked),
+//!   [`message`] the broker-neutral message properties, [`headers`] names
+//!   every header, [`clock`] is Unix-ms time, [`backoff`] the jittered waits
+//!   between reconnects and restarts, `recent` bounded counts per message:
+//!   leaves (or nearly: `message` uses `command`) every layer may use.
+//! * [`config`] reads `delay.toml`; it uses [`planner`] for planner sources
+//!   and limits.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
 //!   process, the compiled-component cache, the built-in planners.
 //! * [`scheduler`] takes one message from request to confirmed publish and

@@ -254,20 +254,6 @@ fn the_example_planner_config_works_as_is() {
     assert_eq!(messages[0]["hops"][1]["name"], "backoff.4000ms");
 }
 
-/// The README's configuration reference, copied into a file as a reader
-/// would, loads: every key sits under the table it belongs to.
-#[test]
-fn the_readme_configuration_block_loads_as_copied() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let section = readme.split("## Configuration (`delay.toml`)").nth(1).expect("the README has a Configuration section");
-    let block = section.split("```toml\n").nth(1).and_then(|b| b.split("```").next()).expect("a toml block in it");
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("delay.toml"), block).unwrap();
-    let output = hourglass_in(dir.path(), &["--config", "delay.toml", "strategies"]);
-    assert!(output.status.success(), "the README's configuration block does not load: {}", stderr(&output));
-    assert!(stdout(&output).contains("seconds"), "{}", stdout(&output));
-}
-
 /// The migration guide's whole `delay.toml`, with its delayed exchange,
 /// loads as copied.
 #[test]

@@ -158,6 +158,32 @@ fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     Ok(ScheduleRequest { destination, exchange, routing_key, delay_ms, deliver_at_ms, body, headers, strategy, ..Default::default() })
 }
 
+/// A request body the API refuses with `400`/`413`, as its JSON answer names it.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RequestError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl From<ApiError> for RequestError {
+    fn from(err: ApiError) -> Self {
+        RequestError { field: err.field.unwrap_or("request"), message: err.message }
+    }
+}
+
+/// The body of `POST /v1/messages`, read exactly as the handler reads it (the
+/// docs' request examples are checked with it).
+pub fn schedule_request(bytes: &[u8]) -> Result<ScheduleRequest, RequestError> {
+    Ok(parse_message(bytes)?)
+}
+
+/// The new due time (Unix ms) a `PATCH /v1/messages/{id}` body asks for, read
+/// exactly as the handler reads it; `now` and `retention_ms` as in [`parse_new_due_time`].
+pub fn reschedule_request(bytes: &[u8], now: u64, retention_ms: u64) -> Result<u64, RequestError> {
+    Ok(parse_new_due_time(bytes, now, retention_ms)?)
+}
+
 /// Largest `POST /v1/messages` request read; base64 makes a 256 KiB body
 /// about 350 KiB of JSON.
 const MAX_REQUEST_BYTES: usize = 2 * MAX_BODY_BYTES;

@@ -1,4 +1,4 @@
-//! Scaling out (ARCHITECTURE.md, "How hourglass scales"): hosts keep no state
+//! Scaling out (docs/operating.md, "Scaling out"): hosts keep no state
 //! of their own, so more of them share the work, and a cluster's node can die.
 //!
 //! * Two hosts consume one ingress queue while 10,000 messages go in; one is
