@@ -30,6 +30,10 @@ const CONSUMER_PREFETCH: u16 = 256;
 /// Time between two messages of one client.
 pub const INTERVAL: Duration = Duration::from_millis(150);
 const RETRY: Duration = Duration::from_millis(300);
+/// The longest a step of opening a consumer (or acking) may take before the attempt starts over.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an idle consumer checks that its connection is still there.
+const WATCH_EVERY: Duration = Duration::from_secs(2);
 /// How often [`Canaries::finish_with`] looks for canaries set aside while it waits.
 pub const LOOK_EVERY: Duration = Duration::from_secs(2);
 
@@ -262,10 +266,17 @@ async fn send_amqp(tag: String, route: Route, into: Into, ledger: Arc<Ledger>, s
             tokio::time::sleep(RETRY).await;
             continue;
         };
-        let Ok(channel) = connection.create_channel().await else { continue };
-        if channel.confirm_select(ConfirmSelectOptions::default()).await.is_err() {
+        // Bounded, as in `consume`: a broker that went away meanwhile can leave these unanswered for good.
+        let opened = tokio::time::timeout(OPEN_TIMEOUT, async {
+            let channel = connection.create_channel().await?;
+            channel.confirm_select(ConfirmSelectOptions::default()).await?;
+            Ok::<_, lapin::Error>(channel)
+        })
+        .await;
+        let Ok(Ok(channel)) = opened else {
+            tokio::time::sleep(RETRY).await;
             continue;
-        }
+        };
         if let Into::Delayed { exchange, deliver_to } = &into {
             let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
             let bound = async {
@@ -274,7 +285,7 @@ async fn send_amqp(tag: String, route: Route, into: Into, ledger: Arc<Ledger>, s
                 let bind = QueueBindOptions::default();
                 channel.queue_bind(route.destination.as_str().into(), deliver_to.as_str().into(), "canary".into(), bind, FieldTable::default()).await
             };
-            if bound.await.is_err() {
+            if !matches!(tokio::time::timeout(OPEN_TIMEOUT, bound).await, Ok(Ok(_))) {
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -329,29 +340,49 @@ pub fn ingress_properties(destination: &str, delay_ms: u64) -> BasicProperties {
     BasicProperties::default().with_delivery_mode(2).with_headers(headers)
 }
 
-/// Consumes the destination with auto-ack, reconnecting forever, and records every arrival.
+/// Consumes the destination, reconnecting forever, and records every arrival.
+///
+/// Every step is bounded: a broker stopped or killed while this client was
+/// opening a channel or consuming has left lapin futures that never resolve,
+/// and a consumer stuck there stops counting arrivals for the rest of a run
+/// (the soak once saw its destination fill with tens of thousands of messages
+/// and no consumer). So opening is under a timeout, and while consuming, a
+/// connection no longer connected ends the attempt.
 pub async fn consume(amqp_url: String, queue: String, ledger: Arc<Ledger>) {
     loop {
         let started = Instant::now();
-        if let Ok(connection) = connect(&amqp_url).await
-            && let Ok(channel) = connection.create_channel().await
-        {
-            // Acked once recorded, within a bounded window: with auto-ack the broker counts a message
-            // delivered as it writes it, so a broker killed with deliveries in its socket buffers (an
-            // unbounded auto-ack consumer gets hundreds) lost them for this consumer, not for hourglass.
-            // Unacked, they are delivered again after the restart (a duplicate at most).
-            let options = BasicConsumeOptions::default();
-            let prefetch = channel.basic_qos(CONSUMER_PREFETCH, BasicQosOptions::default()).await;
-            if prefetch.is_ok()
-                && let Ok(mut consumer) = channel.basic_consume(queue.as_str().into(), "faults-canary".into(), options, FieldTable::default()).await
-            {
-                while let Some(Ok(delivery)) = consumer.next().await {
+        if let Ok(connection) = connect(&amqp_url).await {
+            let opened = tokio::time::timeout(OPEN_TIMEOUT, async {
+                let channel = connection.create_channel().await?;
+                channel.basic_qos(CONSUMER_PREFETCH, BasicQosOptions::default()).await?;
+                let consumer =
+                    channel.basic_consume(queue.as_str().into(), "faults-canary".into(), BasicConsumeOptions::default(), FieldTable::default()).await?;
+                Ok::<_, lapin::Error>((channel, consumer))
+            })
+            .await;
+            if let Ok(Ok((_channel, mut consumer))) = opened {
+                // Acked once recorded, within a bounded window: with auto-ack the broker counts a message
+                // delivered as it writes it, so a broker killed with deliveries in its socket buffers (an
+                // unbounded auto-ack consumer gets hundreds) lost them for this consumer, not for hourglass.
+                // Unacked, they are delivered again after the restart (a duplicate at most).
+                loop {
+                    let next = tokio::time::timeout(WATCH_EVERY, consumer.next()).await;
+                    let delivery = match next {
+                        Ok(Some(Ok(delivery))) => delivery,
+                        Ok(_) => break,
+                        // Nothing for a while: fine while connected, the end of this attempt if not.
+                        Err(_) if connection.status().connected() => continue,
+                        Err(_) => break,
+                    };
                     ledger.arrived(&String::from_utf8_lossy(&delivery.data));
-                    if delivery.acker.ack(BasicAckOptions::default()).await.is_err() {
+                    let acked = tokio::time::timeout(OPEN_TIMEOUT, delivery.acker.ack(BasicAckOptions::default())).await;
+                    if !matches!(acked, Ok(Ok(_))) {
                         break;
                     }
                 }
             }
+            // Closed in the background: a close the broker never answers must not hold this loop.
+            tokio::spawn(async move { tokio::time::timeout(OPEN_TIMEOUT, connection.close(200, "done".into())).await.ok() });
         }
         if started.elapsed() < RETRY {
             tokio::time::sleep(RETRY).await;

@@ -48,8 +48,11 @@ pub async fn read_set_aside(world: &World, ledger: &Ledger, which: Where) {
         queues.push(orphan_queue(&release_parked));
         queues.push(release_parked);
     }
-    if let Err(err) = take(world, ledger, &queues).await {
-        world.problems.lock().unwrap().push(format!("could not read the queues where messages are set aside: {err:#}"));
+    // Bounded: a broker that went away meanwhile can leave a lapin call unanswered for good.
+    match tokio::time::timeout(Duration::from_secs(60), take(world, ledger, &queues)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => world.problems.lock().unwrap().push(format!("could not read the queues where messages are set aside: {err:#}")),
+        Err(_) => world.problems.lock().unwrap().push("reading the queues where messages are set aside took over 60 s".into()),
     }
 }
 
