@@ -44,7 +44,7 @@ fn none(_: u64, _: &SimulatedMessage) -> Result<(), TestCaseError> {
 /// every delay arrives rounded up to the second; `route` checks the path
 /// taken for the delay's whole seconds.
 fn binary_levels_in_seconds(config: serde_json::Value, route: impl Fn(u64, &SimulatedMessage) -> Result<(), TestCaseError>) {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "binary-levels", config);
     let max = ((1u64 << 28) - 1) * 1_000;
     check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), |delay, outcome| route(delay.div_ceil(1_000), outcome));
@@ -84,14 +84,14 @@ fn binary_levels_by_default_wait_in_the_levels_of_their_set_bits() {
 
 #[test]
 fn binary_levels_in_milliseconds_are_exact() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "binary-levels", json!({ "unit": "1ms", "queue_type": "quorum" }));
     check(&mut planner, 0..=(1u64 << 28) - 1, Some, none);
 }
 
 #[test]
 fn hold_queues_round_up_to_their_default_granularity_of_a_second() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "hold-queues", json!({}));
     let max: u64 = 10 * 365 * 24 * 3_600_000 - 60_000;
     check(&mut planner, 0..=max, |d| Some(d.div_ceil(1_000) * 1_000), none);
@@ -99,14 +99,14 @@ fn hold_queues_round_up_to_their_default_granularity_of_a_second() {
 
 #[test]
 fn hold_queues_with_a_granularity_of_250ms_round_up_to_it() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "hold-queues", json!({ "granularity": "250ms" }));
     check(&mut planner, 0..=3_600_000u64, |d| Some(d.div_ceil(250) * 250), none);
 }
 
 #[test]
 fn hold_queues_with_a_granularity_of_1ms_are_exact_to_the_millisecond() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "hold-queues", json!({ "granularity": "1ms" }));
     let max: u64 = 10 * 365 * 24 * 3_600_000 - 60_000;
     check(&mut planner, 0..=max, Some, none);
@@ -114,7 +114,7 @@ fn hold_queues_with_a_granularity_of_1ms_are_exact_to_the_millisecond() {
 
 #[test]
 fn fixed_intervals_round_up_to_the_next_interval() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let intervals = [5_000u64, 15_000, 30_000, 3_600_000];
     let mut planner = common::builtin(&runtime, "fixed-intervals", json!({ "intervals": ["5s", "15s", "30s", "1h"], "rounding": "up" }));
     let next = move |d: u64| if d == 0 { Some(0) } else { intervals.iter().copied().find(|&i| i >= d) };
@@ -123,7 +123,7 @@ fn fixed_intervals_round_up_to_the_next_interval() {
 
 #[test]
 fn fixed_intervals_with_reject_deliver_only_the_intervals() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     let mut planner = common::builtin(&runtime, "fixed-intervals", json!({ "intervals": ["1s", "2s", "3s"], "rounding": "reject" }));
     let exact = |d: u64| [0, 1_000, 2_000, 3_000].contains(&d).then_some(d);
     // Half the cases land exactly on an interval.
@@ -139,7 +139,7 @@ fn fixed_intervals_with_reject_deliver_only_the_intervals() {
 
 #[test]
 fn sqs_cycles_hand_over_exactly_after_any_number_of_cycles() {
-    let runtime = common::runtime();
+    let runtime = common::patient_runtime();
     // Six hours is 24 cycles of 900 s: every message crosses many cycle boundaries.
     let mut planner = common::builtin(&runtime, "sqs-cycles", json!({ "cycle": "900s", "max_delay": "6h" }));
     check(&mut planner, 0..=6 * 3_600_000u64, |d| Some(d.div_ceil(1_000) * 1_000), none);
