@@ -356,9 +356,9 @@ async fn a_strategy_added_by_a_reload_releases_messages_due_to_an_exchange() {
     let added = format!("[strategies.added]\nplanner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"\n", unique("reload-added"));
     let path = std::env::temp_dir().join(format!("{}.toml", unique("reload-added")));
     let after = format!("default_strategy = \"main\"\n{}", config_text(&main, &added));
-    // Cleanup from the config after the reload: it names both strategies' queues.
+    // Cleanup from the config after the reload: both strategies' queues (the added one's are declared as its consumers attach).
     let final_config = Config::parse(&path, after.clone()).expect("test config");
-    let setup = Setup { cleanup: Cleanup::declared(&topology_of(&final_config)), config: final_config, text: after.clone() };
+    let setup = Setup { cleanup: Cleanup::declared(&topologies_of(&final_config, &["main", "added"])), config: final_config, text: after.clone() };
     std::fs::write(&path, format!("default_strategy = \"main\"\n{}", config_text(&main, ""))).unwrap();
     let served = Served::start_ready(&Config::load(&path).expect("test config")).await;
     let connection = connect().await;
