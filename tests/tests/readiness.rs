@@ -81,6 +81,17 @@ async fn readyz(base: &str) -> (u16, Value) {
     (status, serde_json::from_str(&body).unwrap_or(Value::String(body)))
 }
 
+/// Serves `config` (its broker behind `blackhole`) until ready, then cuts the
+/// broker off and waits for `/readyz` to say so; the service and its HTTP base.
+async fn ready_then_cut_off(config: &Config, blackhole: &Blackhole) -> (Served, String) {
+    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
+    let base = served.http.base.clone();
+    until("ready", Duration::from_secs(10), async || readyz(&base).await.0 == 200).await;
+    blackhole.cut();
+    until("readyz 503 after the cut", Duration::from_secs(10), async || readyz(&base).await.0 == 503).await;
+    (served, base)
+}
+
 /// An idle service (no canary, no ingress, no requests but `/readyz`): the
 /// probe answers 503 within its timeout while the broker is unreachable, and
 /// 200 again once it is back, with nothing but the keeper to reconnect.
@@ -92,12 +103,7 @@ async fn an_idle_service_answers_readyz_at_once_while_cut_off_and_reconnects_by_
     let config = Config::parse(Path::new("readyz.toml"), text).expect("test config");
     // Deletes what the service declares (through the blackhole, on the shared broker), also when the test fails.
     let _cleanup = Cleanup::declared(&topology_of(&config));
-    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
-    let base = served.http.base.clone();
-    until("ready", Duration::from_secs(10), async || readyz(&base).await.0 == 200).await;
-
-    blackhole.cut();
-    until("readyz 503 after the cut", Duration::from_secs(10), async || readyz(&base).await.0 == 503).await;
+    let (served, base) = ready_then_cut_off(&config, &blackhole).await;
     // While the keeper's connect hangs on the blackhole, probes still answer at once.
     until("the keeper connecting into the blackhole", Duration::from_secs(10), async || {
         let (status, body) = readyz(&base).await;
@@ -124,12 +130,7 @@ async fn a_reload_while_the_broker_is_unreachable_answers_503_and_applies_once_i
     std::fs::write(&path, text).unwrap();
     let config = Config::load(&path).expect("test config");
     let _cleanup = Cleanup::declared(&topology_of(&config));
-    let served = Served::start(Service::start(config.clone()).await.expect("service starts")).await;
-    let base = served.http.base.clone();
-    until("ready", Duration::from_secs(10), async || readyz(&base).await.0 == 200).await;
-
-    blackhole.cut();
-    until("readyz 503 after the cut", Duration::from_secs(10), async || readyz(&base).await.0 == 503).await;
+    let (served, base) = ready_then_cut_off(&config, &blackhole).await;
     let (status, answer) = served.http.call("POST", "/v1/reload", None, None).await;
     assert_eq!(status, 503, "{answer}");
     assert_eq!(served.http.metric("hourglass_reloads_total{outcome=\"refused\"}").await, 1.0);
