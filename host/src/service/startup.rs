@@ -299,7 +299,7 @@ pub(super) async fn strategy_consumers(
         if topology == TopologyAtStart::Apply {
             consumer.declare().await?;
         }
-        consumers.0.push((name, consumer));
+        consumers.releases.push((name, consumer));
     }
     if config.service.unpark.unwrap_or(true) {
         for parking in parked::strategy_parking_queues(config, scheduler) {
@@ -311,7 +311,7 @@ pub(super) async fn strategy_consumers(
             if topology == TopologyAtStart::Apply {
                 consumer.declare().await?;
             }
-            consumers.1.push((name, consumer));
+            consumers.unparks.push((name, consumer));
         }
     }
     Ok(consumers)
@@ -319,15 +319,18 @@ pub(super) async fn strategy_consumers(
 
 /// Release consumers and parking-queue consumers, each by the name it runs under.
 #[derive(Default)]
-pub(super) struct StrategyConsumers(Vec<(String, Arc<Consumer<Release>>)>, Vec<(String, Arc<Consumer<Unpark>>)>);
+pub(super) struct StrategyConsumers {
+    releases: Vec<(String, Arc<Consumer<Release>>)>,
+    unparks: Vec<(String, Arc<Consumer<Unpark>>)>,
+}
 
 impl StrategyConsumers {
     /// Runs each under the service's supervisor.
     pub(super) fn supervise(self, background: &Background) {
-        for (name, consumer) in self.0 {
+        for (name, consumer) in self.releases {
             supervise_consumer(background, &name, consumer);
         }
-        for (name, consumer) in self.1 {
+        for (name, consumer) in self.unparks {
             supervise_consumer(background, &name, consumer);
         }
     }
