@@ -15,18 +15,19 @@
 //! moto slows with queue depth, so lateness here is an upper bound of the
 //! mechanism's; the request counts do not depend on the server's speed.
 
+mod sqs_support;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aws_sdk_sqs::types::MessageSystemAttributeName;
 use hourglass::broker::Broker;
-use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
 use hourglass::metrics::RequestSnapshot;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::Service;
+use sqs_support::{collect, consume, create_destination, percentile, summary};
 use tokio::sync::mpsc;
 
 /// Cost phase: cycles long enough that the pumps' lag on moto (seconds when
@@ -164,11 +165,6 @@ async fn run(endpoint: &str) {
     }
 }
 
-async fn create_destination(client: &aws_sdk_sqs::Client, name: &str) -> String {
-    client.create_queue().queue_name(name).send().await.expect("create the destination");
-    name.to_string()
-}
-
 /// Schedules `count` messages of `delay_ms` to `destination`, 100 at a time; their due times by body.
 async fn schedule(service: &Arc<Service>, strategy: Option<&str>, destination: &str, count: usize, delay_ms: u64) -> HashMap<String, u64> {
     let mut due = HashMap::new();
@@ -189,66 +185,6 @@ async fn schedule(service: &Arc<Service>, strategy: Option<&str>, destination: &
     due
 }
 
-/// Receives and deletes from `queue`, sending (body, arrival ms) on.
-fn consume(client: aws_sdk_sqs::Client, queue: String) -> mpsc::UnboundedReceiver<(String, u64)> {
-    let (sender, received) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let url = client.get_queue_url().queue_name(&queue).send().await.unwrap().queue_url().unwrap_or_default().to_string();
-        while !sender.is_closed() {
-            let Ok(output) = client
-                .receive_message()
-                .queue_url(&url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .send()
-                .await
-            else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            };
-            let at = unix_now_ms();
-            let mut deletes = client.delete_message_batch().queue_url(&url);
-            for (i, message) in output.messages().iter().enumerate() {
-                sender.send((message.body().unwrap_or_default().to_string(), at)).ok();
-                deletes = deletes.entries(
-                    aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(message.receipt_handle().unwrap_or_default())
-                        .build()
-                        .unwrap(),
-                );
-            }
-            if !output.messages().is_empty() {
-                deletes.send().await.ok();
-            }
-        }
-    });
-    received
-}
-
-/// Each expected message's lateness in ms (sorted), until all came or `patience` passed without one.
-async fn collect(arrivals: &mut mpsc::UnboundedReceiver<(String, u64)>, due: &HashMap<String, u64>, patience: Duration) -> Vec<i64> {
-    let mut late = HashMap::new();
-    let started = Instant::now();
-    while late.len() < due.len() {
-        match tokio::time::timeout(patience, arrivals.recv()).await {
-            Ok(Some((body, at))) => {
-                if let Some(due_at) = due.get(&body) {
-                    late.entry(body).or_insert(at as i64 - *due_at as i64);
-                }
-            }
-            _ => break,
-        }
-    }
-    if late.len() < due.len() {
-        eprintln!("only {} of {} arrived after {:?}", late.len(), due.len(), started.elapsed());
-    }
-    let mut late: Vec<i64> = late.into_values().collect();
-    late.sort_unstable();
-    late
-}
-
 /// Pump visits so far (re-sends and hand-overs), as `/metrics` counts them.
 fn pump_visits(service: &Service) -> u64 {
     metric_sum(service, "hourglass_pump_cycles_total")
@@ -257,23 +193,6 @@ fn pump_visits(service: &Service) -> u64 {
 fn metric_sum(service: &Service, family: &str) -> u64 {
     let text = service.metrics.encode();
     text.lines().filter(|l| l.starts_with(family)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
-}
-
-fn percentile(sorted: &[i64], q: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
-}
-
-fn summary(late: &[i64]) -> String {
-    format!(
-        "lateness from due: {} early, p50 {} ms, p99 {} ms, max {} ms",
-        late.iter().filter(|l| **l < 0).count(),
-        percentile(late, 0.5),
-        percentile(late, 0.99),
-        late.last().copied().unwrap_or_default()
-    )
 }
 
 fn setup(s: &RequestSnapshot) -> u64 {

@@ -95,7 +95,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, mut st
                 }
             };
             if let Err(err) = served {
-                tracing::debug!(error = %err, "connection closed");
+                tracing::debug!(error = ?err, "connection closed");
             }
             drop(slot);
         });

@@ -1,8 +1,10 @@
 //! SQS cycles: delays beyond SQS's 900 s cap by looping through a FIFO queue.
 //!
 //! A delay up to one cycle is a plain send with `DelaySeconds`. A longer one
-//! goes to the destination's delay queue (`<destination>-delay.fifo`), whose
-//! queue-level delay is the cycle. Each time the message becomes visible the
+//! goes to a FIFO delay queue whose queue-level delay is the cycle: the
+//! destination's own (`<destination>-delay.fifo`), or one the strategy's
+//! destinations share (`delay_queue`), where a steady trickle to many
+//! destinations fills batches that per-destination queues would leave thin. Each time the message becomes visible the
 //! host's pump asks [`SqsCycles::handle_due`]: send it around again, or hand it
 //! to the destination with the rest of the delay.
 //!
@@ -26,6 +28,8 @@ pub struct Config {
     /// Queue-level delay of the FIFO delay queue; whole seconds, at most 900s.
     pub cycle: Option<DurationMs>,
     pub delay_queue_suffix: Option<String>,
+    /// One delay queue for every destination, instead of one each.
+    pub delay_queue: Option<String>,
     pub retention: Option<DurationMs>,
     pub max_delay: Option<DurationMs>,
 }
@@ -34,6 +38,7 @@ pub struct Config {
 pub struct SqsCycles {
     cycle_ms: u64,
     suffix: String,
+    shared_queue: Option<String>,
     retention_s: u64,
     max_delay_ms: u64,
 }
@@ -90,7 +95,10 @@ fn check_queue_name(name: &str) -> Result<(), String> {
 
 impl SqsCycles {
     pub fn delay_queue(&self, destination: &str) -> String {
-        format!("{destination}{}", self.suffix)
+        match &self.shared_queue {
+            Some(shared) => shared.clone(),
+            None => format!("{destination}{}", self.suffix),
+        }
     }
 
     fn check_destination(&self, destination: &str) -> Result<(), String> {
@@ -117,6 +125,7 @@ impl Planner for SqsCycles {
         Info::new("sqs-cycles", env!("CARGO_PKG_VERSION"), BrokerFamily::Sqs)
             .key("cycle", "queue-level delay of the FIFO delay queue, whole seconds up to 900s", Some("900s"))
             .key("delay_queue_suffix", "delay queue name = destination + suffix", Some("-delay.fifo"))
+            .key("delay_queue", "one FIFO delay queue shared by every destination (cheaper for a trickle to many destinations)", None)
             .key("retention", "MessageRetentionPeriod of the delay queue, at least 4 days", Some("4d"))
             .key("max_delay", "longest delay accepted", Some("3650d"))
     }
@@ -125,6 +134,15 @@ impl Planner for SqsCycles {
         let cycle_ms = config.cycle.map_or(SQS_MAX_DELAY_MS, DurationMs::ms);
         if cycle_ms == 0 || cycle_ms > SQS_MAX_DELAY_MS || !cycle_ms.is_multiple_of(1_000) {
             return Err(format!("cycle: {cycle_ms}ms must be whole seconds between 1s and 900s"));
+        }
+        if config.delay_queue.is_some() && config.delay_queue_suffix.is_some() {
+            return Err("delay_queue and delay_queue_suffix: set one (a shared queue has no per-destination suffix)".into());
+        }
+        if let Some(shared) = &config.delay_queue {
+            if !shared.ends_with(".fifo") {
+                return Err(format!("delay_queue: {shared:?} must end in .fifo (the delay queue is FIFO)"));
+            }
+            check_queue_name(shared).map_err(|e| format!("delay_queue: {e}"))?;
         }
         let suffix = config.delay_queue_suffix.unwrap_or_else(|| "-delay.fifo".to_string());
         if !suffix.ends_with(".fifo") {
@@ -135,7 +153,7 @@ impl Planner for SqsCycles {
             return Err(format!("retention: {retention_ms}ms must be between 4 and 14 days"));
         }
         let max_delay_ms = config.max_delay.map_or(3_650 * 86_400_000, DurationMs::ms);
-        Ok(SqsCycles { cycle_ms, suffix, retention_s: retention_ms / 1_000, max_delay_ms })
+        Ok(SqsCycles { cycle_ms, suffix, shared_queue: config.delay_queue, retention_s: retention_ms / 1_000, max_delay_ms })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -206,7 +224,36 @@ mod tests {
     use super::*;
 
     fn planner() -> SqsCycles {
-        SqsCycles::new(Config { cycle: None, delay_queue_suffix: None, retention: None, max_delay: None }).unwrap()
+        SqsCycles::new(Config { cycle: None, delay_queue_suffix: None, delay_queue: None, retention: None, max_delay: None }).unwrap()
+    }
+
+    #[test]
+    fn a_shared_delay_queue_serves_every_destination_and_the_state_names_each() {
+        let shared =
+            SqsCycles::new(Config { cycle: None, delay_queue_suffix: None, delay_queue: Some("all-delay.fifo".into()), retention: None, max_delay: None })
+                .unwrap();
+        let req = |destination: &str| PlanRequest { destination: destination.into(), delay_ms: 1_925_000, message_id: "m1".into(), routing_key: None };
+        for destination in ["orders", "invoices"] {
+            let Command::SqsSend(send) = &shared.plan(&req(destination)).unwrap().commands[0] else { panic!() };
+            assert_eq!(send.queue, "all-delay.fifo");
+            assert_eq!(CycleState::decode(&send.attributes[0].value).unwrap().destination, destination);
+            let setup = shared.destination_setup(destination).unwrap();
+            let [Command::SqsEnsureQueue(queue)] = setup.as_slice() else { panic!() };
+            assert_eq!(queue.name, "all-delay.fifo");
+        }
+        let refused = |delay_queue: &str, suffix: Option<&str>| {
+            SqsCycles::new(Config {
+                cycle: None,
+                delay_queue_suffix: suffix.map(str::to_string),
+                delay_queue: Some(delay_queue.into()),
+                retention: None,
+                max_delay: None,
+            })
+            .unwrap_err()
+        };
+        assert!(refused("all-delay", None).contains("must end in .fifo"));
+        assert!(refused("all-delay.fifo", Some("-d.fifo")).contains("set one"));
+        assert!(refused(&format!("{}.fifo", "q".repeat(80)), None).contains("SQS allows 80"));
     }
 
     fn due(attributes: Vec<SqsAttribute>, sent: u64, received: u64) -> DueMessage {

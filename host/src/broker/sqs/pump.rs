@@ -445,10 +445,12 @@ impl Pump {
         Ok((sends, went))
     }
 
-    /// Sends entries, each to its target queue, in batches per queue; one that
-    /// failed for a passing reason is tried once more at once. The messages
-    /// an entry carries are parked when SQS refused it or its queue is gone,
-    /// retried when it did not go for another reason.
+    /// Sends entries, each to its target queue, in batches per queue, every
+    /// queue at once (a visit of bundles handed over to many destinations
+    /// would otherwise wait for each in turn); one that failed for a passing
+    /// reason is tried once more at once. The messages an entry carries are
+    /// parked when SQS refused it or its queue is gone, retried when it did
+    /// not go for another reason.
     async fn send_onward(&self, sends: Vec<(String, Outgoing)>, verdicts: &mut [Verdict]) {
         let mut by_queue: BTreeMap<String, Vec<(SendMessageBatchRequestEntry, usize)>> = BTreeMap::new();
         let mut carried_by: HashMap<String, Vec<usize>> = HashMap::new();
@@ -456,7 +458,7 @@ impl Pump {
             carried_by.insert(entry.id().to_string(), members);
             by_queue.entry(queue).or_default().push((entry, size));
         }
-        for (queue, entries) in by_queue {
+        let sent = futures_util::future::join_all(by_queue.into_iter().map(|(queue, entries)| async move {
             let mut failures = self.executor.send_batches(&queue, entries.clone()).await;
             let passing: HashSet<String> = failures.iter().filter(|(_, err)| !matches!(err, ExecutorError::Refused(_))).map(|(id, _)| id.clone()).collect();
             if !passing.is_empty() {
@@ -464,6 +466,10 @@ impl Pump {
                 let again: Vec<_> = entries.into_iter().filter(|(entry, _)| passing.contains(entry.id())).collect();
                 failures.extend(self.executor.send_batches(&queue, again).await);
             }
+            (queue, failures)
+        }))
+        .await;
+        for (queue, failures) in sent {
             for (id, err) in failures {
                 let verdict = match err {
                     ExecutorError::Refused(reason) => Verdict::Park(reason),

@@ -1,0 +1,312 @@
+//! SQS at the traffic users have, each figure beside a plain aws-sdk-sqs
+//! client doing the same work at the same time on the same server.
+//!
+//! Trickle: 20 messages a second for 60 s, as single `POST /v1/messages`
+//! requests from 4 clients (open loop: each request leaves on its tick, as a
+//! web service's requests do, whatever the previous one's answer time; each
+//! client keeps a pool of keep-alive connections), to 10
+//! destinations, 105 s delays, 30 s cycles (three pump visits each). The raw
+//! client sends the same messages one `SendMessage` each and pumps them with
+//! [`sqs_support::raw_pump`]. Both go through counting proxies, so requests
+//! are counted as SQS would bill them, by action.
+//!
+//! Burst: 1,000 messages of 12 s scheduled at once to one destination through
+//! 3 s cycles, hourglass and the raw client side by side.
+//!
+//! Run: `scripts/bench-sqs` (starts moto, runs both SQS benches). Knobs:
+//! `BENCH_SHARED_DELAY_QUEUE=0` gives each destination its own delay queue;
+//! `BENCH_SEND_WINDOW` (default 500ms) is `broker.send_batch_window`;
+//! `BENCH_PUMP_LINGER` is `service.pump_linger`.
+
+mod sqs_support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hourglass::clock::unix_now_ms;
+use hourglass::config::Config;
+use hourglass::scheduler::ScheduleRequest;
+use hourglass::service::{self, Service};
+use sqs_support::*;
+use tokio::sync::watch;
+
+const TRICKLE_RATE: u64 = 20;
+const TRICKLE_CLIENTS: u64 = 4;
+/// 60 s; `BENCH_TRICKLE_SECONDS` shortens it for a quick look.
+fn trickle_seconds() -> u64 {
+    std::env::var("BENCH_TRICKLE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60)
+}
+const TRICKLE_DESTINATIONS: usize = 10;
+const TRICKLE_DELAY_MS: u64 = 105_000;
+const TRICKLE_CYCLE_SECONDS: u64 = 30;
+const TRICKLE_VISITS: u64 = 3;
+const BURST_MESSAGES: usize = 1_000;
+const BURST_DELAY_MS: u64 = 12_000;
+const BURST_CYCLE_SECONDS: u64 = 3;
+/// Visits at 3, 6 and 9 s; the last hands over with 3 s to go.
+const BURST_VISITS: u64 = 3;
+
+fn main() {
+    // The host's warnings (a pump that lags, a send retried) belong in the bench's output.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let upstream = endpoint();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run(&upstream));
+}
+
+async fn run(upstream: &str) {
+    let run = run_id();
+    let shared = std::env::var("BENCH_SHARED_DELAY_QUEUE").map_or(true, |v| v != "0");
+    let window = std::env::var("BENCH_SEND_WINDOW").unwrap_or_else(|_| "500ms".into());
+    let linger = std::env::var("BENCH_PUMP_LINGER").map(|l| format!("pump_linger = \"{l}\"\n")).unwrap_or_default();
+    let (hourglass_proxy, raw_proxy) = (CountingProxy::start(upstream).await, CountingProxy::start(upstream).await);
+    let direct = client(upstream).await;
+    let raw = client(&raw_proxy.endpoint).await;
+
+    let (trickle, burst) = (format!("bench-{run}-trickle"), format!("bench-{run}-burst"));
+    let shared_queue = |name: &str| if shared { format!("delay_queue = \"{name}-delay.fifo\"\n") } else { String::new() };
+    let text = format!(
+        "default_strategy = \"{trickle}\"\n[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\nsend_batch_window = \"{window}\"\n[service]\n{linger}\
+         [service.sqs_ingress]\nenabled = false\n[service.canary]\nenabled = false\n\
+         [strategies.{trickle}]\nplanner = \"sqs-cycles\"\ncycle = \"{TRICKLE_CYCLE_SECONDS}s\"\n{}\
+         [strategies.{burst}]\nplanner = \"sqs-cycles\"\ncycle = \"{BURST_CYCLE_SECONDS}s\"\n{}",
+        hourglass_proxy.endpoint,
+        shared_queue(&trickle),
+        shared_queue(&burst),
+    );
+    let config = Config::parse(Path::new("bench-sqs-traffic.toml"), text).unwrap();
+    let service = Service::start(config).await.expect("serve on the local SQS server");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(service::run(listener, service.clone(), std::future::pending()));
+    let (stop, stopped) = watch::channel(false);
+    let mut queues = Vec::new();
+
+    // Trickle.
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for d in 0..TRICKLE_DESTINATIONS {
+        ours.push(create_destination(&direct, &format!("bench-{run}-t{d}")).await);
+        theirs.push(create_destination(&direct, &format!("bench-{run}-raw-t{d}")).await);
+    }
+    let raw_delay_queue = create_raw_delay_queue(&direct, &format!("bench-{run}-raw-trickle-delay.fifo"), Duration::from_secs(TRICKLE_CYCLE_SECONDS)).await;
+    tokio::spawn(raw_pump(raw.clone(), raw_delay_queue.clone(), Duration::from_secs(TRICKLE_CYCLE_SECONDS), stopped.clone()));
+    let mut our_arrivals = consume_all(&direct, &ours);
+    let mut their_arrivals = consume_all(&direct, &theirs);
+    let their_urls: Vec<String> = futures_util::future::join_all(theirs.iter().map(|q| url_of(&direct, q))).await;
+    let (before_ours, before_theirs) = (hourglass_proxy.snapshot(), raw_proxy.snapshot());
+    println!(
+        "## Trickle: {TRICKLE_RATE} msg/s for {} s from {TRICKLE_CLIENTS} clients, {TRICKLE_DESTINATIONS} destinations, {} s delays, {TRICKLE_CYCLE_SECONDS} s cycles ({}; send_batch_window {window})\n",
+        trickle_seconds(),
+        TRICKLE_DELAY_MS / 1_000,
+        if shared { "one delay queue for the strategy" } else { "a delay queue per destination" }
+    );
+    let (our_due, their_due) = tokio::join!(trickle_http(address, &trickle, &ours), trickle_raw(&raw, &raw_delay_queue, &their_urls, &run));
+    let patience = Duration::from_secs(120);
+    let (our_late, their_late) = tokio::join!(collect(&mut our_arrivals, &our_due, patience), collect(&mut their_arrivals, &their_due, patience));
+    // The pumps' last deletes go out right after their hand-overs arrive.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
+    report(&spent_ours, &spent_theirs, our_due.len(), TRICKLE_VISITS, &our_late, &their_late);
+    pump_counts(&service, &trickle);
+    queues.extend(ours.iter().cloned().chain(theirs.iter().cloned()));
+    queues.push(format!("bench-{run}-raw-trickle-delay.fifo"));
+
+    // Burst.
+    let ours = create_destination(&direct, &format!("bench-{run}-b")).await;
+    let theirs = create_destination(&direct, &format!("bench-{run}-raw-b")).await;
+    let their_url = url_of(&direct, &theirs).await;
+    let raw_delay_queue = create_raw_delay_queue(&direct, &format!("bench-{run}-raw-burst-delay.fifo"), Duration::from_secs(BURST_CYCLE_SECONDS)).await;
+    tokio::spawn(raw_pump(raw.clone(), raw_delay_queue.clone(), Duration::from_secs(BURST_CYCLE_SECONDS), stopped.clone()));
+    // The destination's set-up (delay queue, pump) is not part of the burst.
+    service.scheduler().prepare_destination(&burst, &ours).await.expect("prepare the burst's destination");
+    let mut our_arrivals = consume_all(&direct, std::slice::from_ref(&ours));
+    let mut their_arrivals = consume_all(&direct, std::slice::from_ref(&theirs));
+    let (before_ours, before_theirs) = (hourglass_proxy.snapshot(), raw_proxy.snapshot());
+    println!("\n## Burst: {BURST_MESSAGES} messages of {} s at once to one destination, {BURST_CYCLE_SECONDS} s cycles\n", BURST_DELAY_MS / 1_000);
+    let (our_due, their_due) = tokio::join!(burst_hourglass(&service, &burst, &ours), burst_raw(&raw, &raw_delay_queue, &their_url, &run));
+    let patience = Duration::from_secs(60);
+    let (our_late, their_late) = tokio::join!(collect(&mut our_arrivals, &our_due, patience), collect(&mut their_arrivals, &their_due, patience));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
+    report(&spent_ours, &spent_theirs, our_due.len(), BURST_VISITS, &our_late, &their_late);
+    pump_counts(&service, &burst);
+    queues.extend([ours, theirs, format!("bench-{run}-raw-burst-delay.fifo")]);
+
+    stop.send(true).ok();
+    for strategy in [&trickle, &burst] {
+        queues.push(format!("{strategy}-delay.fifo"));
+        queues.push(format!("{strategy}-delay-dlq.fifo"));
+    }
+    let per_destination: Vec<String> = queues.iter().flat_map(|q| [format!("{q}-delay.fifo"), format!("{q}-delay-dlq.fifo")]).collect();
+    delete_queues(&direct, queues.into_iter().chain(per_destination)).await;
+}
+
+/// Requests by action side by side, per message per cycle, and lateness with its ratio to the raw client's.
+fn report(ours: &Counts, theirs: &Counts, messages: usize, visits: u64, our_late: &[i64], their_late: &[i64]) {
+    println!("| action | hourglass | raw client |\n|---|---:|---:|");
+    let actions: std::collections::BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
+    for action in actions {
+        println!("| {action} | {} | {} |", ours.get(action).copied().unwrap_or(0), theirs.get(action).copied().unwrap_or(0));
+    }
+    let per = |counts: &Counts| message_requests(counts) as f64 / (messages as u64 * visits) as f64;
+    println!(
+        "\nrequests that move messages, per message per cycle (first sends included; set-up apart: {} and {}): hourglass {:.3}, raw client {:.3}",
+        setup_requests(ours),
+        setup_requests(theirs),
+        per(ours),
+        per(theirs)
+    );
+    println!("hourglass: arrived {} of {messages}; {}", our_late.len(), summary(our_late));
+    println!("raw client: arrived {} of {messages}; {}", their_late.len(), summary(their_late));
+    let ratio = |q| percentile(our_late, q) as f64 / percentile(their_late, q).max(1) as f64;
+    println!("lateness, hourglass / raw client: p50 {:.2}×, p99 {:.2}×", ratio(0.5), ratio(0.99));
+}
+
+/// `TRICKLE_CLIENTS` clients, each sending its share of `TRICKLE_RATE` a second
+/// for `trickle_seconds()`, one `POST` per message on its own connection; due times by body.
+async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destinations: &[String]) -> HashMap<String, u64> {
+    let every = Duration::from_micros(1_000_000 * TRICKLE_CLIENTS / TRICKLE_RATE);
+    let per_client = TRICKLE_RATE * trickle_seconds() / TRICKLE_CLIENTS;
+    let clients = (0..TRICKLE_CLIENTS).map(|c| {
+        let (strategy, destinations) = (strategy.to_string(), destinations.to_vec());
+        tokio::spawn(async move {
+            // Clients start spread over one interval, so together they tick evenly.
+            tokio::time::sleep(every * c as u32 / TRICKLE_CLIENTS as u32).await;
+            let mut ticks = tokio::time::interval(every);
+            let mut requests = Vec::new();
+            let pool = Pool::default();
+            for n in 0..per_client {
+                ticks.tick().await;
+                let body = format!("h-{c}-{n}");
+                let destination = destinations[(n as usize + c as usize) % destinations.len()].clone();
+                let (strategy, pool) = (strategy.clone(), pool.clone());
+                requests.push(tokio::spawn(async move {
+                    let json = serde_json::json!({ "destination": destination, "delay": TRICKLE_DELAY_MS, "body": body, "strategy": strategy });
+                    (body, post(&pool, address, json).await)
+                }));
+            }
+            let mut due = Vec::new();
+            for request in requests {
+                due.push(request.await.unwrap());
+            }
+            due
+        })
+    });
+    let mut due = HashMap::new();
+    for client in futures_util::future::join_all(clients).await {
+        due.extend(client.unwrap());
+    }
+    due
+}
+
+/// A client's idle keep-alive connections: a request takes one or opens a new
+/// one, and gives it back after its answer, as an HTTP client library's pool does.
+type Pool = Arc<std::sync::Mutex<Vec<hyper::client::conn::http1::SendRequest<http_body_util::Full<axum::body::Bytes>>>>>;
+
+/// One `POST /v1/messages` on an idle connection of `pool` or a new one; the answer's `due_at`.
+async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Value) -> u64 {
+    let idle = pool.lock().unwrap().pop();
+    let mut sender = match idle {
+        Some(sender) if sender.is_ready() => sender,
+        _ => {
+            let stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+            let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+            tokio::spawn(connection);
+            sender
+        }
+    };
+    let request = hyper::Request::post("/v1/messages")
+        .header("host", address.to_string())
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(axum::body::Bytes::from(json.to_string())))
+        .unwrap();
+    let response = match sender.send_request(request).await {
+        Ok(response) => response,
+        Err(err) => panic!("POST {json} at {} ms: {err:?}", unix_now_ms()),
+    };
+    let status = response.status();
+    let body = http_body_util::BodyExt::collect(response.into_body()).await.expect("answer").to_bytes();
+    assert!(status.is_success(), "POST answered {status}: {}", String::from_utf8_lossy(&body));
+    pool.lock().unwrap().push(sender);
+    serde_json::from_slice::<serde_json::Value>(&body).unwrap()["due_at"].as_u64().expect("due_at")
+}
+
+/// The raw client's trickle: the same rate and clients, one `SendMessage` each into its delay queue.
+async fn trickle_raw(client: &aws_sdk_sqs::Client, delay_queue: &str, destinations: &[String], run: &str) -> HashMap<String, u64> {
+    let every = Duration::from_micros(1_000_000 * TRICKLE_CLIENTS / TRICKLE_RATE);
+    let per_client = TRICKLE_RATE * trickle_seconds() / TRICKLE_CLIENTS;
+    let clients = (0..TRICKLE_CLIENTS).map(|c| {
+        let (client, delay_queue, destinations, run) = (client.clone(), delay_queue.to_string(), destinations.to_vec(), run.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(every * c as u32 / TRICKLE_CLIENTS as u32).await;
+            let mut ticks = tokio::time::interval(every);
+            let mut sends = Vec::new();
+            for n in 0..per_client {
+                ticks.tick().await;
+                let body = format!("r-{run}-{c}-{n}");
+                let destination = destinations[(n as usize + c as usize) % destinations.len()].clone();
+                let (client, delay_queue) = (client.clone(), delay_queue.clone());
+                sends.push(tokio::spawn(async move {
+                    let due = unix_now_ms() + TRICKLE_DELAY_MS;
+                    let entry = raw_cycle_entry(&body, &body, due, &destination, 0);
+                    client
+                        .send_message()
+                        .queue_url(&delay_queue)
+                        .message_body(&body)
+                        .message_group_id(entry.message_group_id().unwrap_or_default())
+                        .message_deduplication_id(entry.message_deduplication_id().unwrap_or_default())
+                        .set_message_attributes(entry.message_attributes().cloned())
+                        .send()
+                        .await
+                        .expect("raw SendMessage");
+                    (body, due)
+                }));
+            }
+            let mut due = Vec::new();
+            for send in sends {
+                due.push(send.await.unwrap());
+            }
+            due
+        })
+    });
+    let mut due = HashMap::new();
+    for client in futures_util::future::join_all(clients).await {
+        due.extend(client.unwrap());
+    }
+    due
+}
+
+/// The burst through hourglass's scheduler, all at once; due times by body.
+async fn burst_hourglass(service: &Arc<Service>, strategy: &str, destination: &str) -> HashMap<String, u64> {
+    let sends = (0..BURST_MESSAGES).map(|n| {
+        let body = format!("hb-{n}");
+        let request = ScheduleRequest {
+            destination: destination.to_string(),
+            delay_ms: BURST_DELAY_MS,
+            body: body.clone().into_bytes(),
+            strategy: Some(strategy.to_string()),
+            ..Default::default()
+        };
+        async move { (body, service.scheduler().schedule(request).await.expect("schedule").due_at_ms) }
+    });
+    futures_util::future::join_all(sends).await.into_iter().collect()
+}
+
+/// The raw client's burst: the same messages in batches of ten, all at once.
+async fn burst_raw(client: &aws_sdk_sqs::Client, delay_queue: &str, destination: &str, run: &str) -> HashMap<String, u64> {
+    let due = unix_now_ms() + BURST_DELAY_MS;
+    let bodies: Vec<String> = (0..BURST_MESSAGES).map(|n| format!("rb-{run}-{n}")).collect();
+    let entries = bodies.iter().map(|body| raw_cycle_entry(body, body, due, destination, 0)).collect();
+    raw_send(client, delay_queue, entries).await;
+    bodies.into_iter().map(|body| (body, due)).collect()
+}
+
+/// The pump's own counts for the queues of `strategy` (visits, bundles, redeliveries, empty polls), as `/metrics` has them.
+fn pump_counts(service: &Service, strategy: &str) {
+    let text = service.metrics.encode();
+    let counts: Vec<&str> = text.lines().filter(|l| l.starts_with("hourglass_pump") && l.contains(strategy)).collect();
+    println!("pump counts:\n  {}", counts.join("\n  "));
+}
