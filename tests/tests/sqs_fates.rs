@@ -146,7 +146,7 @@ impl Setup {
 
     async fn claim(&self, host: &FatesQueue, id: &str, body: &str) {
         let target = MessageAttributeValue::builder().data_type("String").string_value(&self.destination).build().unwrap();
-        host.claim(id, &format!("claim-{id}"), body, &HashMap::from([(TARGET_HEADER.to_string(), target)])).await.unwrap();
+        host.claim(id, &format!("claim-{id}"), None, body, &HashMap::from([(TARGET_HEADER.to_string(), target)])).await.unwrap();
     }
 
     async fn cancel(&self, host: &FatesQueue, id: &str, token: &str) {

@@ -50,8 +50,20 @@ pub const FATE_ATTRIBUTE: &str = "hourglass-fate";
 /// How long a head is first held before it is received again to answer what
 /// queued behind it; doubled on each receive up to [`LONGEST_HOLD`].
 pub const FIRST_HOLD: Duration = Duration::from_secs(5);
+/// How long a reschedule at the head is held around its new due time, when its claim is about to come.
+pub const MEETING_HOLD: Duration = Duration::from_secs(1);
 /// The longest a head is held: a second cancel of a cancelled message waits at most this long for its answer.
 pub const LONGEST_HOLD: Duration = Duration::from_secs(15 * 60);
+
+/// The message group of message `id`: the id itself when SQS takes it as a
+/// group id (at most 128 printable ASCII characters), else a digest of it.
+pub fn group_of(id: &str) -> String {
+    if !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_graphic()) {
+        return id.to_string();
+    }
+    use sha2::Digest;
+    format!("sha256-{}", hex::encode(sha2::Sha256::digest(id.as_bytes())))
+}
 
 /// One entry of a message's group in the fates queue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,8 +82,12 @@ pub enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reply: Option<String>,
     },
-    /// The message, due: its body and other attributes are the message's own.
-    Claim,
+    /// The message, due: its body and other attributes are the message's own;
+    /// `strategy`: the one it goes round again if a reschedule moved it later.
+    Claim {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strategy: Option<String>,
+    },
     /// The claim ahead of this marker was forwarded to its destination.
     Released,
 }
@@ -89,7 +105,7 @@ impl Entry {
     pub fn asker(&self) -> Option<(&str, Option<&str>)> {
         match self {
             Entry::Cancel { token, reply } | Entry::Reschedule { token, reply, .. } => Some((token, reply.as_deref())),
-            Entry::Claim | Entry::Released => None,
+            Entry::Claim { .. } | Entry::Released => None,
         }
     }
 }
@@ -102,6 +118,8 @@ pub struct Seen {
     pub receive_count: u32,
     /// SQS's `SentTimestamp`.
     pub sent_ms: u64,
+    /// A claim this host forwarded and fenced itself (it remembers them for a while).
+    pub forwarded_here: bool,
 }
 
 /// What to do with one group's received entries (indexes into them). The
@@ -160,7 +178,7 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
         Entry::Cancel { .. } => State::Cancelled,
         Entry::Reschedule { due_at_ms, .. } => State::Rescheduled { due_at_ms },
         Entry::Released => State::Released,
-        Entry::Claim => State::Claimed,
+        Entry::Claim { .. } => State::Claimed,
     };
     // A request at the head is answered once: the first time it is seen there.
     // (A host killed before answering leaves its asker to time out and ask again.)
@@ -175,7 +193,7 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
                 decision.answers.push((i, Answer::AlreadyCancelled));
                 decision.delete.push(i);
             }
-            (State::Cancelled, Entry::Claim) => {
+            (State::Cancelled, Entry::Claim { .. }) => {
                 decision.dropped.push(i);
                 decision.delete.push(i);
             }
@@ -185,7 +203,7 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
             }
             // A claim behind one that goes, or went, on: another copy of the
             // message (a send SQS did not deduplicate, or the id used again). Never lost: it goes on too.
-            (State::Released | State::Claimed, Entry::Claim) => {
+            (State::Released | State::Claimed, Entry::Claim { .. }) => {
                 decision.forward.push(i);
                 decision.delete.push(i);
             }
@@ -209,12 +227,12 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
                 state = State::Rescheduled { due_at_ms: *due_at_ms };
             }
             // Claimed before its new due time: round the strategy again; the reschedule stays to meet the next claim.
-            (State::Rescheduled { due_at_ms }, Entry::Claim) if due_at_ms > now_ms => {
+            (State::Rescheduled { due_at_ms }, Entry::Claim { .. }) if due_at_ms > now_ms => {
                 decision.replan.push((i, due_at_ms));
                 decision.delete.push(i);
             }
             // Claimed at or after it: the reschedule is spent, and the claim is the head.
-            (State::Rescheduled { .. }, Entry::Claim) => {
+            (State::Rescheduled { .. }, Entry::Claim { .. }) => {
                 decision.delete.push(head);
                 head = i;
                 state = State::Claimed;
@@ -222,6 +240,11 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
         }
     }
     match state {
+        // This host forwarded it and sent its fence, which this receive did not
+        // reach (a receive returns at most ten entries, and need not keep a
+        // group's together): forwarding it again would be a duplicate. Held,
+        // so other groups' entries come forward and it comes back with its fence.
+        State::Claimed if seen[head].forwarded_here => decision.hold = Some((head, hold_for(seen[head].receive_count))),
         State::Claimed => {
             // Nothing ahead cancelled it, and its fence is not in hand: forward it
             // (again, if its fence was sent but not received with it), fence it,
@@ -235,7 +258,21 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
             let left = Duration::from_millis(remember_ms.saturating_sub(now_ms.saturating_sub(seen[head].sent_ms)) + 1_000);
             decision.hold = Some((head, hold_for(seen[head].receive_count).min(left)));
         }
-        State::Cancelled | State::Rescheduled { .. } => decision.hold = Some((head, hold_for(seen[head].receive_count))),
+        State::Cancelled => decision.hold = Some((head, hold_for(seen[head].receive_count))),
+        // Its claim comes back at its new due time: be there to meet it then,
+        // not a doubled hold later (that would make the message late by it).
+        State::Rescheduled { due_at_ms } => {
+            let passed = Duration::from_millis(now_ms.saturating_sub(due_at_ms));
+            let hold = match due_at_ms.checked_sub(now_ms) {
+                Some(ahead) => hold_for(seen[head].receive_count).min(Duration::from_millis(ahead) + MEETING_HOLD),
+                // Its claim comes a second or two after its due time: looked for every second for a minute.
+                None if passed < Duration::from_secs(60) => MEETING_HOLD,
+                None if passed < LONGEST_HOLD => FIRST_HOLD,
+                // A reschedule of an id never scheduled: back off again.
+                None => hold_for(seen[head].receive_count),
+            };
+            decision.hold = Some((head, hold));
+        }
     }
     // Newest first: a host killed between two deletes leaves a head that still says the same.
     decision.delete.sort_unstable_by(|a, b| b.cmp(a));
@@ -251,16 +288,16 @@ mod tests {
     const REMEMBER: u64 = 600_000;
 
     fn cancel(n: u32) -> Seen {
-        Seen { entry: Entry::Cancel { token: "t".into(), reply: None }, receive_count: n, sent_ms: NOW - 1 }
+        Seen { entry: Entry::Cancel { token: "t".into(), reply: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
     }
     fn reschedule(due_at_ms: u64, n: u32) -> Seen {
-        Seen { entry: Entry::Reschedule { token: "t".into(), due_at_ms, reply: None }, receive_count: n, sent_ms: NOW - 1 }
+        Seen { entry: Entry::Reschedule { token: "t".into(), due_at_ms, reply: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
     }
     fn claim(n: u32) -> Seen {
-        Seen { entry: Entry::Claim, receive_count: n, sent_ms: NOW - 1 }
+        Seen { entry: Entry::Claim { strategy: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
     }
     fn released(n: u32, sent_ms: u64) -> Seen {
-        Seen { entry: Entry::Released, receive_count: n, sent_ms }
+        Seen { entry: Entry::Released, receive_count: n, sent_ms, forwarded_here: false }
     }
 
     #[test]
@@ -295,6 +332,17 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_this_host_fenced_is_not_forwarded_again_when_its_fence_is_out_of_reach() {
+        let mine = Seen { forwarded_here: true, ..claim(2) };
+        let d = decide(&[mine.clone(), cancel(1)], NOW, REMEMBER);
+        assert_eq!(d.answers, vec![(1, Answer::AlreadyReleased)], "it was forwarded before the cancel was seen");
+        assert!(d.forward.is_empty() && !d.fence && d.reveal.is_empty(), "{d:?}");
+        assert_eq!(d.hold, Some((0, hold_for(2))));
+        let with_fence = decide(&[mine, released(1, NOW)], NOW, REMEMBER);
+        assert_eq!((with_fence.delete, with_fence.hold), (vec![0], Some((1, FIRST_HOLD))));
+    }
+
+    #[test]
     fn a_released_marker_answers_409_until_it_is_forgotten() {
         let d = decide(&[released(2, NOW - 1_000), cancel(1), claim(1)], NOW, REMEMBER);
         assert_eq!(d.answers, vec![(1, Answer::AlreadyReleased)]);
@@ -323,6 +371,20 @@ mod tests {
     }
 
     #[test]
+    fn a_reschedule_head_is_held_no_longer_than_its_due_time_so_its_claim_is_met_then() {
+        let far = decide(&[reschedule(NOW + 600_000, 6)], NOW, REMEMBER);
+        assert_eq!(far.hold, Some((0, hold_for(6))));
+        let near = decide(&[reschedule(NOW + 2_000, 6)], NOW, REMEMBER);
+        assert_eq!(near.hold, Some((0, Duration::from_millis(2_000) + MEETING_HOLD)));
+        let just_passed = decide(&[reschedule(NOW - 2_000, 9)], NOW, REMEMBER);
+        assert_eq!(just_passed.hold, Some((0, MEETING_HOLD)), "its claim is due any moment");
+        let passed = decide(&[reschedule(NOW - 120_000, 9)], NOW, REMEMBER);
+        assert_eq!(passed.hold, Some((0, FIRST_HOLD)));
+        let long_passed = decide(&[reschedule(NOW - LONGEST_HOLD.as_millis() as u64 - 1, 9)], NOW, REMEMBER);
+        assert_eq!(long_passed.hold, Some((0, hold_for(9))), "a reschedule of an id never scheduled backs off again");
+    }
+
+    #[test]
     fn a_host_killed_between_deletes_leaves_a_head_that_says_the_same() {
         // [claim, cancel, fence]: the cancel is deleted before the claim. Killed after the first delete:
         let rest = decide(&[claim(3), released(2, NOW)], NOW, REMEMBER);
@@ -332,6 +394,15 @@ mod tests {
         let rest = decide(&[reschedule(NOW - 5, 3), claim(2), released(1, NOW)], NOW, REMEMBER);
         assert!(rest.forward.is_empty(), "the fence says it went: {rest:?}");
         assert_eq!(rest.delete, vec![1, 0]);
+    }
+
+    #[test]
+    fn ids_sqs_takes_as_groups_are_their_own_group_others_a_digest() {
+        assert_eq!(group_of("order-17"), "order-17");
+        let long = "x".repeat(200);
+        assert!(group_of(&long).starts_with("sha256-") && group_of(&long).len() <= 128);
+        assert_ne!(group_of("a b"), group_of("a_b"));
+        assert_eq!(group_of(&group_of(&long)), group_of(&long), "a group maps to itself");
     }
 
     #[test]
@@ -346,7 +417,9 @@ mod tests {
         let entry = Entry::Reschedule { token: "k".into(), due_at_ms: 42, reply: Some("q".into()) };
         assert_eq!(entry.encode(), r#"{"fate":"reschedule","token":"k","due_at_ms":42,"reply":"q"}"#);
         assert_eq!(Entry::decode(&entry.encode()).unwrap(), entry);
-        assert_eq!(Entry::decode(r#"{"fate":"claim"}"#).unwrap(), Entry::Claim);
+        assert_eq!(Entry::decode(r#"{"fate":"claim"}"#).unwrap(), Entry::Claim { strategy: None });
+        let claim = Entry::Claim { strategy: Some("main".into()) };
+        assert_eq!(Entry::decode(&claim.encode()).unwrap(), claim);
         assert!(Entry::decode("claim").is_err());
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use thiserror::Error;
 
-use super::fates::{Decision, Entry, FATE_ATTRIBUTE, Seen, decide};
+use super::fates::{Decision, Entry, FATE_ATTRIBUTE, Seen, decide, group_of};
 use super::send::{SqsExecutor, count};
 use crate::broker::ExecutorError;
 use crate::clock::Clock;
@@ -37,14 +37,20 @@ pub enum FatesError {
 
 /// Sends a claim that was not cancelled round its strategy again, due at `due_at_ms`.
 pub trait Replan: Send + Sync {
-    fn replan(&self, body: &str, attributes: &HashMap<String, MessageAttributeValue>, due_at_ms: u64) -> impl Future<Output = Result<(), String>> + Send;
+    fn replan(
+        &self,
+        strategy: Option<&str>,
+        body: &str,
+        attributes: &HashMap<String, MessageAttributeValue>,
+        due_at_ms: u64,
+    ) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 /// Refuses every replan: for a fates queue whose strategy takes no reschedules.
 pub struct NoReplan;
 
 impl Replan for NoReplan {
-    async fn replan(&self, _: &str, _: &HashMap<String, MessageAttributeValue>, _: u64) -> Result<(), String> {
+    async fn replan(&self, _: Option<&str>, _: &str, _: &HashMap<String, MessageAttributeValue>, _: u64) -> Result<(), String> {
         Err("rescheduling is not wired to a strategy here".into())
     }
 }
@@ -90,7 +96,13 @@ pub fn answer_of(label: &str) -> Option<Answer> {
     })
 }
 
+/// Claims remembered as forwarded here before the old ones are swept.
+const REMEMBER_FORWARDED: usize = 100_000;
+/// How long a claim is remembered as forwarded here.
+const FORWARDED_KEPT: Duration = Duration::from_secs(3_600);
+
 pub struct FatesQueue {
+    forwarded: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     executor: Arc<SqsExecutor>,
     queue: String,
     url: String,
@@ -115,11 +127,26 @@ impl FatesQueue {
         } else {
             executor.url(queue).await?.ok_or_else(|| FatesError::Missing(queue.to_string()))?
         };
-        Ok(FatesQueue { executor, queue: queue.to_string(), url, remember_ms, clock })
+        Ok(FatesQueue { forwarded: Default::default(), executor, queue: queue.to_string(), url, remember_ms, clock })
     }
 
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    fn forwarded_here(&self, claim: &str) -> bool {
+        self.forwarded.lock().unwrap_or_else(|p| p.into_inner()).contains_key(claim)
+    }
+
+    /// A claim this host forwarded and fenced, by its SQS message id: kept a
+    /// while (a claim is deleted within minutes once seen with its fence).
+    fn remember_forwarded(&self, claim: &str) {
+        let mut forwarded = self.forwarded.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if forwarded.len() >= REMEMBER_FORWARDED {
+            forwarded.retain(|_, at| now.duration_since(*at) < FORWARDED_KEPT);
+        }
+        forwarded.insert(claim.to_string(), now);
     }
 
     fn sqs<E: std::error::Error + Send + Sync + 'static>(&self, what: &'static str) -> impl FnOnce(E) -> FatesError + '_ {
@@ -130,14 +157,23 @@ impl FatesQueue {
     /// send of the same entry (absorbed within SQS's five minutes).
     pub async fn append(&self, id: &str, entry: &Entry, dedup: &str) -> Result<(), FatesError> {
         let attributes = HashMap::from([(FATE_ATTRIBUTE.to_string(), text_attribute(entry.encode()))]);
-        self.send(id, dedup, "-", attributes).await
+        self.send(&group_of(id), dedup, "-", attributes).await
     }
 
-    /// Appends the message itself as the claim of `id`: its body and attributes as they are.
-    pub async fn claim(&self, id: &str, dedup: &str, body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> Result<(), FatesError> {
+    /// Appends the message itself as the claim of `id`: its body and attributes
+    /// as they are; `strategy`: the one a reschedule sends it round again.
+    pub async fn claim(
+        &self,
+        id: &str,
+        dedup: &str,
+        strategy: Option<&str>,
+        body: &str,
+        attributes: &HashMap<String, MessageAttributeValue>,
+    ) -> Result<(), FatesError> {
         let mut attributes = attributes.clone();
-        attributes.insert(FATE_ATTRIBUTE.to_string(), text_attribute(Entry::Claim.encode()));
-        self.send(id, dedup, body, attributes).await
+        let claim = Entry::Claim { strategy: strategy.map(str::to_string) };
+        attributes.insert(FATE_ATTRIBUTE.to_string(), text_attribute(claim.encode()));
+        self.send(&group_of(id), dedup, body, attributes).await
     }
 
     async fn send(&self, group: &str, dedup: &str, body: &str, attributes: HashMap<String, MessageAttributeValue>) -> Result<(), FatesError> {
@@ -199,6 +235,7 @@ impl FatesQueue {
                 entry,
                 receive_count: number(MessageSystemAttributeName::ApproximateReceiveCount) as u32,
                 sent_ms: number(MessageSystemAttributeName::SentTimestamp),
+                forwarded_here: self.forwarded_here(message.message_id().unwrap_or_default()),
             });
         }
         let decision = decide(&seen, self.clock.earliest_ms(), self.remember_ms);
@@ -230,7 +267,11 @@ impl FatesQueue {
         for (index, due_at_ms) in &decision.replan {
             let message = members[*index];
             let attributes = own_attributes(message);
-            replan.replan(message.body().unwrap_or_default(), &attributes, *due_at_ms).await.map_err(|why| FatesError::Sqs {
+            let strategy = match &seen[*index].entry {
+                Entry::Claim { strategy } => strategy.as_deref(),
+                _ => None,
+            };
+            replan.replan(strategy, message.body().unwrap_or_default(), &attributes, *due_at_ms).await.map_err(|why| FatesError::Sqs {
                 what: "replan",
                 queue: self.queue.clone(),
                 source: why.into(),
@@ -240,6 +281,7 @@ impl FatesQueue {
         if decision.fence {
             let head = decision.reveal.first().map_or("", |index| members[*index].message_id().unwrap_or_default());
             self.append(group, &Entry::Released, &format!("released-{head}")).await?;
+            self.remember_forwarded(head);
         }
         for index in &decision.delete {
             count(&self.executor.requests.delete_message_batch);
@@ -248,7 +290,7 @@ impl FatesQueue {
         }
         processed.dropped += decision.dropped.len();
         if let Some((index, hold)) = decision.hold {
-            self.set_visibility(members[index], hold).await?;
+            self.set_visibility(members[index], jittered(hold)).await?;
         }
         for index in &decision.reveal {
             self.set_visibility(members[*index], Duration::ZERO).await?;
@@ -298,6 +340,14 @@ impl FatesQueue {
         self.executor.client().send_message().queue_url(url).message_body(body).send().await.map_err(self.sqs("SendMessage (reply)"))?;
         Ok(())
     }
+}
+
+/// A hold cut to between half and all of it, so heads held at the same moment
+/// come back at different ones (a receive reaches a group's later entries only
+/// when fewer than ten older ones are in the way).
+fn jittered(hold: Duration) -> Duration {
+    let fraction = (uuid::Uuid::new_v4().as_u128() % 1_000) as u32;
+    (hold / 2 + hold / 2 * fraction / 1_000).max(Duration::from_secs(1))
 }
 
 fn text_attribute(value: String) -> MessageAttributeValue {
