@@ -4,6 +4,11 @@
 //! the due message in the fates queue, and the head of the message's group
 //! decides (docs/sqs.md, "Cancel and reschedule").
 //!
+//! Every delay here is longer than the strategy's 2 s cycle, so each message
+//! cycles through the release queue's `-delay.fifo` queue under the host's
+//! pump and takes its last leg to the release queue with `DelaySeconds`: the
+//! leg a cancel could not stop before there was a release step.
+//!
 //! Each test has queues of its own (a random token in every name: fates,
 //! reply, release and destination queues) and deletes them when it ends.
 //!
@@ -166,6 +171,16 @@ async fn a_cancel_answered_200_never_arrives_and_the_messages_beside_it_arrive_o
     assert!(String::from_utf8_lossy(&delivered.stderr).contains("already delivered"), "{delivered:?}");
     let cancelled = cli(&ids["victim"]);
     assert!(cancelled.status.success() && String::from_utf8_lossy(&cancelled.stdout).contains("already cancelled"), "{cancelled:?}");
+
+    // A host that stops (and the command line) leaves no reply queue behind.
+    let replies = format!("e2e-{}-fates-replies", setup.token);
+    let listed = setup.executor.client().list_queues().queue_name_prefix(&replies).send().await.unwrap();
+    assert_eq!(listed.queue_urls().len(), 1, "the serving host's own: {:?}", listed.queue_urls());
+    let mut host = host;
+    host.signal("TERM");
+    assert!(host.wait(Duration::from_secs(30)).success());
+    let listed = setup.executor.client().list_queues().queue_name_prefix(&replies).send().await.unwrap();
+    assert!(listed.queue_urls().is_empty(), "{:?}", listed.queue_urls());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
