@@ -140,6 +140,8 @@ impl SqsCancel {
 
     /// Receives this host's answers until `stop`, handing each to its asker.
     pub async fn listen(&self, mut stop: watch::Receiver<bool>) {
+        // Up from the start: the queue was made at open, and a long poll on an empty queue must not read as down.
+        self.listening.store(true, Ordering::Relaxed);
         while !*stop.borrow() {
             let received = tokio::select! {
                 received = self.executor.receive_ten(&self.reply_queue, &self.reply_url, LONG_POLL_SECONDS) => received,
@@ -191,6 +193,9 @@ impl SqsCancel {
 
     /// Decides the fates queue's groups until `stop`.
     pub async fn decide(&self, replan: &impl Replan, mut stop: watch::Receiver<bool>) {
+        // Up from the start (the queue was found at open), down after failures in a row.
+        self.failures.store(0, Ordering::Relaxed);
+        self.deciding.store(true, Ordering::Relaxed);
         while !*stop.borrow() {
             let processed = tokio::select! {
                 processed = self.fates.process_once(LONG_POLL_SECONDS, replan) => processed,

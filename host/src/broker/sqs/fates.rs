@@ -245,6 +245,11 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
         // group's together): forwarding it again would be a duplicate. Held,
         // so other groups' entries come forward and it comes back with its fence.
         State::Claimed if seen[head].forwarded_here => decision.hold = Some((head, hold_for(seen[head].receive_count))),
+        // Received once before, without its fence in this receive: most likely
+        // forwarded by another host, whose fence is out of reach. Held once so
+        // it comes back with it; forwarded only if it comes back without it
+        // again (its forwarder died before the fence: late, never lost).
+        State::Claimed if seen[head].receive_count == 2 => decision.hold = Some((head, FIRST_HOLD)),
         State::Claimed => {
             // Nothing ahead cancelled it, and its fence is not in hand: forward it
             // (again, if its fence was sent but not received with it), fence it,
@@ -325,10 +330,14 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_seen_again_without_its_fence_is_forwarded_again_never_dropped() {
-        let d = decide(&[claim(3), cancel(1)], NOW, REMEMBER);
-        assert_eq!(d.answers, vec![(1, Answer::AlreadyReleased)]);
-        assert_eq!((d.forward, d.fence), (vec![0], true));
+    fn a_claim_seen_again_without_its_fence_is_held_once_then_forwarded_again_never_dropped() {
+        let once = decide(&[claim(2), cancel(1)], NOW, REMEMBER);
+        assert_eq!(once.answers, vec![(1, Answer::AlreadyReleased)]);
+        assert!(once.forward.is_empty() && !once.fence, "{once:?}");
+        assert_eq!(once.hold, Some((0, FIRST_HOLD)), "it may come back with its fence");
+        let twice = decide(&[claim(3), cancel(1)], NOW, REMEMBER);
+        assert_eq!(twice.answers, vec![(1, Answer::AlreadyReleased)]);
+        assert_eq!((twice.forward, twice.fence), (vec![0], true));
     }
 
     #[test]
