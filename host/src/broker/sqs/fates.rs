@@ -123,7 +123,7 @@ pub struct Seen {
 }
 
 /// What to do with one group's received entries (indexes into them). The
-/// I/O carries it out in this order: answers, forwards, replans and the
+/// I/O carries it out in this order: answers, forwards and replans; then the
 /// fence; then the deletes, in the order given (newest first); then the
 /// head's hold and the reveals. A failure stops it there: what is left
 /// comes back and is decided again.

@@ -2,7 +2,8 @@
 //! out what [`super::fates::decide`] makes of each group a receive brings.
 //!
 //! Steps run one request at a time, in the decision's order (answers and
-//! sends, then deletes newest first, then holds and reveals): a host killed
+//! sends, then deletes newest first, then holds and reveals; the first steps
+//! of every group in a receive before the others' rest): a host killed
 //! between any two leaves entries that come back after their visibility
 //! timeout and are decided again from the same head.
 
@@ -205,9 +206,23 @@ impl FatesQueue {
                 None => groups.push((group, vec![message])),
             }
         }
+        let decided: Vec<_> = groups.iter().filter_map(|(group, members)| Some((group, members, self.decide(group, members)?))).collect();
+        // First what the messages wait for (answers, forwards, replans) in every
+        // group, then each group's fence, deletes and holds: a forward does not
+        // wait for the other groups' tidying. Each group's steps keep their order.
         let mut first_error = None;
-        for (group, members) in groups {
-            if let Err(err) = self.settle(&group, &members, replan, &mut processed).await {
+        let mut delivered = Vec::with_capacity(decided.len());
+        for (group, members, (seen, decision)) in &decided {
+            match self.deliver(members, seen, decision, replan, &mut processed).await {
+                Ok(()) => delivered.push((group, members, decision)),
+                Err(err) => {
+                    tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        for (group, members, decision) in delivered {
+            if let Err(err) = self.tidy(group, members, decision, &mut processed).await {
                 tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
                 first_error.get_or_insert(err);
             }
@@ -218,16 +233,17 @@ impl FatesQueue {
         }
     }
 
-    async fn settle(&self, group: &str, members: &[&Message], replan: &impl Replan, processed: &mut Processed) -> Result<(), FatesError> {
+    /// What the head of one group's received entries says, or `None` for a
+    /// group holding an entry hourglass did not write (left to SQS's retention).
+    fn decide(&self, group: &str, members: &[&Message]) -> Option<(Vec<Seen>, Decision)> {
         let mut seen = Vec::with_capacity(members.len());
         for message in members {
             let text = message.message_attributes().and_then(|a| a.get(FATE_ATTRIBUTE)).and_then(|v| v.string_value()).unwrap_or_default();
             let entry = match Entry::decode(text) {
                 Ok(entry) => entry,
-                // Not written by hourglass: it blocks only its own group, so it is left to SQS's retention.
                 Err(err) => {
                     tracing::error!(queue = %self.queue, %group, error = %err, "an entry of the fates queue is not one hourglass wrote; left in place");
-                    return Ok(());
+                    return None;
                 }
             };
             let number = |name| system(message, name).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -239,12 +255,12 @@ impl FatesQueue {
             });
         }
         let decision = decide(&seen, self.clock.earliest_ms(), self.remember_ms);
-        self.carry_out(group, members, &seen, &decision, replan, processed).await
+        Some((seen, decision))
     }
 
-    async fn carry_out(
+    /// A decision's first steps: answers, forwards, replans.
+    async fn deliver(
         &self,
-        group: &str,
         members: &[&Message],
         seen: &[Seen],
         decision: &Decision,
@@ -278,6 +294,12 @@ impl FatesQueue {
             })?;
             processed.replanned += 1;
         }
+        Ok(())
+    }
+
+    /// The rest of a decision, once its first steps are done: the fence, the
+    /// deletes (newest first), the head's hold and the reveals.
+    async fn tidy(&self, group: &str, members: &[&Message], decision: &Decision, processed: &mut Processed) -> Result<(), FatesError> {
         if decision.fence {
             let head = decision.reveal.first().map_or("", |index| members[*index].message_id().unwrap_or_default());
             self.append(group, &Entry::Released, &format!("released-{head}")).await?;
