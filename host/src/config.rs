@@ -278,6 +278,15 @@ impl CancelConfig {
     pub fn release_queue(&self, strategy: &str) -> String {
         format!("{}.{strategy}", self.release_prefix.as_deref().unwrap_or("hourglass.release"))
     }
+    /// On SQS: the release queue with SQS's characters (`.` becomes `-`; SQS names take letters, digits, `-` and `_`).
+    pub fn sqs_release_queue(&self, strategy: &str) -> String {
+        sqs_safe(&self.release_queue(strategy))
+    }
+    /// On SQS: the FIFO fates queue every host shares, named after `log` (default `hourglass-cancellations.fifo`).
+    pub fn sqs_fates_queue(&self) -> String {
+        let log = self.log();
+        format!("{}.fifo", sqs_safe(log.strip_suffix(".fifo").unwrap_or(log)))
+    }
     pub fn retention_ms(&self) -> u64 {
         self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())
     }
@@ -287,6 +296,11 @@ impl CancelConfig {
     pub fn answer_timeout_ms(&self) -> u64 {
         self.answer_timeout.map_or(10_000, |d| d.ms())
     }
+}
+
+/// A name with the characters SQS refuses in queue names replaced by `-`.
+pub fn sqs_safe(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
 }
 
 /// `[service.sqs_ingress]`: a standard SQS queue any SQS client sends to, with
@@ -548,6 +562,7 @@ impl Config {
             let name = name.into_inner();
             let mut planner = None;
             let mut cancellable = false;
+            let mut cancellable_span = None;
             let mut limits = StrategyLimits::default();
             let mut key_spans = BTreeMap::new();
             let mut json = serde_json::Map::new();
@@ -588,13 +603,18 @@ impl Config {
                 }
                 if key == "cancellable" {
                     match value.into_inner() {
-                        toml::Value::Boolean(on) if on && !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) => {
+                        toml::Value::Boolean(on) if on && !matches!(raw.broker, BrokerConfig::Rabbitmq { .. } | BrokerConfig::Sqs { .. }) => {
                             return Err(invalid(
                                 key_span,
-                                format!("strategies.{name}.cancellable: needs broker.kind = \"rabbitmq\" (cancellations are kept in a RabbitMQ stream)"),
+                                format!(
+                                    "strategies.{name}.cancellable: needs broker.kind = \"rabbitmq\" (a stream keeps cancellations) or \"sqs\" (a FIFO fates queue does)"
+                                ),
                             ));
                         }
-                        toml::Value::Boolean(on) => cancellable = on,
+                        toml::Value::Boolean(on) => {
+                            cancellable = on;
+                            cancellable_span = Some(key_span);
+                        }
                         other => return Err(invalid(key_span, format!("strategies.{name}.cancellable: expected true or false, found {other}"))),
                     }
                     continue;
@@ -610,6 +630,16 @@ impl Config {
                 ));
             };
             let planner = PlannerSource::parse(&spec, base_dir);
+            // On SQS the release step is a standard queue reached with DelaySeconds: only an SQS planner plans to it.
+            // (A planner from a file says its family when loaded, and `serve` refuses the wrong one then.)
+            if let (true, BrokerConfig::Sqs { .. }, PlannerSource::Builtin(builtin), Some(span)) = (cancellable, &raw.broker, &planner, &cancellable_span)
+                && *builtin != crate::planner::builtin::SQS_CYCLES
+            {
+                return Err(invalid(
+                    span.clone(),
+                    format!("strategies.{name}.cancellable: on broker.kind = \"sqs\" it needs an SQS planner (sqs-cycles), not {builtin}"),
+                ));
+            }
             strategies.insert(
                 name.clone(),
                 StrategyConfig { name, planner, table: serde_json::Value::Object(json), cancellable, limits, name_span, planner_span, key_spans },
@@ -756,6 +786,15 @@ impl Config {
     /// The strategy a destination uses unless one is named explicitly.
     pub fn strategy_for(&self, destination: &str) -> &str {
         self.destinations.get(destination).and_then(|d| d.strategy.as_deref()).unwrap_or(&self.default_strategy)
+    }
+
+    /// Where a strategy's messages wait before the host forwards them (cancellable,
+    /// or due to an exchange), named as this config's broker takes names.
+    pub fn release_queue(&self, strategy: &str) -> String {
+        match self.broker {
+            BrokerConfig::Sqs { .. } => self.service.cancel.sqs_release_queue(strategy),
+            _ => self.service.cancel.release_queue(strategy),
+        }
     }
 
     fn location(&self, offset: usize) -> Location {
@@ -937,6 +976,19 @@ mod tests {
         assert!(err.starts_with("delay.toml:1:") && err.contains("missing `planner`"), "{err}");
         let err = parse("default_strategy = \"b\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap_err().to_string();
         assert!(err.starts_with("delay.toml:1:") && err.contains("unknown strategy \"b\""), "{err}");
+    }
+
+    #[test]
+    fn cancellable_is_taken_on_rabbitmq_and_on_sqs_with_an_sqs_planner_and_refused_otherwise_naming_the_key() {
+        let sqs = "[broker]\nkind = \"sqs\"\n";
+        let config = parse(&format!("{sqs}[strategies.a]\nplanner = \"sqs-cycles\"\ncancellable = true\n")).unwrap();
+        assert!(config.strategy("a").unwrap().cancellable);
+        assert_eq!(config.release_queue("a"), "hourglass-release-a", "SQS names take no dots");
+        assert_eq!(config.service.cancel.sqs_fates_queue(), "hourglass-cancellations.fifo");
+        let err = parse(&format!("{sqs}[strategies.a]\nplanner = \"binary-levels\"\ncancellable = true\n")).unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:5:") && err.contains("strategies.a.cancellable") && err.contains("sqs-cycles"), "{err}");
+        let err = parse("[strategies.a]\nplanner = \"hold-queues\"\ncancellable = true\n").unwrap_err().to_string();
+        assert!(err.contains("strategies.a.cancellable: needs broker.kind"), "the memory broker keeps no cancellations: {err}");
     }
 
     #[test]

@@ -107,6 +107,16 @@ impl SqsDestination {
         crate::receive_within(&mut self.received, count, deadline, &self.name).await
     }
 
+    /// Everything that arrives within `total`, however quiet it is meanwhile.
+    pub async fn drain_for(&mut self, total: Duration) -> Vec<SqsReceived> {
+        let end = tokio::time::Instant::now() + total;
+        let mut out = Vec::new();
+        while let Ok(Some(r)) = tokio::time::timeout_at(end, self.received.recv()).await {
+            out.push(r);
+        }
+        out
+    }
+
     /// Whatever else arrives within `quiet`.
     pub async fn drain(&mut self, quiet: Duration) -> Vec<SqsReceived> {
         let mut out = Vec::new();

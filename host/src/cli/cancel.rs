@@ -1,16 +1,20 @@
 //! `hourglass cancel ID` and `hourglass reschedule ID`: the same cancellation
 //! log as `DELETE` and `PATCH /v1/messages/{id}` of a running `serve`, written
 //! and read straight on RabbitMQ. The answer comes once this process has read
-//! the log up to its own event, so a long log takes a while (`--wait`).
+//! the log up to its own event, so a long log takes a while (`--wait`). On
+//! SQS the entry goes to the fates queue, and a serving host answers it on a
+//! reply queue this process makes for itself.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use hourglass::broker::{Broker, amqp_url};
+use hourglass::clock::Clock;
 use hourglass::config::BrokerConfig;
 use hourglass::scheduler::Scheduler;
 use hourglass::service::cancel::{Answer, CancelLog};
+use hourglass::service::sqs_cancel::SqsCancel;
 use hourglass_planner_sdk::DurationMs;
 
 use super::{Cli, duration_arg, load, tokio_runtime};
@@ -55,43 +59,97 @@ fn report(id: &str, answer: Answer) -> ExitCode {
     }
 }
 
-/// Runs `ask` against the log while a reader reads it.
-fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&CancelLog) -> Result<Answer>) -> Result<Answer> {
+/// What a cancel or reschedule is asked of: the RabbitMQ log or the SQS fates queue.
+enum Asked<'a> {
+    Log(&'a CancelLog),
+    Sqs(&'a SqsCancel),
+}
+
+impl Asked<'_> {
+    fn clock(&self, scheduler_clock: &Arc<Clock>) -> Arc<Clock> {
+        match self {
+            Asked::Log(log) => log.clock().clone(),
+            Asked::Sqs(_) => scheduler_clock.clone(),
+        }
+    }
+
+    fn retention_ms(&self) -> u64 {
+        match self {
+            Asked::Log(log) => log.retention_ms(),
+            Asked::Sqs(sqs) => sqs.retention_ms(),
+        }
+    }
+
+    async fn cancel(&self, id: &str) -> Result<Answer> {
+        Ok(match self {
+            Asked::Log(log) => log.cancel(id).await?,
+            Asked::Sqs(sqs) => sqs.cancel(id).await?,
+        })
+    }
+
+    async fn reschedule(&self, id: &str, due_at_ms: u64) -> Result<Answer> {
+        Ok(match self {
+            Asked::Log(log) => log.reschedule(id, due_at_ms).await?,
+            Asked::Sqs(sqs) => sqs.reschedule(id, due_at_ms).await?,
+        })
+    }
+}
+
+/// Runs `ask` against the log while a reader reads it, or on SQS against the
+/// fates queue while a reply queue of this process's own (deleted after) takes the answer.
+fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&Asked, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
     let (mut config, strategies) = load(cli)?;
-    let BrokerConfig::Rabbitmq { url, url_env, .. } = &config.broker else {
-        bail!("cancellation needs broker.kind = \"rabbitmq\" (the log is a RabbitMQ stream)");
-    };
-    let url = amqp_url(url.as_deref(), url_env.as_deref());
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
         let broker = Broker::connect(&config.broker).await?;
         let scheduler = Scheduler::new(&config, strategies, broker);
         // The log's records and due times count on the broker's clock, as a serving host's do.
         hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
-        let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
+        let clock = scheduler.clock().clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let reader = tokio::spawn(log.clone().read(stopped));
-        let answer = ask(&log).await;
-        let _ = stop.send(true);
-        let _ = reader.await;
-        answer
+        match &config.broker {
+            BrokerConfig::Rabbitmq { url, url_env, .. } => {
+                let url = amqp_url(url.as_deref(), url_env.as_deref());
+                let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
+                let reader = tokio::spawn(log.clone().read(stopped));
+                let answer = ask(&Asked::Log(&log), &clock).await;
+                let _ = stop.send(true);
+                let _ = reader.await;
+                answer
+            }
+            BrokerConfig::Sqs { .. } => {
+                let Broker::Sqs(sqs) = scheduler.executor() else { bail!("not an SQS broker") };
+                // The fates queue is made by `serve`; without it nothing here is cancellable.
+                let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, clock.clone(), false).await?;
+                let listener = tokio::spawn({
+                    let cancel = cancel.clone();
+                    async move { cancel.listen(stopped).await }
+                });
+                let answer = ask(&Asked::Sqs(&cancel), &clock).await;
+                let _ = stop.send(true);
+                let _ = listener.await;
+                cancel.close().await;
+                answer
+            }
+            BrokerConfig::Memory => bail!("cancellation needs broker.kind = \"rabbitmq\" or \"sqs\""),
+        }
     })
 }
 
 pub fn cancel(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |log: &CancelLog| Ok(log.cancel(&args.id).await?))?;
+    let answer = with_log(cli, args.wait, async |asked: &Asked, _: &Arc<Clock>| asked.cancel(&args.id).await)?;
     Ok(report(&args.id, answer))
 }
 
 pub fn reschedule(cli: &Cli, args: &RescheduleArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |log: &CancelLog| {
+    let answer = with_log(cli, args.wait, async |asked: &Asked, clock: &Arc<Clock>| {
         // The latest the broker's clock can read: --delay counts from no earlier than now.
-        let now = log.clock().latest_ms();
+        let now = asked.clock(clock).latest_ms();
         let due_at_ms = args.at.unwrap_or(now + args.delay.unwrap_or_default());
-        if due_at_ms.saturating_sub(now) > log.retention_ms() {
-            bail!("the new due time is more than service.cancel.retention ({} ms) away; the log would forget it", log.retention_ms());
+        if due_at_ms.saturating_sub(now) > asked.retention_ms() {
+            bail!("the new due time is more than service.cancel.retention ({} ms) away; the log would forget it", asked.retention_ms());
         }
-        Ok(log.reschedule(&args.id, due_at_ms).await?)
+        asked.reschedule(&args.id, due_at_ms).await
     })?;
     Ok(report(&args.id, answer))
 }

@@ -28,7 +28,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (name, planner) = pick(cli, &config, &mut strategies, Some(message.target()))?;
     // Due to an exchange, a message ends in its strategy's release queue, whose consumer publishes it there.
     let destination = &match &message.exchange {
-        Some(_) => config.service.cancel.release_queue(&name),
+        Some(_) => config.release_queue(&name),
         None => message.target().to_string(),
     };
     let request = PlanRequest { destination: destination.clone(), delay_ms: *delay, message_id: "plan-preview".into(), routing_key: None };

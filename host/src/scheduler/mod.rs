@@ -166,6 +166,13 @@ pub fn release_queue_declaration(name: &str) -> Command {
     Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
 }
 
+/// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
+/// so a message waiting there for a host outlives any outage.
+pub fn sqs_release_queue_declaration(name: &str) -> Command {
+    let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
+    Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
+}
+
 /// One of hourglass's own queues (ingress, invalid, redelivery, canary), durable, of `queue_type`.
 pub fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
     let arguments: FieldTable = match queue_type {
@@ -185,6 +192,11 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
     let input = config.service.redelivery_input();
     let mut reserved: HashSet<String> = [ingress.queue.clone(), ingress.invalid_queue.clone(), input.to_string(), format!("{input}.unknown")].into();
     reserved.insert(config.service.cancel.log().to_string());
+    // On SQS, a cancellable strategy's release queue and the fates queue (RabbitMQ's names are above).
+    if config.strategies.values().any(|s| s.cancellable) {
+        reserved.insert(config.service.cancel.sqs_fates_queue());
+        reserved.extend(config.strategies.values().filter(|s| s.cancellable).map(|s| config.release_queue(&s.name)));
+    }
     reserved.extend(config.strategies.values().map(|s| config.service.cancel.release_queue(&s.name)));
     for name in names {
         // A planner that cannot say its topology fails its own requests later, with its own error.
@@ -561,12 +573,16 @@ impl<E: Executor> Scheduler<E> {
         let released = generation.is_cancellable(strategy) || matches!(target, Target::Exchange(_));
         let ends_in = match target {
             Target::Queue(queue) if !released => queue.to_string(),
-            _ => generation.config.service.cancel.release_queue(strategy),
+            _ => generation.config.release_queue(strategy),
         };
         let setup = generation.call(strategy, |planner| planner.destination_setup(&ends_in))?;
         if self.declaring {
             if released {
-                self.executor.apply(&[release_queue_declaration(&ends_in)]).await?;
+                let declaration = match generation.config.broker {
+                    crate::config::BrokerConfig::Sqs { .. } => sqs_release_queue_declaration(&ends_in),
+                    _ => release_queue_declaration(&ends_in),
+                };
+                self.executor.apply(&[declaration]).await?;
             }
             self.executor.apply(&setup).await?;
         }
@@ -645,7 +661,7 @@ impl<E: Executor> Scheduler<E> {
                 return Err(ScheduleError::Invalid(validate::Invalid { field: "delay", reason }));
             }
         }
-        let release_queue = released.then(|| generation.config.service.cancel.release_queue(&strategy));
+        let release_queue = released.then(|| generation.config.release_queue(&strategy));
         let plan_request = PlanRequest {
             destination: release_queue.clone().unwrap_or_else(|| request.destination.clone()),
             delay_ms: request.delay_ms,

@@ -25,6 +25,7 @@ use crate::command::FieldValue;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
 use crate::service::cancel::{Answer, CancelError, CancelLog};
+use crate::service::sqs_cancel::SqsCancel;
 
 /// Largest message body accepted, after base64 decoding.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -278,13 +279,46 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
     }
 }
 
-/// The cancellation log, or why this service has none.
-fn cancel_log(service: &Service) -> Result<&Arc<CancelLog>, ApiError> {
-    service.cancel_log().ok_or_else(|| ApiError {
-        status: StatusCode::CONFLICT,
-        field: Some("id"),
-        message: "no strategy has cancellable = true: messages cannot be cancelled or rescheduled".into(),
-    })
+/// What decides cancels and reschedules: the RabbitMQ log, or the SQS fates queue.
+enum Cancellations<'s> {
+    Log(&'s Arc<CancelLog>),
+    Sqs(&'s Arc<SqsCancel>),
+}
+
+impl Cancellations<'_> {
+    async fn cancel(&self, id: &str) -> Result<Answer, CancelError> {
+        match self {
+            Cancellations::Log(log) => log.cancel(id).await,
+            Cancellations::Sqs(sqs) => sqs.cancel(id).await,
+        }
+    }
+
+    async fn reschedule(&self, id: &str, due_at_ms: u64) -> Result<Answer, CancelError> {
+        match self {
+            Cancellations::Log(log) => log.reschedule(id, due_at_ms).await,
+            Cancellations::Sqs(sqs) => sqs.reschedule(id, due_at_ms).await,
+        }
+    }
+
+    fn retention_ms(&self) -> u64 {
+        match self {
+            Cancellations::Log(log) => log.retention_ms(),
+            Cancellations::Sqs(sqs) => sqs.retention_ms(),
+        }
+    }
+}
+
+/// What decides cancels on this service, or why it has nothing.
+fn cancel_log(service: &Service) -> Result<Cancellations<'_>, ApiError> {
+    match (service.cancel_log(), service.sqs_cancel()) {
+        (Some(log), _) => Ok(Cancellations::Log(log)),
+        (None, Some(sqs)) => Ok(Cancellations::Sqs(sqs)),
+        (None, None) => Err(ApiError {
+            status: StatusCode::CONFLICT,
+            field: Some("id"),
+            message: "no strategy has cancellable = true: messages cannot be cancelled or rescheduled".into(),
+        }),
+    }
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {

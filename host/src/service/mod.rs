@@ -16,7 +16,8 @@
 //!   API's `Date`), so due times count on it and not on a host clock that is wrong.
 //! * [`cancel`]: the cancellation log that decides `DELETE`/`PATCH
 //!   /v1/messages/{id}`, and [`release`]: the release queue of each
-//!   `cancellable = true` strategy, which asks it before forwarding.
+//!   `cancellable = true` strategy, which asks it before forwarding;
+//!   [`sqs_cancel`]: the same on SQS, through the fates queue.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -42,6 +43,7 @@ pub mod ingress;
 pub mod pending;
 pub mod redelivery;
 pub mod release;
+pub mod sqs_cancel;
 mod startup;
 pub mod status;
 pub mod supervise;
@@ -99,6 +101,8 @@ struct Background {
     redelivery: Option<Arc<Consumer<Redelivery>>>,
     /// The cancellation log, when a strategy is cancellable.
     cancel: Option<Arc<cancel::CancelLog>>,
+    /// On SQS, the fates queue and this host's reply queue, when a strategy is cancellable.
+    sqs_cancel: Option<Arc<sqs_cancel::SqsCancel>>,
     /// Pumped queues that have a pump.
     /// Pumped queues with a pump, and the strategy each belongs to.
     pumps: std::sync::Mutex<BTreeMap<String, String>>,
@@ -114,6 +118,7 @@ impl Background {
             ingress: None,
             redelivery: None,
             cancel: None,
+            sqs_cancel: None,
             pumps: Default::default(),
         }
     }
@@ -201,6 +206,11 @@ impl Service {
     /// The cancellation log, when a strategy has `cancellable = true`.
     pub fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
         self.background.cancel.as_ref()
+    }
+
+    /// On SQS, cancel and reschedule through the fates queue, when a strategy has `cancellable = true`.
+    pub fn sqs_cancel(&self) -> Option<&Arc<sqs_cancel::SqsCancel>> {
+        self.background.sqs_cancel.as_ref()
     }
 
     pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {
@@ -321,5 +331,8 @@ impl Service {
             let _ = task.await;
         }
         self.background.supervisor.join().await;
+        if let Some(sqs) = &self.background.sqs_cancel {
+            sqs.close().await;
+        }
     }
 }

@@ -14,9 +14,11 @@ use crate::broker::rabbitmq::RabbitMqExecutor;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::rabbitmq::{capacity, probe};
 use crate::broker::sqs::consume::SqsConsumer;
+use crate::broker::sqs::fates_queue::FatesError;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::sqs::pumped::{Discovery, PumpSettings};
-use crate::broker::{Broker, amqp_url};
+use crate::broker::sqs::release::SqsRelease;
+use crate::broker::{Broker, Executor, amqp_url};
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::parked;
@@ -28,6 +30,7 @@ use crate::service::cancel::CancelLog;
 use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
 use crate::service::release::Release;
+use crate::service::sqs_cancel::{SchedulerReplan, SqsCancel};
 use crate::service::unpark::Unpark;
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
@@ -99,10 +102,12 @@ impl Service {
                 canary = Some(consumer);
             }
         }
+        let wait_seconds = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
+        let (sqs_cancel, sqs_releases) = sqs_cancellation(&config, &scheduler, topology, wait_seconds).await?;
         let metrics = scheduler.metrics().clone();
         metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         let service = Arc::new(Service {
-            background: Background { ingress, redelivery, cancel, ..Background::new(&metrics) },
+            background: Background { ingress, redelivery, cancel, sqs_cancel, ..Background::new(&metrics) },
             metrics,
             scheduler,
             token: config.service.token(),
@@ -132,11 +137,7 @@ impl Service {
                 }
             });
         }
-        let pumps = PumpStart {
-            wait_seconds: config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32),
-            settings: pump_settings(&config),
-            declaring: topology == TopologyAtStart::Apply,
-        };
+        let pumps = PumpStart { wait_seconds, settings: pump_settings(&config), declaring: topology == TopologyAtStart::Apply };
         let pump_starter = tokio::spawn(start_pumps(service.clone(), pumped_rx, pumps));
         service.spawn(pump_starter);
         if matches!(service.scheduler.executor(), Broker::Sqs(_)) {
@@ -156,6 +157,7 @@ impl Service {
             background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || reader.clone().read(stop.clone()));
         }
         per_strategy.supervise(background);
+        supervise_sqs_cancellation(&service, sqs_releases);
         if let Some(canary) = canary {
             supervise_consumer(background, "canary", canary);
             supervise_canary_probes(&service, &config);
@@ -346,6 +348,77 @@ fn supervise_consumer(background: &Background, name: &str, consumer: Arc<impl Qu
             Ok(())
         }
     });
+}
+
+/// On SQS with a cancellable strategy: the fates queue with this host's reply
+/// queue, and a release receiver for each cancellable strategy.
+async fn sqs_cancellation(
+    config: &Config,
+    scheduler: &Arc<Scheduler<Broker>>,
+    topology: TopologyAtStart,
+    wait_seconds: i32,
+) -> Result<(Option<Arc<SqsCancel>>, Vec<Arc<SqsRelease>>), ServiceError> {
+    let Broker::Sqs(sqs) = scheduler.executor() else { return Ok((None, Vec::new())) };
+    let cancellable: Vec<&str> = config.strategies.values().filter(|s| s.cancellable).map(|s| s.name.as_str()).collect();
+    if cancellable.is_empty() {
+        return Ok((None, Vec::new()));
+    }
+    // A cancel must outlive every claim that can come behind it, and SQS keeps a message 14 days at most.
+    const SQS_RETENTION_MS: u64 = 14 * 24 * 3_600_000;
+    if config.service.cancel.retention_ms() >= SQS_RETENTION_MS {
+        return Err(ServiceError::Other(format!(
+            "{}: service.cancel.retention must be below 14 days on SQS (the fates queue keeps a cancel no longer), got {} ms",
+            config.path.display(),
+            config.service.cancel.retention_ms()
+        )));
+    }
+    let declaring = topology == TopologyAtStart::Apply;
+    let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, scheduler.clock().clone(), declaring).await.map_err(|e| match e {
+        FatesError::Broker(e) => ServiceError::Broker(e),
+        other => ServiceError::Other(format!("{}: the SQS fates queue: {other}", config.path.display())),
+    })?;
+    let mut releases = Vec::new();
+    for strategy in cancellable {
+        let queue = config.release_queue(strategy);
+        if declaring {
+            scheduler.executor().apply(&[crate::scheduler::sqs_release_queue_declaration(&queue)]).await?;
+        }
+        releases.push(SqsRelease::new(sqs.clone(), strategy, &queue, cancel.fates().clone(), wait_seconds));
+    }
+    Ok((Some(cancel), releases))
+}
+
+/// Runs the SQS fates queue's deciding, this host's reply listener and the
+/// release receivers under the supervisor: each is up while it reaches its queue.
+fn supervise_sqs_cancellation(service: &Arc<Service>, releases: Vec<Arc<SqsRelease>>) {
+    let background = &service.background;
+    let Some(cancel) = &background.sqs_cancel else { return };
+    let (decider, probe, stop, scheduler) = (cancel.clone(), cancel.clone(), background.stop.subscribe(), service.scheduler.clone());
+    background.supervisor.spawn("sqs-fates", Some(Box::new(move || probe.is_deciding())), move || {
+        let (decider, stop, replan) = (decider.clone(), stop.clone(), SchedulerReplan(scheduler.clone()));
+        async move {
+            decider.decide(&replan, stop).await;
+            Ok(())
+        }
+    });
+    let (listener, probe, stop) = (cancel.clone(), cancel.clone(), background.stop.subscribe());
+    background.supervisor.spawn("sqs-replies", Some(Box::new(move || probe.is_listening())), move || {
+        let (listener, stop) = (listener.clone(), stop.clone());
+        async move {
+            listener.listen(stop).await;
+            Ok(())
+        }
+    });
+    for release in releases {
+        let (probe, stop) = (release.clone(), background.stop.subscribe());
+        background.supervisor.spawn(format!("release:{}", release.queue()), Some(Box::new(move || probe.is_receiving())), move || {
+            let (release, stop) = (release.clone(), stop.clone());
+            async move {
+                release.run(stop).await;
+                Ok(())
+            }
+        });
+    }
 }
 
 /// How `serve` starts each pump.

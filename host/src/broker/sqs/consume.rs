@@ -196,7 +196,7 @@ impl<H: Handler> SqsConsumer<H> {
 
 /// The message as a neutral delivery, and why its property attributes could
 /// not be read (the delivery then comes without them).
-fn to_delivery(queue: &str, message: &Message, receives: u32) -> (Delivery, Option<String>) {
+pub(crate) fn to_delivery(queue: &str, message: &Message, receives: u32) -> (Delivery, Option<String>) {
     let attributes = message.message_attributes().cloned().unwrap_or_default();
     let mut delivery = Delivery {
         queue: queue.to_string(),
@@ -230,7 +230,7 @@ fn to_delivery(queue: &str, message: &Message, receives: u32) -> (Delivery, Opti
 }
 
 /// A delete of the `index`th received message, by its receipt handle.
-pub(super) fn delete_entry(index: usize, message: &Message) -> Result<DeleteMessageBatchRequestEntry, ExecutorError> {
+pub(crate) fn delete_entry(index: usize, message: &Message) -> Result<DeleteMessageBatchRequestEntry, ExecutorError> {
     DeleteMessageBatchRequestEntry::builder()
         .id(index.to_string())
         .receipt_handle(message.receipt_handle().unwrap_or_default())

@@ -7,6 +7,9 @@
 //!   them on as their strategy decides.
 //! * [`bundle`]: what a pump sends around again travels several to one SQS
 //!   message, so a visit's requests are shared by more messages.
+//! * [`fates`]: cancel and reschedule, decided by the head of each
+//!   message's group in a FIFO fates queue; [`fates_queue`] carries it out,
+//!   and [`release`] claims what a cancellable strategy's release queue brings.
 //! * [`pumped`]: finds pumped queues by their tag and gives each its
 //!   dead-letter queue and visibility timeout.
 //! * [`consume`]: the consumer under the SQS ingress queue, carrying out a
@@ -17,9 +20,12 @@
 pub mod batcher;
 pub mod bundle;
 pub mod consume;
+pub mod fates;
+pub mod fates_queue;
 pub mod properties;
 pub mod pump;
 pub mod pumped;
+pub mod release;
 pub mod send;
 
 pub use send::SqsExecutor;
