@@ -66,9 +66,11 @@ async fn run(upstream: &str) {
     let raw = client(&raw_proxy.endpoint).await;
 
     let (trickle, burst) = (format!("bench-{run}-trickle"), format!("bench-{run}-burst"));
+    // idle_timeout: on the local server a first send can wait a minute for its
+    // confirm (see BENCHMARKS.md), longer than the default would keep a silent connection.
     let shared_queue = |name: &str| if shared { format!("delay_queue = \"{name}-delay.fifo\"\n") } else { String::new() };
     let text = format!(
-        "default_strategy = \"{trickle}\"\n[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\nsend_batch_window = \"{window}\"\n[service]\n{linger}\
+        "default_strategy = \"{trickle}\"\n[broker]\nkind = \"sqs\"\nendpoint_url = \"{}\"\nsend_batch_window = \"{window}\"\n[service]\nidle_timeout = \"300s\"\n{linger}\
          [service.sqs_ingress]\nenabled = false\n[service.canary]\nenabled = false\n\
          [strategies.{trickle}]\nplanner = \"sqs-cycles\"\ncycle = \"{TRICKLE_CYCLE_SECONDS}s\"\n{}\
          [strategies.{burst}]\nplanner = \"sqs-cycles\"\ncycle = \"{BURST_CYCLE_SECONDS}s\"\n{}",
@@ -110,6 +112,14 @@ async fn run(upstream: &str) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
     report(&spent_ours, &spent_theirs, our_due.len(), TRICKLE_VISITS, &our_late, &their_late);
+    let mut answers = std::mem::take(&mut *ANSWER_MS.lock().unwrap());
+    answers.sort_unstable();
+    println!(
+        "POST answered after: p50 {} ms, p99 {} ms, max {} ms",
+        percentile(&answers, 0.5),
+        percentile(&answers, 0.99),
+        answers.last().copied().unwrap_or(0)
+    );
     pump_counts(&service, &trickle);
     queues.extend(ours.iter().cloned().chain(theirs.iter().cloned()));
     queues.push(format!("bench-{run}-raw-trickle-delay.fifo"));
@@ -202,12 +212,16 @@ async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destination
     due
 }
 
+/// How long each `POST` took to be answered (the broker's confirm included), in ms.
+static ANSWER_MS: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new());
+
 /// A client's idle keep-alive connections: a request takes one or opens a new
 /// one, and gives it back after its answer, as an HTTP client library's pool does.
 type Pool = Arc<std::sync::Mutex<Vec<hyper::client::conn::http1::SendRequest<http_body_util::Full<axum::body::Bytes>>>>>;
 
 /// One `POST /v1/messages` on an idle connection of `pool` or a new one; the answer's `due_at`.
 async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Value) -> u64 {
+    let started = std::time::Instant::now();
     let idle = pool.lock().unwrap().pop();
     let mut sender = match idle {
         Some(sender) if sender.is_ready() => sender,
@@ -231,6 +245,7 @@ async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Valu
     let body = http_body_util::BodyExt::collect(response.into_body()).await.expect("answer").to_bytes();
     assert!(status.is_success(), "POST answered {status}: {}", String::from_utf8_lossy(&body));
     pool.lock().unwrap().push(sender);
+    ANSWER_MS.lock().unwrap().push(started.elapsed().as_millis() as i64);
     serde_json::from_slice::<serde_json::Value>(&body).unwrap()["due_at"].as_u64().expect("due_at")
 }
 
