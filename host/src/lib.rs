@@ -15,8 +15,9 @@
 //! * [`command`] is the broker command vocabulary (the WIT types, checked),
 //!   [`message`] the broker-neutral message properties, [`headers`] names
 //!   every header, [`clock`] is Unix-ms time, [`backoff`] the jittered waits
-//!   between reconnects and restarts, `recent` bounded counts per message:
-//!   leaves (or nearly: `message` uses `command`) every layer may use.
+//!   between reconnects and restarts, `recent` bounded counts per message,
+//!   [`cancellation`] the answers a cancellation log gives: leaves (or
+//!   nearly: `message` uses `command`) every layer may use.
 //! * [`config`] reads `delay.toml`; it uses [`planner`] for planner sources
 //!   and limits.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
@@ -43,6 +44,7 @@
 
 pub mod backoff;
 pub mod broker;
+pub mod cancellation;
 pub mod clock;
 pub mod command;
 pub mod config;

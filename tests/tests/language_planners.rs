@@ -94,44 +94,52 @@ async fn messages_planned_in_python_and_javascript_arrive_on_rabbitmq_at_their_d
 
 /// `hourglass new-planner` in each language: the project it writes passes its
 /// own test, builds with its `./build` and passes `check-planner` as generated.
+// One test per language, so the three builds (the slowest part of the suite) run side by side.
 #[test]
-fn new_planner_projects_build_and_pass_check_planner_in_each_language() {
-    let root = std::env::temp_dir().join(unique("new-planner"));
-    // (language, its test, check-planner flags its README gives)
-    let languages: [(&str, &[&str], &[&str]); 3] = [
-        ("rust", &["cargo", "test", "--quiet"], &[]),
-        ("python", &["python3", "-m", "unittest"], &["--memory-limit-mib", "64", "--start-timeout", "10s"]),
-        ("js", &["node", "--test"], &["--start-timeout", "10s"]),
-    ];
-    for (language, test, check_flags) in languages {
-        let project = root.join(language);
-        let run = |program: &std::path::Path, args: &[&str]| {
-            let mut command = std::process::Command::new(program);
-            command.args(args).current_dir(&project);
-            // The Rust project builds where reruns find it, and with the
-            // workspace's lock so it resolves to versions already downloaded.
-            command.env("CARGO_TARGET_DIR", repo_root().join("target/new-planner"));
-            let output = command.output().unwrap_or_else(|e| panic!("{language}: {}: {e}", program.display()));
-            let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-            assert!(output.status.success(), "{language}: {} {args:?} failed:\n{text}", program.display());
-            text
-        };
-        let created = std::process::Command::new(hourglass_binary())
-            .args(["new-planner", "my-steps", "--lang", language, "--dir", project.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(created.status.success(), "{language}: {}", String::from_utf8_lossy(&created.stderr));
-        if language == "rust" {
-            std::fs::copy(repo_root().join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
-        }
-        run(std::path::Path::new(test[0]), &test[1..]);
-        run(&project.join("build"), &[]);
-        let wasm = project.join("planner.wasm");
-        let config = project.join("planner.toml");
-        let mut args = vec!["check-planner", wasm.to_str().unwrap(), "--planner-config", config.to_str().unwrap()];
-        args.extend(check_flags);
-        let checked = run(&hourglass_binary(), &args);
-        assert!(checked.contains(&format!("planner {}: all", wasm.display())) && checked.contains("delivered as promised"), "{language}: {checked}");
+fn a_new_rust_planner_project_builds_and_passes_check_planner() {
+    new_planner_project_builds_and_passes_check_planner("rust", &["cargo", "test", "--quiet"], &[]);
+}
+
+#[test]
+fn a_new_python_planner_project_builds_and_passes_check_planner() {
+    new_planner_project_builds_and_passes_check_planner("python", &["python3", "-m", "unittest"], &["--memory-limit-mib", "64", "--start-timeout", "10s"]);
+}
+
+#[test]
+fn a_new_javascript_planner_project_builds_and_passes_check_planner() {
+    new_planner_project_builds_and_passes_check_planner("js", &["node", "--test"], &["--start-timeout", "10s"]);
+}
+
+/// `hourglass new-planner --lang <language>`, then the project's own test (`test`),
+/// its build script, and `check-planner` with the flags its README gives.
+fn new_planner_project_builds_and_passes_check_planner(language: &str, test: &[&str], check_flags: &[&str]) {
+    let project = std::env::temp_dir().join(unique("new-planner")).join(language);
+    let run = |program: &std::path::Path, args: &[&str]| {
+        let mut command = std::process::Command::new(program);
+        command.args(args).current_dir(&project);
+        // The Rust project builds where reruns find it, and with the
+        // workspace's lock so it resolves to versions already downloaded.
+        command.env("CARGO_TARGET_DIR", repo_root().join("target/new-planner"));
+        let output = command.output().unwrap_or_else(|e| panic!("{language}: {}: {e}", program.display()));
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{language}: {} {args:?} failed:\n{text}", program.display());
+        text
+    };
+    let created = std::process::Command::new(hourglass_binary())
+        .args(["new-planner", "my-steps", "--lang", language, "--dir", project.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{language}: {}", String::from_utf8_lossy(&created.stderr));
+    if language == "rust" {
+        std::fs::copy(repo_root().join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
     }
-    std::fs::remove_dir_all(&root).ok();
+    run(std::path::Path::new(test[0]), &test[1..]);
+    run(&project.join("build"), &[]);
+    let wasm = project.join("planner.wasm");
+    let config = project.join("planner.toml");
+    let mut args = vec!["check-planner", wasm.to_str().unwrap(), "--planner-config", config.to_str().unwrap()];
+    args.extend(check_flags);
+    let checked = run(&hourglass_binary(), &args);
+    assert!(checked.contains(&format!("planner {}: all", wasm.display())) && checked.contains("delivered as promised"), "{language}: {checked}");
+    std::fs::remove_dir_all(project.parent().unwrap()).ok();
 }

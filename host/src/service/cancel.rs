@@ -63,24 +63,7 @@ pub struct Record {
     pub at_ms: u64,
 }
 
-/// How the log answered an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// To a cancel: it will not be delivered.
-    Cancelled,
-    /// To a cancel or a reschedule: it was cancelled before.
-    AlreadyCancelled,
-    /// To a reschedule: it will be delivered at the new time.
-    Rescheduled,
-    /// To a cancel or a reschedule: it is already on its way to its destination.
-    AlreadyReleased,
-    /// To a claim: forward it now.
-    Release,
-    /// To a claim: it was cancelled; drop it.
-    Drop,
-    /// To a claim: it was moved later; send it round the strategy until `due_at_ms`.
-    Replan { due_at_ms: u64 },
-}
+pub use crate::cancellation::Answer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {

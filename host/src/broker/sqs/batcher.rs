@@ -30,6 +30,10 @@ const MAX_IN_FLIGHT: usize = 8;
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 /// Sends queued for one worker; more wait for room (back-pressure on callers).
 const QUEUED_SENDS: usize = 1_024;
+/// The longest a caller waits for SQS's answer, queueing included, as long as
+/// RabbitMQ's publisher confirm may take: an HTTP client is answered 503 before
+/// its connection's idle timeout (60 s by default) would cut it off unanswered.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One `SendMessageBatch` request: SQS itself, or a fake in tests.
 pub trait SendBatch: Send + Sync + 'static {
@@ -79,7 +83,16 @@ impl<S: SendBatch> Batcher<S> {
         while let Err(mpsc::error::SendError(refused)) = self.worker(queue, url).send(job).await {
             job = refused;
         }
-        answered.await.unwrap_or_else(|_| Err(ExecutorError::Unavailable(format!("SQS SendMessageBatch to {queue}: the batch stopped before SQS answered"))))
+        match tokio::time::timeout(SEND_TIMEOUT, answered).await {
+            Ok(answer) => {
+                answer.unwrap_or_else(|_| Err(ExecutorError::Unavailable(format!("SQS SendMessageBatch to {queue}: the batch stopped before SQS answered"))))
+            }
+            // The entry may still go out: at least once, as after a lost confirm on RabbitMQ.
+            Err(_) => Err(ExecutorError::Unavailable(format!(
+                "SQS SendMessageBatch to {queue}: no answer within {} s; the message may still be sent",
+                SEND_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     /// The queue's open worker, started if there is none.
@@ -319,6 +332,16 @@ mod tests {
                 other => panic!("unexpected outcome {other:?}"),
             }
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_is_answered_unavailable_when_sqs_does_not_answer_in_time() {
+        let fake = FakeSqs { latency: SEND_TIMEOUT * 3, ..Default::default() };
+        let batcher = Batcher::new(fake.clone(), DEFAULT_WINDOW);
+        let started = Instant::now();
+        let err = batcher.send("q", "url", entry("slow"), 10).await.unwrap_err();
+        assert!(matches!(&err, ExecutorError::Unavailable(m) if m.contains("no answer within 30 s")), "{err}");
+        assert_eq!(started.elapsed(), SEND_TIMEOUT, "answered at the deadline, not when SQS answers");
     }
 
     #[tokio::test(start_paused = true)]

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::service::cancel::Answer;
+use crate::cancellation::Answer;
 
 /// The message attribute an entry's kind travels in (one, to leave a claim's
 /// own attributes within SQS's ten).

@@ -17,9 +17,9 @@ use thiserror::Error;
 use super::fates::{Decision, Entry, FATE_ATTRIBUTE, Seen, decide, group_of};
 use super::send::{SqsExecutor, count};
 use crate::broker::ExecutorError;
+use crate::cancellation::Answer;
 use crate::clock::Clock;
 use crate::headers::TARGET_HEADER;
-use crate::service::cancel::Answer;
 
 #[derive(Debug, Error)]
 pub enum FatesError {
