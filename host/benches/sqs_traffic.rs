@@ -111,7 +111,7 @@ async fn run(upstream: &str) {
     // The pumps' last deletes go out right after their hand-overs arrive.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
-    report(&spent_ours, &spent_theirs, our_due.len(), TRICKLE_VISITS, &our_late, &their_late);
+    report(&spent_ours, &spent_theirs, (our_due.len(), their_due.len()), TRICKLE_VISITS, &our_late, &their_late);
     let mut answers = std::mem::take(&mut *ANSWER_MS.lock().unwrap());
     answers.sort_unstable();
     println!(
@@ -141,7 +141,7 @@ async fn run(upstream: &str) {
     let (our_late, their_late) = tokio::join!(collect(&mut our_arrivals, &our_due, patience), collect(&mut their_arrivals, &their_due, patience));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
-    report(&spent_ours, &spent_theirs, our_due.len(), BURST_VISITS, &our_late, &their_late);
+    report(&spent_ours, &spent_theirs, (our_due.len(), their_due.len()), BURST_VISITS, &our_late, &their_late);
     pump_counts(&service, &burst);
     queues.extend([ours, theirs, format!("bench-{run}-raw-burst-delay.fifo")]);
 
@@ -154,23 +154,24 @@ async fn run(upstream: &str) {
     delete_queues(&direct, queues.into_iter().chain(per_destination)).await;
 }
 
-/// Requests by action side by side, per message per cycle, and lateness with its ratio to the raw client's.
-fn report(ours: &Counts, theirs: &Counts, messages: usize, visits: u64, our_late: &[i64], their_late: &[i64]) {
+/// Requests by action side by side, per message per cycle (each side's
+/// accepted messages), and lateness with its ratio to the raw client's.
+fn report(ours: &Counts, theirs: &Counts, (our_messages, their_messages): (usize, usize), visits: u64, our_late: &[i64], their_late: &[i64]) {
     println!("| action | hourglass | raw client |\n|---|---:|---:|");
     let actions: std::collections::BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
     for action in actions {
         println!("| {action} | {} | {} |", ours.get(action).copied().unwrap_or(0), theirs.get(action).copied().unwrap_or(0));
     }
-    let per = |counts: &Counts| message_requests(counts) as f64 / (messages as u64 * visits) as f64;
+    let per = |counts: &Counts, messages: usize| message_requests(counts) as f64 / (messages.max(1) as u64 * visits) as f64;
     println!(
         "\nrequests that move messages, per message per cycle (first sends included; set-up apart: {} and {}): hourglass {:.3}, raw client {:.3}",
         setup_requests(ours),
         setup_requests(theirs),
-        per(ours),
-        per(theirs)
+        per(ours, our_messages),
+        per(theirs, their_messages)
     );
-    println!("hourglass: arrived {} of {messages}; {}", our_late.len(), summary(our_late));
-    println!("raw client: arrived {} of {messages}; {}", their_late.len(), summary(their_late));
+    println!("hourglass: arrived {} of {our_messages}; {}", our_late.len(), summary(our_late));
+    println!("raw client: arrived {} of {their_messages}; {}", their_late.len(), summary(their_late));
     let ratio = |q| percentile(our_late, q) as f64 / percentile(their_late, q).max(1) as f64;
     println!("lateness, hourglass / raw client: p50 {:.2}×, p99 {:.2}×", ratio(0.5), ratio(0.99));
 }
@@ -200,7 +201,9 @@ async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destination
             }
             let mut due = Vec::new();
             for request in requests {
-                due.push(request.await.unwrap());
+                if let (body, Some(due_at)) = request.await.unwrap() {
+                    due.push((body, due_at));
+                }
             }
             due
         })
@@ -219,8 +222,12 @@ static ANSWER_MS: std::sync::Mutex<Vec<i64>> = std::sync::Mutex::new(Vec::new())
 /// one, and gives it back after its answer, as an HTTP client library's pool does.
 type Pool = Arc<std::sync::Mutex<Vec<hyper::client::conn::http1::SendRequest<http_body_util::Full<axum::body::Bytes>>>>>;
 
-/// One `POST /v1/messages` on an idle connection of `pool` or a new one; the answer's `due_at`.
-async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Value) -> u64 {
+/// POSTs answered 503 (SQS did not confirm in time): not accepted, so not expected to arrive.
+static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One `POST /v1/messages` on an idle connection of `pool` or a new one; the
+/// answer's `due_at`, or `None` when it was 503 (counted in [`REFUSED`]).
+async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Value) -> Option<u64> {
     let started = std::time::Instant::now();
     let idle = pool.lock().unwrap().pop();
     let mut sender = match idle {
@@ -243,10 +250,15 @@ async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Valu
     };
     let status = response.status();
     let body = http_body_util::BodyExt::collect(response.into_body()).await.expect("answer").to_bytes();
+    if status == hyper::StatusCode::SERVICE_UNAVAILABLE {
+        REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        pool.lock().unwrap().push(sender);
+        return None;
+    }
     assert!(status.is_success(), "POST answered {status}: {}", String::from_utf8_lossy(&body));
     pool.lock().unwrap().push(sender);
     ANSWER_MS.lock().unwrap().push(started.elapsed().as_millis() as i64);
-    serde_json::from_slice::<serde_json::Value>(&body).unwrap()["due_at"].as_u64().expect("due_at")
+    Some(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["due_at"].as_u64().expect("due_at"))
 }
 
 /// The raw client's trickle: the same rate and clients, one `SendMessage` each into its delay queue.
@@ -305,9 +317,10 @@ async fn burst_hourglass(service: &Arc<Service>, strategy: &str, destination: &s
             strategy: Some(strategy.to_string()),
             ..Default::default()
         };
-        async move { (body, service.scheduler().schedule(request).await.expect("schedule").due_at_ms) }
+        // Not confirmed in time (503 over HTTP): not accepted, so not expected.
+        async move { service.scheduler().schedule(request).await.ok().map(|scheduled| (body, scheduled.due_at_ms)) }
     });
-    futures_util::future::join_all(sends).await.into_iter().collect()
+    futures_util::future::join_all(sends).await.into_iter().flatten().collect()
 }
 
 /// The raw client's burst: the same messages in batches of ten, all at once.
