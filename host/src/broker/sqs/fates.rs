@@ -227,7 +227,10 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
                 state = State::Rescheduled { due_at_ms: *due_at_ms };
             }
             // Claimed before its new due time: round the strategy again; the reschedule stays to meet the next claim.
-            (State::Rescheduled { due_at_ms }, Entry::Claim { .. }) if due_at_ms > now_ms => {
+            // "Before" by the claim's own SentTimestamp, not by now: every round (on any host,
+            // whatever its clock) then decides this claim alike, so an answer given to an entry
+            // behind it (a cancel's 200) stays true if this round dies before the claim is deleted.
+            (State::Rescheduled { due_at_ms }, Entry::Claim { .. }) if due_at_ms > seen[i].sent_ms => {
                 decision.replan.push((i, due_at_ms));
                 decision.delete.push(i);
             }
@@ -369,7 +372,7 @@ mod tests {
         let early = decide(&[reschedule(NOW + 60_000, 1), claim(1)], NOW, REMEMBER);
         assert_eq!(early.answers, vec![(0, Answer::Rescheduled)]);
         assert_eq!((early.replan, early.delete, early.hold), (vec![(1, NOW + 60_000)], vec![1], Some((0, FIRST_HOLD))));
-        let due = decide(&[reschedule(NOW, 3), claim(1)], NOW, REMEMBER);
+        let due = decide(&[reschedule(NOW - 1, 3), claim(1)], NOW, REMEMBER);
         assert_eq!((due.forward, due.fence, due.reveal, due.delete), (vec![1], true, vec![1], vec![0]));
         let cancelled = decide(&[reschedule(NOW + 60_000, 2), cancel(1), claim(1)], NOW, REMEMBER);
         assert_eq!(cancelled.answers, vec![(1, Answer::Cancelled)]);
@@ -377,6 +380,22 @@ mod tests {
         let moved = decide(&[reschedule(NOW + 60_000, 2), reschedule(NOW + 90_000, 1), claim(1)], NOW, REMEMBER);
         assert_eq!(moved.answers, vec![(1, Answer::Rescheduled)]);
         assert_eq!(moved.replan, vec![(2, NOW + 90_000)], "the newest reschedule wins");
+    }
+
+    /// A cancel behind a reschedule and a claim made before the new due time is
+    /// answered 200 while the claim goes round again. If that round dies before the
+    /// claim is deleted, the group comes back after the new due time: the claim
+    /// must be decided the same way (it was made before it), or the cancelled
+    /// message would be forwarded.
+    #[test]
+    fn a_claim_made_before_a_new_due_time_goes_round_again_in_every_round_so_a_cancel_behind_it_holds() {
+        let first = decide(&[reschedule(NOW + 60_000, 1), claim(1), cancel(1)], NOW, REMEMBER);
+        assert_eq!(first.answers, vec![(0, Answer::Rescheduled), (2, Answer::Cancelled)]);
+        assert_eq!(first.replan, vec![(1, NOW + 60_000)]);
+        let after_a_kill = decide(&[reschedule(NOW + 60_000, 2), claim(2), cancel(2)], NOW + 120_000, REMEMBER);
+        assert!(after_a_kill.forward.is_empty(), "the cancelled message is not forwarded: {:?}", after_a_kill.forward);
+        assert_eq!(after_a_kill.replan, vec![(1, NOW + 60_000)]);
+        assert!(after_a_kill.answers.contains(&(2, Answer::Cancelled)));
     }
 
     #[test]
