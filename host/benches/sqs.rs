@@ -27,8 +27,7 @@ use hourglass::config::Config;
 use hourglass::metrics::RequestSnapshot;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::Service;
-use sqs_support::{collect, consume, create_destination, percentile, summary};
-use tokio::sync::mpsc;
+use sqs_support::{collect, consume, consume_all, create_destination, delete_queues, endpoint, percentile, run_id, summary};
 
 /// Cost phase: cycles long enough that the pumps' lag on moto (seconds when
 /// 100 messages fall due at once) never costs a message one of its visits.
@@ -41,15 +40,12 @@ const COST_DESTINATIONS: usize = 10;
 const DRIFT_MESSAGES: usize = 50;
 
 fn main() {
-    let endpoint = std::env::var("AWS_ENDPOINT_URL_SQS").unwrap_or_else(|_| {
-        eprintln!("AWS_ENDPOINT_URL_SQS is not set: run scripts/bench-sqs, which starts a local SQS server (moto) and this bench");
-        std::process::exit(2)
-    });
+    let endpoint = endpoint();
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run(&endpoint));
 }
 
 async fn run(endpoint: &str) {
-    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let run = run_id();
     let (cost, drift) = (format!("bench-{run}-cost"), format!("bench-{run}-drift"));
     // `BENCH_PUMP_LINGER=0ms` compares the pump without its linger.
     let linger = std::env::var("BENCH_PUMP_LINGER").map(|l| format!("pump_linger = \"{l}\"\n")).unwrap_or_default();
@@ -70,30 +66,16 @@ async fn run(endpoint: &str) {
     let visits_before = pump_visits(&service);
     let empty_before = metric_sum(&service, "hourglass_pump_empty_polls_total");
     let mut due = HashMap::new();
-    let mut arrivals = Vec::new();
     let mut cost_destinations = Vec::new();
     for d in 0..COST_DESTINATIONS {
-        let destination = create_destination(&client, &format!("bench-{run}-cost{d}")).await;
-        arrivals.push(consume(client.clone(), destination.clone()));
-        cost_destinations.push(destination);
+        cost_destinations.push(create_destination(&client, &format!("bench-{run}-cost{d}")).await);
     }
+    let mut all = consume_all(&client, &cost_destinations);
     let scheduled = futures_util::future::join_all(
         cost_destinations.iter().map(|destination| schedule(&service, Some(&cost), destination, COST_MESSAGES / COST_DESTINATIONS, COST_DELAY_MS)),
     )
     .await;
     scheduled.into_iter().for_each(|group| due.extend(group));
-    let (merged, mut all) = mpsc::unbounded_channel();
-    for mut receiver in arrivals {
-        let merged = merged.clone();
-        tokio::spawn(async move {
-            while let Some(arrival) = receiver.recv().await {
-                if merged.send(arrival).is_err() {
-                    return;
-                }
-            }
-        });
-    }
-    drop(merged);
     let lateness = collect(&mut all, &due, Duration::from_secs(180)).await;
     // The pump's last deletes go out right after its hand-overs arrive.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -156,13 +138,8 @@ async fn run(endpoint: &str) {
         percentile(&cycled_late, 0.5) - percentile(&direct_late, 0.5),
         percentile(&cycled_late, 0.99) - percentile(&direct_late, 0.99)
     );
-    for queue in cost_destinations.into_iter().chain([direct, cycled]) {
-        for name in [queue.clone(), format!("{queue}-delay.fifo"), format!("{queue}-delay-dlq.fifo")] {
-            if let Ok(url) = client.get_queue_url().queue_name(&name).send().await {
-                client.delete_queue().queue_url(url.queue_url().unwrap_or_default()).send().await.ok();
-            }
-        }
-    }
+    let queues = cost_destinations.into_iter().chain([direct, cycled]);
+    delete_queues(&client, queues.flat_map(|queue| [format!("{queue}-delay.fifo"), format!("{queue}-delay-dlq.fifo"), queue])).await;
 }
 
 /// Schedules `count` messages of `delay_ms` to `destination`, 100 at a time; their due times by body.

@@ -62,8 +62,8 @@ async fn run(upstream: &str) {
     let window = std::env::var("BENCH_SEND_WINDOW").unwrap_or_else(|_| "500ms".into());
     let linger = std::env::var("BENCH_PUMP_LINGER").map(|l| format!("pump_linger = \"{l}\"\n")).unwrap_or_default();
     let (hourglass_proxy, raw_proxy) = (CountingProxy::start(upstream).await, CountingProxy::start(upstream).await);
-    let direct = client(upstream).await;
-    let raw = client(&raw_proxy.endpoint).await;
+    let direct = client(upstream);
+    let raw = client(&raw_proxy.endpoint);
 
     let (trickle, burst) = (format!("bench-{run}-trickle"), format!("bench-{run}-burst"));
     // idle_timeout: on the local server a first send can wait a minute for its
@@ -115,10 +115,11 @@ async fn run(upstream: &str) {
     let mut answers = std::mem::take(&mut *ANSWER_MS.lock().unwrap());
     answers.sort_unstable();
     println!(
-        "POST answered after: p50 {} ms, p99 {} ms, max {} ms",
+        "POST answered after: p50 {} ms, p99 {} ms, max {} ms; {} answered 503 (SQS did not confirm within 30 s: not counted as accepted)",
         percentile(&answers, 0.5),
         percentile(&answers, 0.99),
-        answers.last().copied().unwrap_or(0)
+        answers.last().copied().unwrap_or(0),
+        REFUSED.load(std::sync::atomic::Ordering::Relaxed)
     );
     pump_counts(&service, &trickle);
     queues.extend(ours.iter().cloned().chain(theirs.iter().cloned()));
@@ -146,12 +147,10 @@ async fn run(upstream: &str) {
     queues.extend([ours, theirs, format!("bench-{run}-raw-burst-delay.fifo")]);
 
     stop.send(true).ok();
-    for strategy in [&trickle, &burst] {
-        queues.push(format!("{strategy}-delay.fifo"));
-        queues.push(format!("{strategy}-delay-dlq.fifo"));
-    }
-    let per_destination: Vec<String> = queues.iter().flat_map(|q| [format!("{q}-delay.fifo"), format!("{q}-delay-dlq.fifo")]).collect();
-    delete_queues(&direct, queues.into_iter().chain(per_destination)).await;
+    // The strategies' delay queues: shared, or (BENCH_SHARED_DELAY_QUEUE=0) one per destination.
+    let delay_queue_stems: Vec<String> = [trickle.clone(), burst.clone()].into_iter().chain(queues.iter().cloned()).collect();
+    let delay_queues = delay_queue_stems.iter().flat_map(|q| [format!("{q}-delay.fifo"), format!("{q}-delay-dlq.fifo")]).collect::<Vec<_>>();
+    delete_queues(&direct, queues.into_iter().chain(delay_queues)).await;
 }
 
 /// Requests by action side by side, per message per cycle (each side's
@@ -176,34 +175,33 @@ fn report(ours: &Counts, theirs: &Counts, (our_messages, their_messages): (usize
     println!("lateness, hourglass / raw client: p50 {:.2}×, p99 {:.2}×", ratio(0.5), ratio(0.99));
 }
 
-/// `TRICKLE_CLIENTS` clients, each sending its share of `TRICKLE_RATE` a second
-/// for `trickle_seconds()`, one `POST` per message on its own connection; due times by body.
-async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destinations: &[String]) -> HashMap<String, u64> {
+/// `TRICKLE_CLIENTS` clients, each sending its share of `TRICKLE_RATE` a
+/// second for `trickle_seconds()`, each message on a task of its own (open
+/// loop: a slow answer does not hold the next send back). `send(c, n)` sends
+/// client `c`'s `n`-th message and gives its body and due time, or `None` when
+/// it was not accepted; the due times by body.
+async fn open_loop<F, Fut>(send: F) -> HashMap<String, u64>
+where
+    F: Fn(u64, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Option<(String, u64)>> + Send + 'static,
+{
     let every = Duration::from_micros(1_000_000 * TRICKLE_CLIENTS / TRICKLE_RATE);
     let per_client = TRICKLE_RATE * trickle_seconds() / TRICKLE_CLIENTS;
+    let send = Arc::new(send);
     let clients = (0..TRICKLE_CLIENTS).map(|c| {
-        let (strategy, destinations) = (strategy.to_string(), destinations.to_vec());
+        let send = send.clone();
         tokio::spawn(async move {
             // Clients start spread over one interval, so together they tick evenly.
             tokio::time::sleep(every * c as u32 / TRICKLE_CLIENTS as u32).await;
             let mut ticks = tokio::time::interval(every);
-            let mut requests = Vec::new();
-            let pool = Pool::default();
+            let mut sends = Vec::new();
             for n in 0..per_client {
                 ticks.tick().await;
-                let body = format!("h-{c}-{n}");
-                let destination = destinations[(n as usize + c as usize) % destinations.len()].clone();
-                let (strategy, pool) = (strategy.clone(), pool.clone());
-                requests.push(tokio::spawn(async move {
-                    let json = serde_json::json!({ "destination": destination, "delay": TRICKLE_DELAY_MS, "body": body, "strategy": strategy });
-                    (body, post(&pool, address, json).await)
-                }));
+                sends.push(tokio::spawn(send(c, n)));
             }
             let mut due = Vec::new();
-            for request in requests {
-                if let (body, Some(due_at)) = request.await.unwrap() {
-                    due.push((body, due_at));
-                }
+            for sent in sends {
+                due.extend(sent.await.unwrap());
             }
             due
         })
@@ -213,6 +211,20 @@ async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destination
         due.extend(client.unwrap());
     }
     due
+}
+
+/// hourglass's trickle: one `POST` per message, each client on its pool of keep-alive connections.
+async fn trickle_http(address: std::net::SocketAddr, strategy: &str, destinations: &[String]) -> HashMap<String, u64> {
+    let pools: Vec<Pool> = (0..TRICKLE_CLIENTS).map(|_| Pool::default()).collect();
+    let (strategy, destinations) = (strategy.to_string(), destinations.to_vec());
+    open_loop(move |c, n| {
+        let body = format!("h-{c}-{n}");
+        let destination = destinations[((n + c) as usize) % destinations.len()].clone();
+        let json = serde_json::json!({ "destination": destination, "delay": TRICKLE_DELAY_MS, "body": body, "strategy": strategy });
+        let pool = pools[c as usize].clone();
+        async move { post(&pool, address, json).await.map(|due_at| (body, due_at)) }
+    })
+    .await
 }
 
 /// How long each `POST` took to be answered (the broker's confirm included), in ms.
@@ -263,47 +275,28 @@ async fn post(pool: &Pool, address: std::net::SocketAddr, json: serde_json::Valu
 
 /// The raw client's trickle: the same rate and clients, one `SendMessage` each into its delay queue.
 async fn trickle_raw(client: &aws_sdk_sqs::Client, delay_queue: &str, destinations: &[String], run: &str) -> HashMap<String, u64> {
-    let every = Duration::from_micros(1_000_000 * TRICKLE_CLIENTS / TRICKLE_RATE);
-    let per_client = TRICKLE_RATE * trickle_seconds() / TRICKLE_CLIENTS;
-    let clients = (0..TRICKLE_CLIENTS).map(|c| {
-        let (client, delay_queue, destinations, run) = (client.clone(), delay_queue.to_string(), destinations.to_vec(), run.to_string());
-        tokio::spawn(async move {
-            tokio::time::sleep(every * c as u32 / TRICKLE_CLIENTS as u32).await;
-            let mut ticks = tokio::time::interval(every);
-            let mut sends = Vec::new();
-            for n in 0..per_client {
-                ticks.tick().await;
-                let body = format!("r-{run}-{c}-{n}");
-                let destination = destinations[(n as usize + c as usize) % destinations.len()].clone();
-                let (client, delay_queue) = (client.clone(), delay_queue.clone());
-                sends.push(tokio::spawn(async move {
-                    let due = unix_now_ms() + TRICKLE_DELAY_MS;
-                    let entry = raw_cycle_entry(&body, &body, due, &destination, 0);
-                    client
-                        .send_message()
-                        .queue_url(&delay_queue)
-                        .message_body(&body)
-                        .message_group_id(entry.message_group_id().unwrap_or_default())
-                        .message_deduplication_id(entry.message_deduplication_id().unwrap_or_default())
-                        .set_message_attributes(entry.message_attributes().cloned())
-                        .send()
-                        .await
-                        .expect("raw SendMessage");
-                    (body, due)
-                }));
-            }
-            let mut due = Vec::new();
-            for send in sends {
-                due.push(send.await.unwrap());
-            }
-            due
-        })
-    });
-    let mut due = HashMap::new();
-    for client in futures_util::future::join_all(clients).await {
-        due.extend(client.unwrap());
-    }
-    due
+    let (client, delay_queue, destinations, run) = (client.clone(), delay_queue.to_string(), destinations.to_vec(), run.to_string());
+    open_loop(move |c, n| {
+        let body = format!("r-{run}-{c}-{n}");
+        let destination = destinations[((n + c) as usize) % destinations.len()].clone();
+        let (client, delay_queue) = (client.clone(), delay_queue.clone());
+        async move {
+            let due = unix_now_ms() + TRICKLE_DELAY_MS;
+            let entry = raw_cycle_entry(&body, &body, due, &destination, 0);
+            client
+                .send_message()
+                .queue_url(&delay_queue)
+                .message_body(&body)
+                .message_group_id(entry.message_group_id().unwrap_or_default())
+                .message_deduplication_id(entry.message_deduplication_id().unwrap_or_default())
+                .set_message_attributes(entry.message_attributes().cloned())
+                .send()
+                .await
+                .expect("raw SendMessage");
+            Some((body, due))
+        }
+    })
+    .await
 }
 
 /// The burst through hourglass's scheduler, all at once; due times by body.

@@ -27,18 +27,14 @@ pub fn run_id() -> String {
 }
 
 /// A client of the SQS server at `endpoint`, as the host makes one (test credentials, any region).
-pub async fn client(endpoint: &str) -> aws_sdk_sqs::Client {
-    let config = aws_config_for(endpoint).await;
-    aws_sdk_sqs::Client::from_conf(config)
-}
-
-async fn aws_config_for(endpoint: &str) -> aws_sdk_sqs::Config {
-    aws_sdk_sqs::Config::builder()
+pub fn client(endpoint: &str) -> aws_sdk_sqs::Client {
+    let config = aws_sdk_sqs::Config::builder()
         .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
         .region(aws_sdk_sqs::config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_sqs::config::Credentials::new("test", "test", None, None, "bench"))
         .endpoint_url(endpoint)
-        .build()
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
 }
 
 pub async fn create_destination(client: &aws_sdk_sqs::Client, name: &str) -> String {
