@@ -38,11 +38,15 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The binary `cargo test --workspace` builds next to this test executable.
+/// The binary a workspace test build (`cargo nextest run --workspace`, `cargo test --workspace`) puts next to this test executable.
 pub fn hourglass_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let binary = exe.parent().and_then(Path::parent).unwrap().join("hourglass");
-    assert!(binary.exists(), "{} is missing: run the tests with `cargo test --workspace` (scripts/test does)", binary.display());
+    assert!(
+        binary.exists(),
+        "{} is missing: build the workspace's tests and binaries together, as `scripts/test` does (`cargo nextest run --workspace`)",
+        binary.display()
+    );
     binary
 }
 
@@ -52,10 +56,12 @@ pub fn hourglass_binary() -> PathBuf {
 pub fn built_planner(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let file = format!("wasm-planners/wasm32-wasip2/planner/{}.wasm", name.replace('-', "_"));
-    exe.ancestors()
-        .map(|dir| dir.join(&file))
-        .find(|path| path.exists())
-        .unwrap_or_else(|| panic!("{file} is missing beside {}: run the tests with `cargo test --workspace` (scripts/test does)", exe.display()))
+    exe.ancestors().map(|dir| dir.join(&file)).find(|path| path.exists()).unwrap_or_else(|| {
+        panic!(
+            "{file} is missing beside {}: build the workspace's tests and binaries together, as `scripts/test` does (`cargo nextest run --workspace`)",
+            exe.display()
+        )
+    })
 }
 
 /// How much later a message may arrive when a serving host decides its time

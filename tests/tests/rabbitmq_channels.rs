@@ -62,14 +62,17 @@ async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
                 let request = ScheduleRequest { destination: format!("{missing}-{i}"), delay_ms: 0, ..Default::default() };
                 let result = scheduler.schedule(request).await;
                 most_open.fetch_max(executor.open_channels(), Ordering::Relaxed);
-                result.is_err_and(|e| e.to_string().contains("does not exist"))
+                match result {
+                    Err(e) if e.to_string().contains("does not exist") => None,
+                    other => Some(format!("{i}: {:?}", other.map(|s| s.id))),
+                }
             }
         })
         .buffer_unordered(64)
-        .filter(|refused| std::future::ready(*refused))
-        .count()
+        .filter_map(std::future::ready)
+        .collect::<Vec<String>>()
         .await;
-    assert_eq!(refused, 10_000, "every missing destination is refused as missing");
+    assert!(refused.is_empty(), "every missing destination is refused as missing; {} were not: {:?}", refused.len(), &refused[..refused.len().min(5)]);
     let most_open = most_open.into_inner();
     assert!(most_open <= executor.max_open_channels(), "{most_open} channels open at once");
     let request = ScheduleRequest { destination: destination.name.clone(), delay_ms: 0, body: b"after".to_vec(), ..Default::default() };

@@ -178,7 +178,11 @@ async fn examples_sqs_toml_schedules_and_pumps_as_is() {
     use std::process::{Command, Stdio};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let binary = std::env::current_exe().unwrap().parent().and_then(|p| p.parent()).unwrap().join("hourglass");
-    assert!(binary.exists(), "{} is missing: run with `cargo test --workspace` (scripts/test does)", binary.display());
+    assert!(
+        binary.exists(),
+        "{} is missing: build the workspace's tests and binaries together, as `scripts/test` does (`cargo nextest run --workspace`)",
+        binary.display()
+    );
     let config = sqs_config(CYCLE_TABLE);
     let (_scheduler, executor) = sqs_scheduler(&config).await;
     let mut destination = SqsDestination::create(executor, "example").await;

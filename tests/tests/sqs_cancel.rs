@@ -14,7 +14,7 @@
 //!
 //! Timing, measured on this machine (2 cores, shared) with the local server
 //! (moto) and `pump_wait = 1s`, over the last two runs of this file (two
-//! tests at once, as `cargo test` runs them here): a message with a delay of
+//! tests at once, as `scripts/test` runs them: `.config/nextest.toml`): a message with a delay of
 //! 3–10 s arrived 0.13 to 2.36 s after its due time, the rescheduled one 1.31
 //! and 2.28 s after its new one (the release queue's `DelaySeconds` is whole seconds;
 //! then a receive, the claim, a receive of the fates queue and the forward;
