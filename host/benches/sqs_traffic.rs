@@ -16,7 +16,12 @@
 //! Run: `scripts/bench-sqs` (starts moto, runs both SQS benches). Knobs:
 //! `BENCH_SHARED_DELAY_QUEUE=0` gives each destination its own delay queue;
 //! `BENCH_SEND_WINDOW` (default 500ms) is `broker.send_batch_window`;
-//! `BENCH_PUMP_LINGER` is `service.pump_linger`.
+//! `BENCH_PUMP_LINGER` (default 2s) is `service.pump_linger`; `BENCH_BURST=0`
+//! runs the trickle alone.
+//!
+//! Beside each count it prints what `hourglass plan --rate` estimates for the
+//! same shape ([`hourglass::sim::traffic`]), at the round trip measured on the
+//! server just before.
 
 mod sqs_support;
 
@@ -29,6 +34,7 @@ use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::{self, Service};
+use hourglass::sim::traffic::{self, Handling, Traffic};
 use sqs_support::*;
 use tokio::sync::watch;
 
@@ -47,6 +53,8 @@ const BURST_DELAY_MS: u64 = 12_000;
 const BURST_CYCLE_SECONDS: u64 = 3;
 /// Visits at 3, 6 and 9 s; the last hands over with 3 s to go.
 const BURST_VISITS: u64 = 3;
+/// Body and attributes of one bench message, for the estimate's bundle sizes.
+const MESSAGE_BYTES: u64 = 300;
 
 fn main() {
     // The host's warnings (a pump that lags, a send retried) belong in the bench's output.
@@ -60,7 +68,20 @@ async fn run(upstream: &str) {
     let run = run_id();
     let shared = std::env::var("BENCH_SHARED_DELAY_QUEUE").map_or(true, |v| v != "0");
     let window = std::env::var("BENCH_SEND_WINDOW").unwrap_or_else(|_| "500ms".into());
-    let linger = std::env::var("BENCH_PUMP_LINGER").map(|l| format!("pump_linger = \"{l}\"\n")).unwrap_or_default();
+    // docs/sqs.md's recipe for a trickle: a shared delay queue, a 500 ms send window, a 2 s linger.
+    let pump_linger = std::env::var("BENCH_PUMP_LINGER").unwrap_or_else(|_| "2s".into());
+    let linger = format!("pump_linger = \"{pump_linger}\"\n");
+    let milliseconds = |text: &str| hourglass_planner_sdk::parse_duration_ms(text).expect("a duration like 500ms") as f64;
+    let handling = |cycle_seconds: u64, visits: u64, round_trip_ms: f64| Handling {
+        shared_delay_queue: shared,
+        send_window_ms: milliseconds(&window),
+        linger_ms: milliseconds(&pump_linger),
+        round_trip_ms,
+        // moto's long poll looks again each second unless a send wakes it.
+        notice_ms: 1_000.0,
+        cycle_ms: (cycle_seconds * 1_000) as f64,
+        pump_visits: visits,
+    };
     let (hourglass_proxy, raw_proxy) = (CountingProxy::start(upstream).await, CountingProxy::start(upstream).await);
     let direct = client(upstream);
     let raw = client(&raw_proxy.endpoint);
@@ -98,9 +119,10 @@ async fn run(upstream: &str) {
     let mut our_arrivals = consume_all(&direct, &ours);
     let mut their_arrivals = consume_all(&direct, &theirs);
     let their_urls: Vec<String> = futures_util::future::join_all(theirs.iter().map(|q| url_of(&direct, q))).await;
+    let round_trip_ms = round_trip(&direct, &their_urls[0]).await;
     let (before_ours, before_theirs) = (hourglass_proxy.snapshot(), raw_proxy.snapshot());
     println!(
-        "## Trickle: {TRICKLE_RATE} msg/s for {} s from {TRICKLE_CLIENTS} clients, {TRICKLE_DESTINATIONS} destinations, {} s delays, {TRICKLE_CYCLE_SECONDS} s cycles ({}; send_batch_window {window})\n",
+        "## Trickle: {TRICKLE_RATE} msg/s for {} s from {TRICKLE_CLIENTS} clients, {TRICKLE_DESTINATIONS} destinations, {} s delays, {TRICKLE_CYCLE_SECONDS} s cycles ({}; send_batch_window {window}, pump_linger {pump_linger})\n",
         trickle_seconds(),
         TRICKLE_DELAY_MS / 1_000,
         if shared { "one delay queue for the strategy" } else { "a delay queue per destination" }
@@ -112,6 +134,13 @@ async fn run(upstream: &str) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
     report(&spent_ours, &spent_theirs, (our_due.len(), their_due.len()), TRICKLE_VISITS, &our_late, &their_late);
+    let accepted = Traffic {
+        messages: our_due.len() as u64,
+        rate_per_second: TRICKLE_RATE as f64,
+        destinations: TRICKLE_DESTINATIONS as u64,
+        message_bytes: MESSAGE_BYTES,
+    };
+    print_estimate(&accepted, &handling(TRICKLE_CYCLE_SECONDS, TRICKLE_VISITS, round_trip_ms), round_trip_ms);
     let mut answers = std::mem::take(&mut *ANSWER_MS.lock().unwrap());
     answers.sort_unstable();
     println!(
@@ -124,6 +153,17 @@ async fn run(upstream: &str) {
     pump_counts(&service, &trickle);
     queues.extend(ours.iter().cloned().chain(theirs.iter().cloned()));
     queues.push(format!("bench-{run}-raw-trickle-delay.fifo"));
+
+    if std::env::var("BENCH_BURST").is_ok_and(|v| v == "0") {
+        stop.send(true).ok();
+        let delay_queues = [trickle.clone()]
+            .into_iter()
+            .chain(queues.iter().cloned())
+            .flat_map(|q| [format!("{q}-delay.fifo"), format!("{q}-delay-dlq.fifo")])
+            .collect::<Vec<_>>();
+        delete_queues(&direct, queues.into_iter().chain(delay_queues)).await;
+        return;
+    }
 
     // Burst.
     let ours = create_destination(&direct, &format!("bench-{run}-b")).await;
@@ -143,6 +183,8 @@ async fn run(upstream: &str) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (spent_ours, spent_theirs) = (since(&hourglass_proxy.snapshot(), &before_ours), since(&raw_proxy.snapshot(), &before_theirs));
     report(&spent_ours, &spent_theirs, (our_due.len(), their_due.len()), BURST_VISITS, &our_late, &their_late);
+    let accepted = Traffic { messages: our_due.len() as u64, rate_per_second: f64::INFINITY, destinations: 1, message_bytes: MESSAGE_BYTES };
+    print_estimate(&accepted, &handling(BURST_CYCLE_SECONDS, BURST_VISITS, round_trip_ms), round_trip_ms);
     pump_counts(&service, &burst);
     queues.extend([ours, theirs, format!("bench-{run}-raw-burst-delay.fifo")]);
 
@@ -173,6 +215,27 @@ fn report(ours: &Counts, theirs: &Counts, (our_messages, their_messages): (usize
     println!("raw client: arrived {} of {their_messages}; {}", their_late.len(), summary(their_late));
     let ratio = |q| percentile(our_late, q) as f64 / percentile(their_late, q).max(1) as f64;
     println!("lateness, hourglass / raw client: p50 {:.2}×, p99 {:.2}×", ratio(0.5), ratio(0.99));
+}
+
+/// What `hourglass plan --rate` estimates for the accepted messages.
+fn print_estimate(accepted: &Traffic, handling: &Handling, round_trip_ms: f64) {
+    let estimate = traffic::requests(accepted, handling);
+    println!(
+        "hourglass plan's estimate at a {round_trip_ms:.0} ms round trip: {:.3} per message per cycle ({estimate:?})",
+        estimate.per_message_per_cycle(accepted.messages, handling.pump_visits)
+    );
+}
+
+/// The median time of an empty receive that does not wait, before the run.
+async fn round_trip(client: &aws_sdk_sqs::Client, url: &str) -> f64 {
+    let mut times = Vec::new();
+    for _ in 0..11 {
+        let started = std::time::Instant::now();
+        client.receive_message().queue_url(url).wait_time_seconds(0).send().await.ok();
+        times.push(started.elapsed().as_secs_f64() * 1_000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// `TRICKLE_CLIENTS` clients, each sending its share of `TRICKLE_RATE` a

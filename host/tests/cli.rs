@@ -106,6 +106,35 @@ fn sqs_cycles_1925_seconds_is_two_cycles_then_125_seconds() {
     assert_eq!(year["sqs"]["pump_visits"], 35_039, "hand-over happens once 900 s or less remain");
 }
 
+/// `plan --rate` reads the send window and linger from the config and asks the
+/// planner whether destinations share a delay queue: the docs' recipe for a
+/// trickle costs a fraction of the defaults.
+#[test]
+fn plan_estimates_a_trickle_with_the_config_s_window_linger_and_delay_queues() {
+    let dir = tempfile::tempdir().unwrap();
+    let estimate = |text: &str| {
+        std::fs::write(dir.path().join("delay.toml"), text).unwrap();
+        let args = ["plan", "--to", "orders", "--delay", "105s", "--rate", "20", "--for", "60s", "--destinations", "10", "--format", "json"];
+        json(&hourglass_in(dir.path(), &args))["sqs_stream"].clone()
+    };
+    let strategy = "[strategies.t]\nplanner = \"sqs-cycles\"\ncycle = \"30s\"\n";
+    let defaults = estimate(&format!("default_strategy = \"t\"\n[broker]\nkind = \"sqs\"\n{strategy}"));
+    let recipe = estimate(&format!(
+        "default_strategy = \"t\"\n[broker]\nkind = \"sqs\"\nsend_batch_window = \"500ms\"\n[service]\npump_linger = \"2s\"\n{strategy}delay_queue = \"t-delay.fifo\"\n"
+    ));
+    assert_eq!((defaults["messages"].as_u64(), defaults["shared_delay_queue"].as_bool()), (Some(1_200), Some(false)), "{defaults}");
+    assert_eq!(
+        (recipe["shared_delay_queue"].as_bool(), recipe["send_window_ms"].as_f64(), recipe["linger_ms"].as_f64()),
+        (Some(true), Some(500.0), Some(2_000.0))
+    );
+    let per = |estimate: &Value| estimate["requests_per_message_per_cycle"].as_f64().unwrap();
+    // A queue each, 2 ms, 250 ms: about one message per request; the recipe: 0.25.
+    assert!(per(&defaults) > 2.0 && per(&recipe) < 0.35, "{defaults} {recipe}");
+    let output = hourglass(&["plan", "--to", "orders", "--delay", "5s", "--rate", "20"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--rate estimates SQS requests"), "{output:?}");
+}
+
 #[test]
 fn changing_the_planner_in_the_config_changes_the_plan() {
     let dir = tempfile::tempdir().unwrap();

@@ -330,3 +330,62 @@ async fn two_hosts_deliver_every_message_on_time_and_no_cancelled_one() {
     // A claim another host fenced, received without its marker, goes again (docs/sqs.md): counted, not refused.
     println!("two hosts: {} messages, {} cancelled, {} duplicates", due.len(), cancelled.len(), copies.len() - due.len());
 }
+
+/// A message whose claim would not fit SQS's limits (ten attributes, 256 KiB)
+/// is refused when it is scheduled, saying why, while the largest accepted,
+/// by attributes and by size, arrives. (Accepted, it would be claimed in vain
+/// on every try and never arrive.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_claim_would_not_fit_is_refused_when_scheduled_and_the_largest_accepted_arrives() {
+    let setup = Setup::new().await;
+    let mut destination = setup.destination().await;
+    let host = setup.serve().await;
+    let mut due = HashMap::new();
+    let post = |body: String, headers: usize| {
+        let headers: serde_json::Map<String, Value> = (0..headers).map(|h| (format!("h{h}"), json!("v"))).collect();
+        json!({ "destination": destination.name, "delay": 3_000, "body": body, "headers": headers })
+    };
+    // By attributes: one header more at a time, until the first refused.
+    let mut refused_at = None;
+    for headers in 0..=10 {
+        let body = format!("headers-{headers}");
+        let (status, answer) = host.http.schedule(None, post(body.clone(), headers)).await;
+        if status == 202 {
+            due.insert(body, answer["due_at"].as_u64().unwrap());
+            continue;
+        }
+        assert_eq!(status, 422, "{answer}");
+        assert!(answer["error"].as_str().unwrap_or_default().contains("free for its claim"), "{answer}");
+        refused_at = Some(headers);
+        break;
+    }
+    assert!(refused_at.is_some_and(|n| n > 0), "some headers are accepted and ten are not: {refused_at:?}");
+    // By size: the largest body accepted, found by halving.
+    let sized = |length: usize| {
+        let tag = format!("size-{length}-");
+        format!("{tag}{}", "x".repeat(length - tag.len()))
+    };
+    let (mut accepted, mut refused) = (200_000, 262_144);
+    let (status, answer) = host.http.schedule(None, post(sized(accepted), 0)).await;
+    assert_eq!(status, 202, "{answer}");
+    due.insert(sized(accepted), answer["due_at"].as_u64().unwrap());
+    while refused - accepted > 1 {
+        let length = (accepted + refused) / 2;
+        let (status, answer) = host.http.schedule(None, post(sized(length), 0)).await;
+        if status == 202 {
+            due.insert(sized(length), answer["due_at"].as_u64().unwrap());
+            accepted = length;
+        } else {
+            assert_eq!(status, 422, "{answer}");
+            let reason = answer["error"].as_str().unwrap_or_default();
+            assert!(reason.contains("SQS allows 262144, less 192"), "the room kept for the cycles and the claim: {answer}");
+            refused = length;
+        }
+    }
+    eprintln!("{} headers refused; {accepted} bytes of body accepted, {refused} refused", refused_at.unwrap());
+    let received = destination.receive(due.len(), Duration::from_secs(60)).await;
+    let arrived = assert_on_time(&received, &due);
+    let mut expected: Vec<String> = due.keys().cloned().collect();
+    expected.sort();
+    assert_eq!(arrived, expected, "every accepted message arrived, the largest ones too");
+}

@@ -27,7 +27,7 @@ pub const BUSY_COHORT: u64 = 1_000;
 /// …of this many bytes each (body and attributes).
 pub const BUSY_MESSAGE_BYTES: u64 = 1_024;
 /// What a message adds inside a bundle beyond its own bytes: its id and the JSON around it.
-const BUNDLED_OVERHEAD_BYTES: u64 = 200;
+pub(super) const BUNDLED_OVERHEAD_BYTES: u64 = 200;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SqsCost {
@@ -64,12 +64,12 @@ pub fn messages_per_bundle(message_bytes: u64) -> u64 {
 }
 
 /// A request carrying `bytes` of messages, as SQS bills it.
-fn billed(bytes: u64) -> u64 {
+pub(super) fn billed(bytes: u64) -> u64 {
     bytes.div_ceil(SQS_BILLED_BYTES as u64).max(1)
 }
 
 /// Billed requests that send SQS messages of these sizes, in batches of ten and 256 KiB.
-fn sends(sizes: &[u64]) -> u64 {
+pub(super) fn sends(sizes: &[u64]) -> u64 {
     let (mut requests, mut entries, mut bytes) = (0, 0, 0);
     for size in sizes {
         if entries == SQS_BATCH || bytes + size > SQS_MAX_BATCH_BYTES {

@@ -17,6 +17,7 @@ pub mod conformance;
 pub mod cost;
 pub mod simulation;
 mod sqs;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 

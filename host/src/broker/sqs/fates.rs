@@ -47,6 +47,13 @@ use crate::cancellation::Answer;
 /// own attributes within SQS's ten).
 pub const FATE_ATTRIBUTE: &str = "hourglass-fate";
 
+/// What a claim adds to a message (its [`FATE_ATTRIBUTE`] with the strategy's
+/// name, at most 62 characters as `hourglass-release-<strategy>` must be an
+/// SQS queue name), at most: a message of a cancellable strategy keeps this
+/// much and one attribute free from its first send, or its claim would be
+/// refused forever.
+pub const CLAIM_BYTES: usize = 128;
+
 /// How long a head is first held before it is received again to answer what
 /// queued behind it; doubled on each receive up to [`LONGEST_HOLD`].
 pub const FIRST_HOLD: Duration = Duration::from_secs(5);
@@ -291,6 +298,12 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_with_the_longest_strategy_name_fits_the_room_kept_for_it() {
+        let claim = Entry::Claim { strategy: Some("s".repeat(80 - "hourglass-release-".len())) };
+        assert!(FATE_ATTRIBUTE.len() + "String".len() + claim.encode().len() <= CLAIM_BYTES, "{}", claim.encode());
+    }
 
     const NOW: u64 = 1_000_000;
     const REMEMBER: u64 = 600_000;

@@ -14,6 +14,7 @@ use tokio::sync::Mutex;
 use super::batcher::{Batcher, SendBatch};
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::headers::ID_HEADER;
 use crate::metrics::RequestCounts;
 
 /// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
@@ -35,6 +36,30 @@ pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
 /// time and a longer cycle count, about 35 bytes), and a message accepted
 /// right at the limit would otherwise be parked on its first visit.
 pub const PUMPED_HEADROOM_BYTES: usize = 64;
+
+/// Room a first send keeps free below SQS's limits for what later steps add.
+#[derive(Clone, Copy, Debug, Default)]
+struct Room {
+    bytes: usize,
+    attributes: usize,
+}
+
+impl Room {
+    /// For a message sent to `queue`: a pumped queue's state grows, and a
+    /// cancellable strategy's message (it carries its id) is claimed in the
+    /// fates queue with one attribute more.
+    fn for_send(pumped: bool, cancellable: bool) -> Room {
+        let mut room = Room::default();
+        if pumped {
+            room.bytes += PUMPED_HEADROOM_BYTES;
+        }
+        if cancellable {
+            room.bytes += super::fates::CLAIM_BYTES;
+            room.attributes += 1;
+        }
+        room
+    }
+}
 
 pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
@@ -139,22 +164,31 @@ struct SendParts<'c> {
     dedup_id: &'c Option<String>,
 }
 
-/// An SQS send's parts, its message attributes and its size, checked against SQS's limits.
+/// An SQS send's parts, its message attributes and its size, checked against
+/// SQS's limits less the room it keeps for later steps.
 fn checked_send<'c>(
     command: &'c Command,
     body: &str,
     base: &BTreeMap<String, FieldValue>,
     properties: &PropertyAttributes,
-    headroom: usize,
+    room: Room,
 ) -> Result<(SendParts<'c>, HashMap<String, MessageAttributeValue>, usize), ExecutorError> {
     let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
         return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
     };
     let message_attributes = message_attributes(properties, base, attributes)?;
+    if room.attributes > 0 && message_attributes.len() + room.attributes > SQS_MAX_MESSAGE_ATTRIBUTES {
+        return Err(ExecutorError::Refused(format!(
+            "the message would carry {} attributes; SQS allows {SQS_MAX_MESSAGE_ATTRIBUTES}, and a cancellable strategy's message keeps {} free for its claim ({})",
+            message_attributes.len(),
+            room.attributes,
+            message_attributes.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
     let size = message_size(body, &message_attributes);
-    if size + headroom > SQS_MAX_MESSAGE_BYTES {
-        let room = if headroom > 0 { format!(", less {headroom} for the state it gathers while it cycles through {queue}") } else { String::new() };
-        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}{room}")));
+    if size + room.bytes > SQS_MAX_MESSAGE_BYTES {
+        let kept = if room.bytes > 0 { format!(", less {} for what it gathers on its way through {queue}", room.bytes) } else { String::new() };
+        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}{kept}")));
     }
     Ok((SendParts { queue, delay_seconds, group_id, dedup_id }, message_attributes, size))
 }
@@ -166,9 +200,9 @@ fn checked_entry<'c>(
     body: &str,
     base: &BTreeMap<String, FieldValue>,
     properties: &PropertyAttributes,
-    headroom: usize,
+    room: Room,
 ) -> Result<(&'c str, SendMessageBatchRequestEntry, usize), ExecutorError> {
-    let (send, message_attributes, size) = checked_send(command, body, base, properties, headroom)?;
+    let (send, message_attributes, size) = checked_send(command, body, base, properties, room)?;
     let SendParts { queue, delay_seconds, group_id, dedup_id } = send;
     let mut entry = SendMessageBatchRequestEntry::builder()
         .id(id)
@@ -329,7 +363,7 @@ impl SqsExecutor {
         base: &BTreeMap<String, FieldValue>,
         properties: &PropertyAttributes,
     ) -> Result<(SendMessageBatchRequestEntry, usize), ExecutorError> {
-        checked_entry(id, command, body, base, properties, 0).map(|(_, entry, size)| (entry, size))
+        checked_entry(id, command, body, base, properties, Room::default()).map(|(_, entry, size)| (entry, size))
     }
 
     /// One receive of up to ten messages from `queue` at `url`, with every
@@ -417,13 +451,11 @@ impl Executor for SqsExecutor {
         let properties = super::properties::to_attributes(&envelope.properties)?;
         // Every send checked and its queue found before any is queued: an invalid message never joins a batch.
         let mut sends = Vec::with_capacity(commands.len());
+        let cancellable = envelope.headers.contains_key(ID_HEADER);
         for command in commands {
+            let pumped = matches!(command, Command::SqsSend { queue, .. } if self.is_pumped(queue));
             // The batcher gives the entry an id unique within its request.
-            let headroom = match command {
-                Command::SqsSend { queue, .. } if self.is_pumped(queue) => PUMPED_HEADROOM_BYTES,
-                _ => 0,
-            };
-            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, headroom)?;
+            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, Room::for_send(pumped, cancellable))?;
             let url = self.existing_url(queue).await?;
             sends.push((queue, url, entry, size));
         }
