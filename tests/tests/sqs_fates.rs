@@ -145,7 +145,11 @@ impl Setup {
     }
 
     async fn claim(&self, host: &FatesQueue, id: &str, body: &str) {
-        let target = MessageAttributeValue::builder().data_type("String").string_value(&self.destination).build().unwrap();
+        self.claim_to(host, id, body, &self.destination).await;
+    }
+
+    async fn claim_to(&self, host: &FatesQueue, id: &str, body: &str, destination: &str) {
+        let target = MessageAttributeValue::builder().data_type("String").string_value(destination).build().unwrap();
         host.claim(id, &format!("claim-{id}"), None, body, &HashMap::from([(TARGET_HEADER.to_string(), target)])).await.unwrap();
     }
 
@@ -164,6 +168,7 @@ impl Setup {
             total.forwarded += once.forwarded;
             total.dropped += once.dropped;
             total.answered += once.answered;
+            total.unsettled += once.unsettled;
         }
         total
     }
@@ -181,6 +186,26 @@ impl Setup {
     async fn arrived(&self) -> Vec<String> {
         take_messages(&self.executor, &self.destination).await.iter().map(|m| m.body().unwrap_or_default().to_string()).collect()
     }
+}
+
+/// A claim whose destination is gone cannot be settled; the receive that
+/// brought it still succeeds (so the task does not read as down), and the
+/// claims beside it arrive.
+#[tokio::test]
+async fn a_claim_whose_destination_is_gone_does_not_fail_the_receive_or_hold_up_the_others() {
+    let s = setup("gone").await;
+    let host = s.host().await;
+    let gone = unique_queue("never-created");
+    s.claim_to(&host, &uuid::Uuid::new_v4().to_string(), "to nowhere", &gone).await;
+    for n in 0..3 {
+        s.claim(&host, &uuid::Uuid::new_v4().to_string(), &format!("fine-{n}")).await;
+    }
+    // Every receive is Ok (process_until unwraps it) while the gone one fails each time.
+    let done = s.process_until(&host, Duration::from_secs(20), |p| p.forwarded >= 3 && p.unsettled >= 1).await;
+    assert_eq!(done.forwarded, 3, "{done:?}");
+    let mut arrived = s.arrived().await;
+    arrived.sort();
+    assert_eq!(arrived, ["fine-0", "fine-1", "fine-2"]);
 }
 
 #[tokio::test]

@@ -36,6 +36,14 @@ pub enum FatesError {
     Missing(String),
 }
 
+impl FatesError {
+    /// Whether it is the entry's own problem (SQS refused its send, its
+    /// destination is gone), which does not say SQS or this host is unwell.
+    fn is_the_message_s_own(&self) -> bool {
+        matches!(self, FatesError::Broker(ExecutorError::Refused(_) | ExecutorError::Invalid(_)))
+    }
+}
+
 /// Sends a claim that was not cancelled round its strategy again, due at `due_at_ms`.
 pub trait Replan: Send + Sync {
     fn replan(
@@ -64,6 +72,8 @@ pub struct Processed {
     pub dropped: usize,
     pub replanned: usize,
     pub answered: usize,
+    /// Groups that could not be settled this time (logged; they come back).
+    pub unsettled: usize,
 }
 
 /// One reply to an asker: the token it sent and the answer.
@@ -210,26 +220,34 @@ impl FatesQueue {
         // First what the messages wait for (answers, forwards, replans) in every
         // group, then each group's fence, deletes and holds: a forward does not
         // wait for the other groups' tidying. Each group's steps keep their order.
-        let mut first_error = None;
+        // A group that fails is logged and comes back; it fails the receive only
+        // when no group settled and SQS itself may be the cause (not one
+        // message's own problem, such as its destination being gone).
+        let mut passing_failure = None;
+        let mut settled = 0;
+        let mut failed = |group: &str, err: FatesError, processed: &mut Processed| {
+            tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
+            processed.unsettled += 1;
+            if !err.is_the_message_s_own() {
+                passing_failure.get_or_insert(err);
+            }
+        };
         let mut delivered = Vec::with_capacity(decided.len());
         for (group, members, (seen, decision)) in &decided {
             match self.deliver(members, seen, decision, replan, &mut processed).await {
                 Ok(()) => delivered.push((group, members, decision)),
-                Err(err) => {
-                    tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
-                    first_error.get_or_insert(err);
-                }
+                Err(err) => failed(group, err, &mut processed),
             }
         }
         for (group, members, decision) in delivered {
-            if let Err(err) = self.tidy(group, members, decision, &mut processed).await {
-                tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
-                first_error.get_or_insert(err);
+            match self.tidy(group, members, decision, &mut processed).await {
+                Ok(()) => settled += 1,
+                Err(err) => failed(group, err, &mut processed),
             }
         }
-        match first_error {
-            Some(err) => Err(err),
-            None => Ok(processed),
+        match passing_failure {
+            Some(err) if settled == 0 => Err(err),
+            _ => Ok(processed),
         }
     }
 

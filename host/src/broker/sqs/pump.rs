@@ -653,18 +653,22 @@ impl Pump {
 
     /// Pumps until `shutdown` turns true, finishing the batch in hand.
     pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), ExecutorError> {
+        let mut retry_pause = Duration::ZERO;
         while !*shutdown.borrow() {
             let received = tokio::select! {
                 received = self.receive() => received,
                 _ = shutdown.changed() => break,
             };
             let pause = match async { self.process_keeping_invisible(&received?).await }.await {
-                // The queue is drained for now: let the next batch gather.
-                Ok(count) if (1..10).contains(&count) => self.linger,
-                Ok(_) => Duration::ZERO,
+                Ok(count) => {
+                    retry_pause = Duration::ZERO;
+                    // The queue is drained for now: let the next batch gather.
+                    if (1..10).contains(&count) { self.linger } else { Duration::ZERO }
+                }
                 Err(err) => {
-                    tracing::warn!(queue = %self.queue, error = %err, "pump cycle failed; retrying");
-                    Duration::from_secs(1)
+                    retry_pause = next_retry_pause(retry_pause);
+                    tracing::warn!(queue = %self.queue, error = %err, retry_in = ?retry_pause, "pump cycle failed; retrying");
+                    retry_pause
                 }
             };
             if !pause.is_zero() {
@@ -676,6 +680,14 @@ impl Pump {
         }
         Ok(())
     }
+}
+
+/// The pause before a pump tries again after `previous` (zero: the first
+/// failure): 1 s, doubling while it keeps failing (its queue deleted, SQS
+/// unreachable) up to 30 s, so a queue that is gone costs a request and a
+/// warning every 30 s, not every second.
+fn next_retry_pause(previous: Duration) -> Duration {
+    (previous * 2).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
 
 /// Keeps a batch in hand invisible for another `visibility`; a failure only
@@ -707,6 +719,18 @@ async fn extend_visibility(executor: &SqsExecutor, url: &str, queue: &str, recei
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_pump_waits_longer_each_time_up_to_30_s() {
+        let mut pause = Duration::ZERO;
+        let pauses: Vec<u64> = (0..8)
+            .map(|_| {
+                pause = next_retry_pause(pause);
+                pause.as_secs()
+            })
+            .collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
+    }
 
     #[test]
     fn what_went_on_from_a_kept_message_is_remembered_until_it_is_deleted_and_within_a_bound() {

@@ -37,27 +37,33 @@ pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
 /// right at the limit would otherwise be parked on its first visit.
 pub const PUMPED_HEADROOM_BYTES: usize = 64;
 
-/// Room a first send keeps free below SQS's limits for what later steps add.
+/// Room a first send keeps free below SQS's limits for what later steps add:
+/// a pumped queue's state grows, and a cancellable strategy's message (it
+/// carries its id) is claimed in the fates queue with one attribute more.
 #[derive(Clone, Copy, Debug, Default)]
 struct Room {
-    bytes: usize,
-    attributes: usize,
+    pumped: bool,
+    cancellable: bool,
 }
 
 impl Room {
-    /// For a message sent to `queue`: a pumped queue's state grows, and a
-    /// cancellable strategy's message (it carries its id) is claimed in the
-    /// fates queue with one attribute more.
-    fn for_send(pumped: bool, cancellable: bool) -> Room {
-        let mut room = Room::default();
-        if pumped {
-            room.bytes += PUMPED_HEADROOM_BYTES;
+    fn bytes(self) -> usize {
+        (if self.pumped { PUMPED_HEADROOM_BYTES } else { 0 }) + if self.cancellable { super::fates::CLAIM_BYTES } else { 0 }
+    }
+
+    fn attributes(self) -> usize {
+        usize::from(self.cancellable)
+    }
+
+    /// What the room is kept for, after the limit in a refusal.
+    fn reason(self, queue: &str) -> String {
+        let bytes = self.bytes();
+        match (self.pumped, self.cancellable) {
+            (false, false) => String::new(),
+            (true, false) => format!(", less {bytes} for the state it gathers while it cycles through {queue}"),
+            (false, true) => format!(", less {bytes} for its claim when due"),
+            (true, true) => format!(", less {bytes} for the state it gathers while it cycles through {queue} and for its claim when due"),
         }
-        if cancellable {
-            room.bytes += super::fates::CLAIM_BYTES;
-            room.attributes += 1;
-        }
-        room
     }
 }
 
@@ -177,18 +183,20 @@ fn checked_send<'c>(
         return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
     };
     let message_attributes = message_attributes(properties, base, attributes)?;
-    if room.attributes > 0 && message_attributes.len() + room.attributes > SQS_MAX_MESSAGE_ATTRIBUTES {
+    if room.attributes() > 0 && message_attributes.len() + room.attributes() > SQS_MAX_MESSAGE_ATTRIBUTES {
         return Err(ExecutorError::Refused(format!(
             "the message would carry {} attributes; SQS allows {SQS_MAX_MESSAGE_ATTRIBUTES}, and a cancellable strategy's message keeps {} free for its claim ({})",
             message_attributes.len(),
-            room.attributes,
+            room.attributes(),
             message_attributes.keys().cloned().collect::<Vec<_>>().join(", ")
         )));
     }
     let size = message_size(body, &message_attributes);
-    if size + room.bytes > SQS_MAX_MESSAGE_BYTES {
-        let kept = if room.bytes > 0 { format!(", less {} for what it gathers on its way through {queue}", room.bytes) } else { String::new() };
-        return Err(ExecutorError::Refused(format!("the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}{kept}")));
+    if size + room.bytes() > SQS_MAX_MESSAGE_BYTES {
+        return Err(ExecutorError::Refused(format!(
+            "the message is {size} bytes with its attributes; SQS allows {SQS_MAX_MESSAGE_BYTES}{}",
+            room.reason(queue)
+        )));
     }
     Ok((SendParts { queue, delay_seconds, group_id, dedup_id }, message_attributes, size))
 }
@@ -455,7 +463,7 @@ impl Executor for SqsExecutor {
         for command in commands {
             let pumped = matches!(command, Command::SqsSend { queue, .. } if self.is_pumped(queue));
             // The batcher gives the entry an id unique within its request.
-            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, Room::for_send(pumped, cancellable))?;
+            let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, Room { pumped, cancellable })?;
             let url = self.existing_url(queue).await?;
             sends.push((queue, url, entry, size));
         }
