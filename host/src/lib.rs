@@ -26,7 +26,7 @@
 //!   holds the configured [`scheduler::strategies`].
 //! * [`broker`] is the neutral [`broker::Executor`] seam with the in-memory
 //!   broker; [`broker::rabbitmq`] and [`broker::sqs`] are the only modules
-//!   that use lapin and the AWS SDK.
+//!   that use lapin and the AWS SDK (besides `service`'s SQS cancel).
 //! * [`service`] is `hourglass serve`: HTTP API, AMQP ingress, redelivery,
 //!   pumps, reload and shutdown.
 //! * [`sim`] is the in-memory broker with a virtual clock, the simulation of a

@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
+use hourglass::broker::sqs::dead_letters::dead_letter_queue;
 use hourglass::broker::sqs::pump::{DueHandler, Pump};
-use hourglass::broker::sqs::pumped::{PARKED_REASON_ATTRIBUTE, PumpSettings, dead_letter_queue};
+use hourglass::broker::sqs::pumped::{PARKED_REASON_ATTRIBUTE, PumpSettings};
 use hourglass::command::{DueAction, DueMessage};
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::scheduler::strategies::Strategies;

@@ -2,13 +2,12 @@
 //! [`ContractPre`] picks the version a component implements, and each call
 //! on a [`Contract`] answers in the current version's types.
 
-use wasmtime::Store;
 use wasmtime::component::{ComponentType, InstancePre, Linker, Lower, TypedFunc};
+use wasmtime::{Store, StoreLimits};
 
 use super::bindings::hourglass::planner::{diagnostics, types as wit};
 use super::bindings::v0_1::hourglass::planner::{diagnostics as diagnostics_v0_1, types as wit_v0_1};
 use super::bindings::{PlannerWorld, PlannerWorldPre, v0_1};
-use super::instance::StoreState;
 use super::upgrade;
 
 /// The contract's `plan-request`, borrowing the host's strings: lowering
@@ -25,6 +24,13 @@ pub(crate) struct PlanRequestRef<'a> {
     pub message_id: &'a str,
     #[component(name = "routing-key")]
     pub routing_key: Option<&'a str>,
+}
+
+/// What a planner's store holds besides its memory (the contract's host
+/// functions write into it).
+pub(crate) struct StoreState {
+    pub(super) limits: StoreLimits,
+    pub(super) panic_message: Option<String>,
 }
 
 /// `plan` typed with the borrowing request, in a version's result types.

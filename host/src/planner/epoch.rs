@@ -19,6 +19,43 @@ use std::time::Duration;
 /// Ticks the thread keeps making after the last deadline a call asked for.
 pub(crate) const GRACE: u64 = 500;
 
+/// Epoch ticks bound every planner call; this is their period.
+const EPOCH_TICK: Duration = Duration::from_millis(2);
+
+/// The process's one ticker, advancing the shared engine's epoch while calls need it.
+static TICKER: OnceLock<Arc<Ticker>> = OnceLock::new();
+
+/// Starts the process's ticker on `engine` (once; the engine is made once too).
+pub(crate) fn start_ticking(engine: &wasmtime::Engine) {
+    let ticking = engine.clone();
+    TICKER.get_or_init(|| Ticker::start("planner-epoch", EPOCH_TICK, GRACE, move || ticking.increment_epoch()));
+}
+
+/// Epoch ticks for a wall-clock budget (one more, so a call never gets less).
+fn deadline_ticks(budget: Duration) -> u64 {
+    (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
+}
+
+/// Gives `store` a deadline `budget` from now, and tells the ticker to tick
+/// until then (waking it if it slept).
+///
+/// In this order: wasmtime counts the deadline from the epoch when it is set,
+/// and the ticker's promise is counted from a tick read after that, so it
+/// always reaches the deadline, however long the thread stalled in between.
+pub(crate) fn set_epoch_deadline<T>(store: &mut wasmtime::Store<T>, budget: Duration) {
+    let ticks = deadline_ticks(budget);
+    store.set_epoch_deadline(ticks);
+    if let Some(ticker) = TICKER.get() {
+        ticker.keep_ticking(ticks);
+    }
+}
+
+/// Whether the epoch ticker sleeps, no call having needed it for a while
+/// (false before any planner is loaded).
+pub fn epoch_ticker_asleep() -> bool {
+    TICKER.get().is_some_and(|ticker| ticker.is_asleep())
+}
+
 /// One ticking thread and what calls have asked of it.
 pub(crate) struct Ticker {
     period: Duration,

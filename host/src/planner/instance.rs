@@ -1,14 +1,15 @@
 //! A configured planner and its pool of instances, and the host-side types of its answers.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::Serialize;
-use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Engine, Store, StoreLimitsBuilder, Trap};
 
 use super::PlannerError;
 use super::bindings::hourglass::planner::types as wit;
-use super::contract::{Contract, ContractPre, PlanRequestRef};
-use super::runtime::{PlannerLimits, set_epoch_deadline};
+use super::contract::{Contract, ContractPre, PlanRequestRef, StoreState};
+use super::epoch::set_epoch_deadline;
 use crate::command::{Command, DueAction, DueMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -79,10 +80,24 @@ pub enum RedeliveryDecision {
     GiveUp(String),
 }
 
-/// What a planner's store holds besides its memory.
-pub(crate) struct StoreState {
-    limits: StoreLimits,
-    pub(super) panic_message: Option<String>,
+/// The sandbox's bounds for each planner call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlannerLimits {
+    /// Wall-clock budget of one call.
+    pub call_timeout: Duration,
+    /// Wall-clock budget to instantiate and configure one instance. It is
+    /// spent once per instance (at load, and after a trap discards one), so
+    /// it is wider than a call's: a busy host or a large component must not
+    /// fail a load that a quiet machine passes.
+    pub start_timeout: Duration,
+    /// Linear memory a planner may grow to. A Rust planner needs about 1.1 MiB to start.
+    pub memory_bytes: usize,
+}
+
+impl Default for PlannerLimits {
+    fn default() -> Self {
+        PlannerLimits { call_timeout: Duration::from_millis(100), start_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }
+    }
 }
 
 /// One instantiated, configured instance and its store.

@@ -37,8 +37,11 @@ mod runtime;
 mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
-pub use instance::{BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, RedeliveryDecision};
-pub use runtime::{PlannerLimits, PlannerRuntime, PlannerSource, engines_created, epoch_ticker_asleep};
+pub use epoch::epoch_ticker_asleep;
+pub use instance::{
+    BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, PlannerLimits, RedeliveryDecision,
+};
+pub use runtime::{PlannerRuntime, PlannerSource, engines_created};
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The process's one wasmtime engine, the call budget and component loading.
+//! The process's one wasmtime engine and component loading.
 //!
 //! The engine's settings (component model, epoch interruption) are the same
 //! for every planner; per-call limits live in each instance's store. So one
@@ -6,9 +6,8 @@
 //! reloads, pumps, verify and the CLI.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
@@ -16,57 +15,9 @@ use wasmtime::{Config, Engine};
 use super::PlannerError;
 use super::builtin;
 use super::cache::ComponentCache;
-use super::contract::ContractPre;
-use super::epoch::{self, Ticker};
-use super::instance::{LoadedPlanner, StoreState};
-
-/// Epoch ticks bound every planner call; this is their period.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
-
-/// The sandbox's bounds for each planner call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PlannerLimits {
-    /// Wall-clock budget of one call.
-    pub call_timeout: Duration,
-    /// Wall-clock budget to instantiate and configure one instance. It is
-    /// spent once per instance (at load, and after a trap discards one), so
-    /// it is wider than a call's: a busy host or a large component must not
-    /// fail a load that a quiet machine passes.
-    pub start_timeout: Duration,
-    /// Linear memory a planner may grow to. A Rust planner needs about 1.1 MiB to start.
-    pub memory_bytes: usize,
-}
-
-impl Default for PlannerLimits {
-    fn default() -> Self {
-        PlannerLimits { call_timeout: Duration::from_millis(100), start_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }
-    }
-}
-
-/// Epoch ticks for a wall-clock budget (one more, so a call never gets less).
-fn deadline_ticks(budget: Duration) -> u64 {
-    (budget.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64 + 1
-}
-
-/// Gives `store` a deadline `budget` from now, and tells the ticker to tick
-/// until then (waking it if it slept).
-///
-/// In this order: wasmtime counts the deadline from the epoch when it is set,
-/// and the ticker's promise is counted from a tick read after that, so it
-/// always reaches the deadline, however long the thread stalled in between.
-pub(crate) fn set_epoch_deadline<T>(store: &mut wasmtime::Store<T>, budget: Duration) {
-    let ticks = deadline_ticks(budget);
-    store.set_epoch_deadline(ticks);
-    if let Some(ticker) = TICKER.get() {
-        ticker.keep_ticking(ticks);
-    }
-}
-
-/// Whether the epoch ticker sleeps, no call having needed it for a while
-/// (false before any planner is loaded).
-pub fn epoch_ticker_asleep() -> bool {
-    TICKER.get().is_some_and(|ticker| ticker.is_asleep())
-}
+use super::contract::{ContractPre, StoreState};
+use super::epoch;
+use super::instance::{LoadedPlanner, PlannerLimits};
 
 /// Where a planner's component comes from: the binary, or a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,8 +54,6 @@ impl PlannerSource {
 }
 
 static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
-/// Advances `ENGINE`'s epoch while calls need it.
-static TICKER: OnceLock<Arc<Ticker>> = OnceLock::new();
 static ENGINES_CREATED: AtomicUsize = AtomicUsize::new(0);
 
 /// The process's engine, made (with its epoch ticker) on first use.
@@ -117,8 +66,7 @@ fn shared_engine() -> Result<Engine, PlannerError> {
             config.epoch_interruption(true);
             let engine = Engine::new(&config).map_err(|e| e.to_string())?;
             ENGINES_CREATED.fetch_add(1, Ordering::SeqCst);
-            let ticking = engine.clone();
-            TICKER.get_or_init(|| Ticker::start("planner-epoch", EPOCH_TICK, epoch::GRACE, move || ticking.increment_epoch()));
+            epoch::start_ticking(&engine);
             Ok(engine)
         })
         .clone()

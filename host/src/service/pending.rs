@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use super::Service;
 use crate::broker::rabbitmq::manage::{self, Management};
-use crate::broker::sqs::pumped::dead_letter_queue;
+use crate::broker::sqs::dead_letters::dead_letter_queue;
 use crate::broker::{Broker, Executor, ExecutorError, amqp_url};
 use crate::clock::unix_now_ms;
 use crate::config::{BrokerConfig, Config};

@@ -19,8 +19,17 @@ use aws_sdk_sqs::types::{BatchResultErrorEntry, SendMessageBatchRequestEntry};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::send::{SQS_MAX_BATCH_ENTRIES, fits_in_batch};
 use crate::broker::ExecutorError;
+
+/// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
+pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
+/// Entries in one `SendMessageBatch` at the most.
+pub const SQS_MAX_BATCH_ENTRIES: usize = 10;
+
+/// Whether a batch of `entries` entries and `bytes` bytes can take one of `next` bytes.
+pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
+    entries < SQS_MAX_BATCH_ENTRIES && bytes + next <= SQS_MAX_MESSAGE_BYTES
+}
 
 /// How long a worker waits for more sends after the first, unless configured.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(2);

@@ -12,6 +12,7 @@
 //!   and [`release`] claims what a cancellable strategy's release queue brings.
 //! * [`pumped`]: finds pumped queues by their tag and gives each its
 //!   dead-letter queue and visibility timeout.
+//! * [`dead_letters`]: a pumped queue's dead-letter queue, by name.
 //! * [`consume`]: the consumer under the SQS ingress queue, carrying out a
 //!   [`Handler`](crate::message::Handler)'s outcomes as deletes and moves.
 //! * [`properties`]: a message's neutral properties as message attributes
@@ -20,6 +21,7 @@
 pub mod batcher;
 pub mod bundle;
 pub mod consume;
+pub mod dead_letters;
 pub mod fates;
 pub mod fates_queue;
 pub mod properties;

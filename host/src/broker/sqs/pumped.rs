@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
 
+use super::dead_letters::dead_letter_queue;
 use super::send::{SqsExecutor, count, unavailable};
 use crate::broker::ExecutorError;
 
@@ -26,7 +27,6 @@ pub const PUMPED_BY_TAG: &str = "hourglass-pumped-by";
 pub const PARKED_REASON_ATTRIBUTE: &str = "hourglass-parked-reason";
 /// Dead letters are kept as long as SQS allows: someone has to look at them.
 const DEAD_LETTER_RETENTION_SECONDS: u64 = 14 * 86_400;
-const SQS_MAX_QUEUE_NAME: usize = 80;
 /// A queue found untagged is looked at again after this long: another host
 /// may have tagged it since (it tags right after creating it).
 const RECHECK_UNTAGGED: Duration = Duration::from_secs(600);
@@ -48,29 +48,6 @@ impl Default for PumpSettings {
     fn default() -> Self {
         PumpSettings { visibility: Duration::from_secs(60), max_receives: 10, linger: Duration::from_millis(250) }
     }
-}
-
-/// The dead-letter queue of a pumped queue: `orders-delay.fifo` → `orders-delay-dlq.fifo`.
-/// A name that would pass SQS's 80 characters keeps a prefix and a hash of the whole.
-pub fn dead_letter_queue(queue: &str) -> String {
-    let (stem, fifo) = match queue.strip_suffix(".fifo") {
-        Some(stem) => (stem, ".fifo"),
-        None => (queue, ""),
-    };
-    let name = format!("{stem}-dlq{fifo}");
-    if name.len() <= SQS_MAX_QUEUE_NAME {
-        return name;
-    }
-    // FNV-1a: stable across hosts and versions, unlike std's hasher.
-    let hash = queue.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    let tail = format!("-{:08x}-dlq{fifo}", hash as u32);
-    format!("{}{tail}", &stem[..SQS_MAX_QUEUE_NAME - tail.len()])
-}
-
-/// Whether a queue's `RedrivePolicy` sends to the dead-letter queue hourglass gives it.
-pub fn redrives_to_own_dead_letters(queue: &str, policy: &str) -> bool {
-    let target = serde_json::from_str::<serde_json::Value>(policy).ok().and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_string));
-    target.is_some_and(|arn| arn.rsplit(':').next() == Some(dead_letter_queue(queue).as_str()))
 }
 
 /// What the listing remembers between rounds: queues already reported, and
@@ -220,31 +197,5 @@ impl SqsExecutor {
             }
         }
         Ok(found)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dead_letter_queues_sit_beside_their_queue_within_the_name_limit() {
-        assert_eq!(dead_letter_queue("orders-delay.fifo"), "orders-delay-dlq.fifo");
-        assert_eq!(dead_letter_queue("plain"), "plain-dlq");
-        let long_a = format!("{}a-delay.fifo", "x".repeat(68));
-        let long_b = format!("{}b-delay.fifo", "x".repeat(68));
-        let (a, b) = (dead_letter_queue(&long_a), dead_letter_queue(&long_b));
-        assert!(a.len() <= 80 && b.len() <= 80 && a.ends_with("-dlq.fifo"), "{a}");
-        assert_ne!(a, b, "two long names keep distinct dead-letter queues");
-        assert_eq!(a, dead_letter_queue(&long_a), "and the same one every time");
-    }
-
-    #[test]
-    fn only_a_redrive_to_its_own_dead_letter_queue_is_accepted() {
-        let own = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:orders-delay-dlq.fifo","maxReceiveCount":10}"#;
-        let other = r#"{"deadLetterTargetArn":"arn:aws:sqs:us-east-1:123456789012:somewhere.fifo","maxReceiveCount":1}"#;
-        assert!(redrives_to_own_dead_letters("orders-delay.fifo", own));
-        assert!(!redrives_to_own_dead_letters("orders-delay.fifo", other));
-        assert!(!redrives_to_own_dead_letters("orders-delay.fifo", "not json"));
     }
 }

@@ -11,21 +11,12 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{BatchResultErrorEntry, Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry};
 use tokio::sync::Mutex;
 
-use super::batcher::{Batcher, SendBatch};
+use super::batcher::{Batcher, SQS_MAX_MESSAGE_BYTES, SendBatch, fits_in_batch};
+use super::dead_letters::{dead_letter_queue, redrives_to_own_dead_letters};
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
 use crate::headers::ID_HEADER;
 use crate::metrics::RequestCounts;
-
-/// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
-pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
-/// Entries in one `SendMessageBatch` at the most.
-pub const SQS_MAX_BATCH_ENTRIES: usize = 10;
-
-/// Whether a batch of `entries` entries and `bytes` bytes can take one of `next` bytes.
-pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
-    entries < SQS_MAX_BATCH_ENTRIES && bytes + next <= SQS_MAX_MESSAGE_BYTES
-}
 
 /// Queue attributes `ensure_queue` sets when they differ instead of refusing the queue.
 const SETTABLE_ATTRIBUTES: [&str; 2] = ["DeduplicationScope", "FifoThroughputLimit"];
@@ -352,9 +343,9 @@ impl SqsExecutor {
             }
         }
         if let Some(policy) = found.get("RedrivePolicy")
-            && !super::pumped::redrives_to_own_dead_letters(name, policy)
+            && !redrives_to_own_dead_letters(name, policy)
         {
-            wrong.push(format!("RedrivePolicy sends to another queue than {}: only the pump may park messages", super::pumped::dead_letter_queue(name)));
+            wrong.push(format!("RedrivePolicy sends to another queue than {}: only the pump may park messages", dead_letter_queue(name)));
         }
         if !wrong.is_empty() {
             return Err(ExecutorError::Refused(format!("SQS queue {name:?} cannot be used: {}", wrong.join("; "))));
