@@ -15,9 +15,10 @@
 //! * [`command`] is the broker command vocabulary (the WIT types, checked),
 //!   [`message`] the broker-neutral message properties, [`headers`] names
 //!   every header, [`clock`] is Unix-ms time, [`backoff`] the jittered waits
-//!   between reconnects and restarts, `recent` bounded counts per message,
-//!   [`cancellation`] the answers a cancellation log gives: leaves (or
-//!   nearly: `message` uses `command`) every layer may use.
+//!   between reconnects and restarts, `stop` the waits that give way to the
+//!   stop signal, `recent` bounded counts per message, [`cancellation`] the
+//!   answers a cancellation log gives: leaves (or nearly: `message` uses
+//!   `command`) every layer may use.
 //! * [`config`] reads `delay.toml`; it uses [`planner`] for planner sources
 //!   and limits.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
@@ -26,7 +27,7 @@
 //!   holds the configured [`scheduler::strategies`].
 //! * [`broker`] is the neutral [`broker::Executor`] seam with the in-memory
 //!   broker; [`broker::rabbitmq`] and [`broker::sqs`] are the only modules
-//!   that use lapin and the AWS SDK (besides `service`'s SQS cancel).
+//!   that use lapin and the AWS SDK.
 //! * [`service`] is `hourglass serve`: HTTP API, AMQP ingress, redelivery,
 //!   pumps, reload and shutdown.
 //! * [`sim`] is the in-memory broker with a virtual clock, the simulation of a
@@ -59,4 +60,5 @@ pub mod scaffold;
 pub mod scheduler;
 pub mod service;
 pub mod sim;
+mod stop;
 pub mod transfer;

@@ -5,7 +5,7 @@
 //!   `planner/{runtime, instance, …}`): modules in a cycle cannot be read,
 //!   tested or moved one without the other;
 //! * lapin is used only under `broker/rabbitmq/`, the AWS SDK only under
-//!   `broker/sqs/` (and in the files [`KNOWN_BROKER_LIBRARY_USERS`] names).
+//!   `broker/sqs/`.
 //!
 //! A file `a.rs` or a folder `a/` is the child `a` of its folder; a folder's
 //! `mod.rs` is the folder itself, not a child. Every path naming a module of
@@ -55,13 +55,6 @@ struct Reference {
     /// `pub use … [as alias]`: the name it is re-exported under.
     reexported_as: Option<String>,
 }
-
-/// Files outside the broker folders known to use a broker library, and which.
-/// `service/sqs_cancel.rs` reads and deletes its reply queue's SDK messages and
-/// implements `Replan`, whose claims come as SDK message attributes; moving
-/// that into `broker/sqs/` is a change of its own. Listed by file, so a new
-/// user fails the check rather than joining unseen.
-const KNOWN_BROKER_LIBRARY_USERS: &[(&str, &str)] = &[("service/sqs_cancel.rs", "aws_sdk_sqs")];
 
 #[test]
 fn no_import_cycles_and_broker_libraries_only_in_their_folders() {
@@ -120,7 +113,7 @@ fn no_import_cycles_and_broker_libraries_only_in_their_folders() {
     }
     for file in &files {
         for (library, allowed_folder) in [("lapin", "broker/rabbitmq/"), ("aws_sdk_sqs", "broker/sqs/"), ("aws_config", "broker/sqs/")] {
-            if file.relative.starts_with(allowed_folder) || KNOWN_BROKER_LIBRARY_USERS.contains(&(file.relative.as_str(), library)) {
+            if file.relative.starts_with(allowed_folder) {
                 continue;
             }
             let used_at = file.tokens.windows(2).find(|pair| pair[0].text == library && pair[1].text == "::");

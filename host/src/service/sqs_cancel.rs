@@ -10,37 +10,33 @@
 //! and asking again is safe (a second cancel of a cancelled message is
 //! answered `already_cancelled`, also 200).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_sqs::types::{Message, MessageAttributeValue};
 use tokio::sync::{oneshot, watch};
 
 use super::cancel::{Answer, CancelError};
 use crate::broker::sqs::SqsExecutor;
-use crate::broker::sqs::consume::{delete_entry, to_delivery};
 use crate::broker::sqs::fates::Entry;
-use crate::broker::sqs::fates_queue::{FatesError, FatesQueue, Replan, Reply, answer_of};
-use crate::broker::sqs::send::count;
+use crate::broker::sqs::fates_queue::{FatesError, FatesQueue, Replan, ReplanError, Reply, answer_of};
+use crate::broker::sqs::replies::ReplyQueue;
 use crate::broker::{Broker, ExecutorError};
 use crate::config::{CancelConfig, sqs_safe};
+use crate::message::Delivery;
 use crate::scheduler::{ScheduleRequest, Scheduler};
+use crate::stop::{pause_unless_stopped, unless_stopped};
 
 /// How long a receive of the fates or the reply queue waits for something to come.
 const LONG_POLL_SECONDS: i32 = 20;
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// Failed rounds in a row before the fates task reads as down.
 const DOWN_AFTER_FAILURES: u32 = 3;
-/// A reply left unread (its asker gone) is dropped after this; SQS's shortest.
-const REPLY_RETENTION_SECONDS: &str = "60";
 
 pub struct SqsCancel {
-    executor: Arc<SqsExecutor>,
     fates: Arc<FatesQueue>,
-    reply_queue: String,
-    reply_url: String,
+    replies: ReplyQueue,
     retention_ms: u64,
     answer_timeout: Duration,
     waiting: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
@@ -68,15 +64,10 @@ impl SqsCancel {
         declaring: bool,
     ) -> Result<Arc<SqsCancel>, FatesError> {
         let fates = FatesQueue::open(executor.clone(), &settings.sqs_fates_queue(), settings.remember_delivered_ms(), clock, declaring).await?;
-        let stem = sqs_safe(settings.log());
-        let reply_queue = format!("{}-replies-{}", &stem[..stem.len().min(50)], &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let attributes = BTreeMap::from([("MessageRetentionPeriod".to_string(), REPLY_RETENTION_SECONDS.to_string())]);
-        let reply_url = executor.ensure_queue(&reply_queue, &attributes).await?;
+        let replies = ReplyQueue::create(executor, &sqs_safe(settings.log())).await?;
         Ok(Arc::new(SqsCancel {
-            executor,
             fates: Arc::new(fates),
-            reply_queue,
-            reply_url,
+            replies,
             retention_ms: settings.retention_ms(),
             answer_timeout: Duration::from_millis(settings.answer_timeout_ms()),
             waiting: Mutex::new(HashMap::new()),
@@ -91,7 +82,7 @@ impl SqsCancel {
     }
 
     pub fn reply_queue(&self) -> &str {
-        &self.reply_queue
+        self.replies.name()
     }
 
     /// The longest delay a cancellable strategy takes (`service.cancel.retention`).
@@ -124,7 +115,7 @@ impl SqsCancel {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let (answered, answer) = oneshot::channel();
         self.lock().insert(token.clone(), answered);
-        let entry = entry(token.clone(), self.reply_queue.clone());
+        let entry = entry(token.clone(), self.replies.name().to_string());
         if let Err(err) = self.fates.append(id, &entry, &token).await {
             self.lock().remove(&token);
             return Err(err.into());
@@ -143,21 +134,18 @@ impl SqsCancel {
         // Up from the start: the queue was made at open, and a long poll on an empty queue must not read as down.
         self.listening.store(true, Ordering::Relaxed);
         while !*stop.borrow() {
-            let received = tokio::select! {
-                received = self.executor.receive_ten(&self.reply_queue, &self.reply_url, LONG_POLL_SECONDS) => received,
-                _ = stop.changed() => break,
-            };
+            let Some(received) = unless_stopped(&mut stop, self.replies.receive(LONG_POLL_SECONDS)).await else { break };
             match received {
-                Ok(messages) => {
+                Ok(received) => {
                     self.listening.store(true, Ordering::Relaxed);
-                    self.hand_over(&messages).await;
+                    self.hand_over(&received.replies);
+                    self.replies.delete(received).await;
                 }
                 Err(err) => {
                     self.listening.store(false, Ordering::Relaxed);
-                    tracing::warn!(queue = %self.reply_queue, error = %err, "receiving answers failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                        _ = stop.changed() => break,
+                    tracing::warn!(queue = %self.replies.name(), error = %err, "receiving answers failed; retrying");
+                    if !pause_unless_stopped(&mut stop, RETRY_PAUSE).await {
+                        break;
                     }
                 }
             }
@@ -165,29 +153,14 @@ impl SqsCancel {
         self.listening.store(false, Ordering::Relaxed);
     }
 
-    async fn hand_over(&self, messages: &[Message]) {
-        let mut deletes = Vec::new();
-        for (index, message) in messages.iter().enumerate() {
-            match serde_json::from_str::<Reply>(message.body().unwrap_or_default()) {
-                Ok(reply) => match (answer_of(&reply.answer), self.lock().remove(&reply.token)) {
-                    (Some(answer), Some(asker)) => _ = asker.send(answer),
-                    // Its asker gave up (503) or this host restarted: nobody waits for it.
-                    (Some(_), None) => {}
-                    (None, _) => tracing::warn!(queue = %self.reply_queue, answer = %reply.answer, "an answer hourglass does not know"),
-                },
-                Err(err) => tracing::warn!(queue = %self.reply_queue, error = %err, "a reply that is not one; deleted"),
+    fn hand_over(&self, replies: &[Reply]) {
+        for reply in replies {
+            match (answer_of(&reply.answer), self.lock().remove(&reply.token)) {
+                (Some(answer), Some(asker)) => _ = asker.send(answer),
+                // Its asker gave up (503) or this host restarted: nobody waits for it.
+                (Some(_), None) => {}
+                (None, _) => tracing::warn!(queue = %self.replies.name(), answer = %reply.answer, "an answer hourglass does not know"),
             }
-            if let Ok(entry) = delete_entry(index, message) {
-                deletes.push(entry);
-            }
-        }
-        if deletes.is_empty() {
-            return;
-        }
-        count(&self.executor.requests.delete_message_batch);
-        // Not deleted: received again and dropped, as nobody waits for it by then.
-        if let Err(err) = self.executor.client().delete_message_batch().queue_url(&self.reply_url).set_entries(Some(deletes)).send().await {
-            tracing::warn!(queue = %self.reply_queue, error = %err, "could not delete answers read");
         }
     }
 
@@ -197,10 +170,7 @@ impl SqsCancel {
         self.failures.store(0, Ordering::Relaxed);
         self.deciding.store(true, Ordering::Relaxed);
         while !*stop.borrow() {
-            let processed = tokio::select! {
-                processed = self.fates.process_once(LONG_POLL_SECONDS, replan) => processed,
-                _ = stop.changed() => break,
-            };
+            let Some(processed) = unless_stopped(&mut stop, self.fates.process_once(LONG_POLL_SECONDS, replan)).await else { break };
             match processed {
                 Ok(_) => {
                     self.failures.store(0, Ordering::Relaxed);
@@ -212,9 +182,8 @@ impl SqsCancel {
                         self.deciding.store(false, Ordering::Relaxed);
                     }
                     tracing::warn!(queue = %self.fates.queue(), error = %err, "deciding the fates queue failed; what was not settled comes back");
-                    tokio::select! {
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                        _ = stop.changed() => break,
+                    if !pause_unless_stopped(&mut stop, RETRY_PAUSE).await {
+                        break;
                     }
                 }
             }
@@ -224,9 +193,7 @@ impl SqsCancel {
 
     /// Deletes this host's reply queue (a host killed leaves it, with nothing in it after a minute).
     pub async fn close(&self) {
-        if let Err(err) = self.executor.client().delete_queue().queue_url(&self.reply_url).send().await {
-            tracing::warn!(queue = %self.reply_queue, error = %err, "could not delete this host's reply queue");
-        }
+        self.replies.close().await;
     }
 }
 
@@ -234,21 +201,17 @@ impl SqsCancel {
 pub struct SchedulerReplan(pub Arc<Scheduler<Broker>>);
 
 impl Replan for SchedulerReplan {
-    async fn replan(&self, strategy: Option<&str>, body: &str, attributes: &HashMap<String, MessageAttributeValue>, due_at_ms: u64) -> Result<(), String> {
-        let message = Message::builder().body(body).set_message_attributes(Some(attributes.clone())).build();
-        let (delivery, unreadable) = to_delivery("", &message, 1);
-        if let Some(why) = unreadable {
-            return Err(why);
-        }
+    async fn replan(&self, strategy: Option<&str>, claim: &Delivery, due_at_ms: u64) -> Result<(), ReplanError> {
         let config = self.0.config();
         let strategy = match strategy {
             Some(strategy) => strategy.to_string(),
             None => {
-                let target = delivery.properties.headers.get(crate::headers::TARGET_HEADER).and_then(|v| v.as_text()).unwrap_or_default();
+                let target = claim.properties.headers.get(crate::headers::TARGET_HEADER).and_then(|v| v.as_text()).unwrap_or_default();
                 config.strategy_for(&target).to_string()
             }
         };
-        let request = ScheduleRequest::again(&delivery, &strategy, due_at_ms)?;
-        self.0.schedule(request).await.map(|_| ()).map_err(|e| e.to_string())
+        let request = ScheduleRequest::again(claim, &strategy, due_at_ms)?;
+        self.0.schedule(request).await?;
+        Ok(())
     }
 }

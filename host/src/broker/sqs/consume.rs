@@ -34,6 +34,7 @@ use super::send::{SqsExecutor, count, message_size, unavailable};
 use crate::broker::ExecutorError;
 use crate::command::{Command, SQS_MAX_MESSAGE_ATTRIBUTES};
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
+use crate::stop::{pause_unless_stopped, unless_stopped};
 
 /// A message the handler panicked on this many receives is moved aside.
 pub const MAX_PANICS: u32 = 3;
@@ -74,10 +75,7 @@ impl<H: Handler> SqsConsumer<H> {
     pub async fn run(&self, mut stop: watch::Receiver<bool>) {
         let queue = self.handler.queue().to_string();
         while !*stop.borrow() {
-            let received = tokio::select! {
-                received = self.receive(&queue) => received,
-                _ = stop.changed() => break,
-            };
+            let Some(received) = unless_stopped(&mut stop, self.receive(&queue)).await else { break };
             match received {
                 Ok((url, messages)) => {
                     if let Err(err) = self.process(&queue, &url, messages).await {
@@ -87,9 +85,8 @@ impl<H: Handler> SqsConsumer<H> {
                 Err(err) => {
                     self.consuming.store(false, Ordering::Relaxed);
                     tracing::warn!(%queue, error = %err, "receiving failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                        _ = stop.changed() => break,
+                    if !pause_unless_stopped(&mut stop, RETRY_PAUSE).await {
+                        break;
                     }
                 }
             }
@@ -153,7 +150,9 @@ impl<H: Handler> SqsConsumer<H> {
     async fn decide(&self, queue: &str, message: &Message) -> (Outcome, Option<H::Note>) {
         let receives: u32 =
             message.attributes().and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount)).and_then(|v| v.parse().ok()).unwrap_or(1);
-        let (delivery, unreadable) = to_delivery(queue, message, receives);
+        let no_attributes = HashMap::new();
+        let attributes = message.message_attributes().unwrap_or(&no_attributes);
+        let (delivery, unreadable) = to_delivery(queue, message.body().unwrap_or_default(), attributes, receives);
         if let Some(reason) = unreadable {
             return (self.handler.poisoned(&delivery, &reason), None);
         }
@@ -194,20 +193,19 @@ impl<H: Handler> SqsConsumer<H> {
     }
 }
 
-/// The message as a neutral delivery, and why its property attributes could
-/// not be read (the delivery then comes without them).
-pub(crate) fn to_delivery(queue: &str, message: &Message, receives: u32) -> (Delivery, Option<String>) {
-    let attributes = message.message_attributes().cloned().unwrap_or_default();
+/// A message, by its body and attributes, as a neutral delivery; and why its
+/// property attributes could not be read (the delivery then comes without them).
+pub(super) fn to_delivery(queue: &str, body: &str, attributes: &HashMap<String, MessageAttributeValue>, receives: u32) -> (Delivery, Option<String>) {
     let mut delivery = Delivery {
         queue: queue.to_string(),
-        body: message.body().unwrap_or_default().as_bytes().to_vec(),
+        body: body.as_bytes().to_vec(),
         properties: Properties::default(),
         exchange: String::new(),
         routing_key: String::new(),
         redelivered: receives > 1,
     };
-    let properties = from_attributes(&attributes);
-    for (name, value) in &attributes {
+    let properties = from_attributes(attributes);
+    for (name, value) in attributes {
         if is_property_attribute(name) {
             continue;
         }

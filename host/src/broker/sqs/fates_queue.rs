@@ -14,12 +14,14 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use thiserror::Error;
 
+use super::consume::to_delivery;
 use super::fates::{Decision, Entry, FATE_ATTRIBUTE, Seen, decide, group_of};
 use super::send::{SqsExecutor, count};
 use crate::broker::ExecutorError;
 use crate::cancellation::Answer;
 use crate::clock::Clock;
 use crate::headers::TARGET_HEADER;
+use crate::message::Delivery;
 
 #[derive(Debug, Error)]
 pub enum FatesError {
@@ -44,22 +46,22 @@ impl FatesError {
     }
 }
 
+/// Why a replan failed: the scheduler's error, whatever it is.
+pub type ReplanError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Sends a claim that was not cancelled round its strategy again, due at `due_at_ms`.
 pub trait Replan: Send + Sync {
-    fn replan(
-        &self,
-        strategy: Option<&str>,
-        body: &str,
-        attributes: &HashMap<String, MessageAttributeValue>,
-        due_at_ms: u64,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// `claim`: the message as it was claimed, its fate left out (its
+    /// attributes read as properties and headers, as a consumer gets them);
+    /// `strategy`: the one it was claimed from, if the claim says.
+    fn replan(&self, strategy: Option<&str>, claim: &Delivery, due_at_ms: u64) -> impl Future<Output = Result<(), ReplanError>> + Send;
 }
 
 /// Refuses every replan: for a fates queue whose strategy takes no reschedules.
 pub struct NoReplan;
 
 impl Replan for NoReplan {
-    async fn replan(&self, _: Option<&str>, _: &str, _: &HashMap<String, MessageAttributeValue>, _: u64) -> Result<(), String> {
+    async fn replan(&self, _: Option<&str>, _: &Delivery, _: u64) -> Result<(), ReplanError> {
         Err("rescheduling is not wired to a strategy here".into())
     }
 }
@@ -299,17 +301,18 @@ impl FatesQueue {
             processed.forwarded += 1;
         }
         for (index, due_at_ms) in &decision.replan {
-            let message = members[*index];
-            let attributes = own_attributes(message);
             let strategy = match &seen[*index].entry {
                 Entry::Claim { strategy } => strategy.as_deref(),
                 _ => None,
             };
-            replan.replan(strategy, message.body().unwrap_or_default(), &attributes, *due_at_ms).await.map_err(|why| FatesError::Sqs {
-                what: "replan",
-                queue: self.queue.clone(),
-                source: why.into(),
-            })?;
+            let replan_failed = |source: ReplanError| FatesError::Sqs { what: "replan", queue: self.queue.clone(), source };
+            let message = members[*index];
+            // Read as received once: it goes round its strategy again, not redelivered.
+            let (claim, unreadable) = to_delivery("", message.body().unwrap_or_default(), &own_attributes(message), 1);
+            if let Some(why) = unreadable {
+                return Err(replan_failed(why.into()));
+            }
+            replan.replan(strategy, &claim, *due_at_ms).await.map_err(replan_failed)?;
             processed.replanned += 1;
         }
         Ok(())

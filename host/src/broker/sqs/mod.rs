@@ -9,7 +9,8 @@
 //!   message, so a visit's requests are shared by more messages.
 //! * [`fates`]: cancel and reschedule, decided by the head of each
 //!   message's group in a FIFO fates queue; [`fates_queue`] carries it out,
-//!   and [`release`] claims what a cancellable strategy's release queue brings.
+//!   [`release`] claims what a cancellable strategy's release queue brings,
+//!   and [`replies`] is a host's queue for the answers to what it asked.
 //! * [`pumped`]: finds pumped queues by their tag and gives each its
 //!   dead-letter queue and visibility timeout.
 //! * [`dead_letters`]: a pumped queue's dead-letter queue, by name.
@@ -28,6 +29,7 @@ pub mod properties;
 pub mod pump;
 pub mod pumped;
 pub mod release;
+pub mod replies;
 pub mod send;
 
 pub use send::SqsExecutor;

@@ -46,6 +46,7 @@ use crate::clock::{Clock, monotonic_ms};
 use crate::command::{Command, FieldValue};
 use crate::command::{DueAction, DueMessage};
 use crate::metrics::PumpCounters;
+use crate::stop::{pause_unless_stopped, unless_stopped};
 
 use super::bundle::{self, Bundled, Candidate, Outgoing};
 use super::consume::{SetAside, delete_entry, set_aside_entry};
@@ -655,10 +656,7 @@ impl Pump {
     pub async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) -> Result<(), ExecutorError> {
         let mut retry_pause = Duration::ZERO;
         while !*shutdown.borrow() {
-            let received = tokio::select! {
-                received = self.receive() => received,
-                _ = shutdown.changed() => break,
-            };
+            let Some(received) = unless_stopped(&mut shutdown, self.receive()).await else { break };
             let pause = match async { self.process_keeping_invisible(&received?).await }.await {
                 Ok(count) => {
                     retry_pause = Duration::ZERO;
@@ -671,11 +669,9 @@ impl Pump {
                     retry_pause
                 }
             };
+            // A stop meanwhile ends the loop at its check.
             if !pause.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = shutdown.changed() => {}
-                }
+                pause_unless_stopped(&mut shutdown, pause).await;
             }
         }
         Ok(())

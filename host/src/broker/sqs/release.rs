@@ -22,6 +22,7 @@ use super::fates_queue::{FatesError, FatesQueue};
 use super::send::{SqsExecutor, count};
 use crate::broker::ExecutorError;
 use crate::headers::ID_HEADER;
+use crate::stop::{pause_unless_stopped, unless_stopped};
 
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
@@ -51,16 +52,12 @@ impl SqsRelease {
     /// Receives until `stop` turns true, finishing the messages in hand.
     pub async fn run(&self, mut stop: watch::Receiver<bool>) {
         while !*stop.borrow() {
-            let once = tokio::select! {
-                once = self.once() => once,
-                _ = stop.changed() => break,
-            };
+            let Some(once) = unless_stopped(&mut stop, self.once()).await else { break };
             if let Err(err) = once {
                 self.receiving.store(false, Ordering::Relaxed);
                 tracing::warn!(queue = %self.queue, error = %err, "the release queue's receive failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(RETRY_PAUSE) => {}
-                    _ = stop.changed() => break,
+                if !pause_unless_stopped(&mut stop, RETRY_PAUSE).await {
+                    break;
                 }
             }
         }
