@@ -93,7 +93,7 @@ fn parse_delay(value: &Value) -> Result<u64, ApiError> {
 fn parse_timing(object: &serde_json::Map<String, Value>) -> Result<(u64, Option<u64>), ApiError> {
     match (object.get("delay"), object.get("deliver_at")) {
         (Some(_), Some(_)) => Err(ApiError::bad("deliver_at", "give either delay or deliver_at, not both")),
-        (None, Some(Value::String(text))) => Ok((0, Some(crate::clock::parse_rfc3339_ms(text).map_err(|e| ApiError::bad("deliver_at", e))?))),
+        (None, Some(Value::String(text))) => Ok((0, Some(crate::clock::parse_rfc3339_ms(text).map_err(|e| ApiError::bad("deliver_at", e.to_string()))?))),
         (None, Some(_)) => Err(ApiError::bad("deliver_at", "must be an RFC 3339 string such as \"2026-11-23T18:00:00Z\"")),
         (delay, None) => Ok((parse_delay(delay.unwrap_or(&Value::Null))?, None)),
     }
