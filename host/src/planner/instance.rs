@@ -313,7 +313,8 @@ impl LoadedPlanner {
         commands
             .into_iter()
             .map(|c| {
-                let command = super::convert::command_from_planner(c).map_err(invalid)?;
+                let command =
+                    super::convert::command_from_planner(c).map_err(|source| PlannerError::InvalidCommand { planner: self.label.clone(), function, source })?;
                 let expected_sqs = self.info.family == BrokerFamily::Sqs;
                 if command.is_sqs() != expected_sqs {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));

@@ -70,10 +70,14 @@ pub enum PlannerError {
     Timeout { planner: String, function: &'static str, budget: Duration },
     #[error("planner {planner} returned an invalid command from {function}: {reason}")]
     InvalidOutput { planner: String, function: &'static str, reason: String },
+    #[error("planner {planner} returned an invalid command from {function}: {source}")]
+    InvalidCommand { planner: String, function: &'static str, source: crate::command::InvalidCommand },
     #[error("planner cache directory {path}: {problem}")]
     CacheDir { path: String, problem: String },
     #[error("planner engine: {0}")]
     Engine(String),
+    #[error("planner engine: {0}")]
+    UnknownStrategy(#[from] crate::config::UnknownStrategy),
 }
 
 /// The setting that bounds `function`'s time.

@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use crate::broker::sqs::pump::DueHandler;
 use crate::command::{DueAction, DueMessage};
-use crate::config::{Config, Location};
+use crate::config::{Config, Location, UnknownStrategy};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
 /// A strategy that cannot be loaded; `strategy` is empty when the fault is
@@ -59,7 +59,7 @@ impl Strategies {
             strategy: name.to_string(),
             source: Box::new(source),
         };
-        let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
+        let strategy = config.strategy(name).map_err(|source| located(PlannerError::UnknownStrategy(source)))?;
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
         runtime.load_limited(&strategy.planner, strategy.table.to_string(), strategy.planner_limits(config.planner_limits)).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
@@ -81,20 +81,19 @@ impl Strategies {
     }
 
     /// A strategy's planner; calls on it check an instance out of its pool.
-    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, String> {
+    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, UnknownStrategy> {
         self.planners.get(name).ok_or_else(|| self.unknown(name))
     }
 
-    pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, UnknownStrategy> {
         if !self.planners.contains_key(name) {
             return Err(self.unknown(name));
         }
         Ok(self.planners.get_mut(name).expect("just checked"))
     }
 
-    fn unknown(&self, name: &str) -> String {
-        let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
-        format!("unknown strategy {name:?}; configured: {known}")
+    fn unknown(&self, name: &str) -> UnknownStrategy {
+        UnknownStrategy { name: name.to_string(), configured: self.planners.keys().cloned().collect() }
     }
 }
 

@@ -60,6 +60,7 @@ impl IntoResponse for ApiError {
 fn schedule_error(err: ScheduleError) -> ApiError {
     match err {
         ScheduleError::BadRequest(message) => ApiError::bad("request", message),
+        ScheduleError::UnknownStrategy(unknown) => ApiError::bad("request", unknown.to_string()),
         ScheduleError::Invalid(invalid) => ApiError::bad(invalid.field, format!("{}: {}", invalid.field, invalid.reason)),
         ScheduleError::Unplannable(message) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message },
         ScheduleError::Planner(PlannerError::Refused { message, planner }) => ApiError::bad("delay", format!("planner {planner} refused: {message}")),
