@@ -37,6 +37,7 @@ mod runtime;
 mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
+pub use contract::ContractMismatch;
 pub use epoch::epoch_ticker_asleep;
 pub use instance::{
     BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, PlannerLimits, RedeliveryDecision,
@@ -55,6 +56,9 @@ pub enum PlannerError {
     NotAComponent { planner: String, path: String, reason: String },
     #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {reason}")]
     WrongContract { planner: String, reason: String },
+    /// Linked, but neither contract version's types fit (or `plan`'s do not).
+    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {source}")]
+    ContractMismatch { planner: String, source: ContractMismatch },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },
     #[error("planner {planner} refused: {message}")]
@@ -76,6 +80,8 @@ pub enum PlannerError {
     CacheDir { path: String, problem: String },
     #[error("planner engine: {0}")]
     Engine(String),
+    #[error("planner engine: {0}")]
+    EngineUnavailable(#[from] runtime::EngineUnavailable),
     #[error("planner engine: {0}")]
     UnknownStrategy(#[from] crate::config::UnknownStrategy),
 }
