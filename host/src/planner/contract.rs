@@ -68,6 +68,9 @@ pub enum ContractMismatch {
     NeitherVersion { current: wasmtime::Error, old: wasmtime::Error },
     #[error("its plan does not have the contract's types: {0:#}")]
     PlanTypes(wasmtime::Error),
+    /// Its imports cannot be linked (WASI beyond what a runtime needs to start, say).
+    #[error("{0:#}")]
+    Imports(wasmtime::Error),
 }
 
 /// A pre-linked planner and the contract version it implements.

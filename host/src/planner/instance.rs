@@ -276,7 +276,7 @@ impl LoadedPlanner {
             .pre
             .instantiate(&mut store)
             .map_err(|e| self.trapped("instantiate", e, None))?
-            .map_err(|source| PlannerError::ContractMismatch { planner: self.label.clone(), source })?;
+            .map_err(|source| PlannerError::WrongContract { planner: self.label.clone(), source })?;
         let configured = contract.configure(&mut store, &self.config_json);
         let panic = store.data_mut().panic_message.take();
         match configured {

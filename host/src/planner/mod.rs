@@ -54,11 +54,8 @@ pub enum PlannerError {
     Read { planner: String, path: String, source: std::io::Error },
     #[error("planner {planner}: {path} is not a WebAssembly component: {reason}")]
     NotAComponent { planner: String, path: String, reason: String },
-    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {reason}")]
-    WrongContract { planner: String, reason: String },
-    /// Linked, but neither contract version's types fit (or `plan`'s do not).
     #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {source}")]
-    ContractMismatch { planner: String, source: ContractMismatch },
+    WrongContract { planner: String, source: ContractMismatch },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },
     #[error("planner {planner} refused: {message}")]
@@ -82,8 +79,6 @@ pub enum PlannerError {
     Engine(String),
     #[error("planner engine: {0}")]
     EngineUnavailable(#[from] runtime::EngineUnavailable),
-    #[error("planner engine: {0}")]
-    UnknownStrategy(#[from] crate::config::UnknownStrategy),
 }
 
 /// The setting that bounds `function`'s time.

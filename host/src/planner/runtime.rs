@@ -15,7 +15,7 @@ use wasmtime::{Config, Engine};
 use super::PlannerError;
 use super::builtin;
 use super::cache::ComponentCache;
-use super::contract::{ContractPre, StoreState};
+use super::contract::{ContractMismatch, ContractPre, StoreState};
 use super::epoch;
 use super::instance::{LoadedPlanner, PlannerLimits};
 
@@ -157,7 +157,7 @@ impl PlannerRuntime {
     pub fn load_limited(&self, source: &PlannerSource, config_json: String, limits: PlannerLimits) -> Result<LoadedPlanner, PlannerError> {
         let component = self.compile(source)?;
         let label = source.label();
-        let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
+        let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), source: ContractMismatch::Imports(e) };
         let mut linker = Linker::<StoreState>::new(&self.engine);
         super::contract::add_to_linker(&mut linker).map_err(|e| PlannerError::Engine(e.to_string()))?;
         // Language runtimes (Rust's std, Python, JavaScript) import WASI; planners get none of its
@@ -165,7 +165,7 @@ impl PlannerRuntime {
         super::inert_wasi::define(&mut linker, &component, &self.engine).map_err(wrong_contract)?;
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
-        let pre = ContractPre::new(pre).map_err(|source| PlannerError::ContractMismatch { planner: label.clone(), source })?;
+        let pre = ContractPre::new(pre).map_err(|source| PlannerError::WrongContract { planner: label.clone(), source })?;
         LoadedPlanner::start(label, self.engine.clone(), pre, limits, self.instances, config_json)
     }
 }

@@ -203,7 +203,7 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
     reserved.extend(config.strategies.values().map(|s| config.service.cancel.release_queue(&s.name)));
     for name in names {
         // A planner that cannot say its topology fails its own requests later, with its own error.
-        let Ok(commands) = strategies.get_mut(name).map_err(PlannerError::from).and_then(|planner| planner.topology()) else { continue };
+        let Some(commands) = strategies.get_mut(name).ok().and_then(|planner| planner.topology().ok()) else { continue };
         for command in commands {
             match command {
                 Command::DeclareExchange { name, .. } | Command::DeclareQueue { name, .. } => {

@@ -18,7 +18,17 @@ pub struct StrategyError {
     pub strategy: String,
     // Boxed: planner errors are large, and this one travels in every Result of a load.
     #[source]
-    pub source: Box<PlannerError>,
+    pub source: Box<StrategyFault>,
+}
+
+/// What kept a strategy from loading.
+#[derive(Debug, Error)]
+pub enum StrategyFault {
+    #[error(transparent)]
+    Planner(#[from] PlannerError),
+    /// [`Strategies::load_one`] was asked for a strategy the config lacks.
+    #[error(transparent)]
+    Unknown(#[from] UnknownStrategy),
 }
 
 /// Every strategy in a config, each with its own planner and pool of
@@ -35,7 +45,7 @@ impl Strategies {
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|source| StrategyError {
             location: Location { path: config.path.clone(), line: 1, column: 1 },
             strategy: String::new(),
-            source: Box::new(source),
+            source: Box::new(source.into()),
         })?;
         let mut planners = BTreeMap::new();
         for strategy in config.strategies.values() {
@@ -45,7 +55,7 @@ impl Strategies {
                     PlannerError::Config { message, .. } => config.table_error_location(strategy, message),
                     _ => config.planner_location(strategy),
                 };
-                StrategyError { location, strategy: strategy.name.clone(), source: Box::new(source) }
+                StrategyError { location, strategy: strategy.name.clone(), source: Box::new(source.into()) }
             })?;
             planners.insert(strategy.name.clone(), planner);
         }
@@ -54,17 +64,17 @@ impl Strategies {
 
     /// One strategy's planner loaded on its own, for a task of its own (a pump).
     pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
-        let located = |source| StrategyError {
+        let located = |source: StrategyFault| StrategyError {
             location: Location { path: config.path.clone(), line: 1, column: 1 },
             strategy: name.to_string(),
             source: Box::new(source),
         };
-        let strategy = config.strategy(name).map_err(|source| located(PlannerError::UnknownStrategy(source)))?;
-        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
+        let strategy = config.strategy(name).map_err(|unknown| located(unknown.into()))?;
+        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|err| located(err.into()))?;
         runtime.load_limited(&strategy.planner, strategy.table.to_string(), strategy.planner_limits(config.planner_limits)).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
             strategy: name.to_string(),
-            source: Box::new(source),
+            source: Box::new(source.into()),
         })
     }
 
