@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use thiserror::Error;
 
 /// AMQP names, routing keys and header keys are short strings: at most 255 bytes.
 pub const AMQP_MAX_NAME: usize = 255;
@@ -241,34 +242,76 @@ pub fn at_most_once_dead_lettering(commands: &[Command]) -> Vec<String> {
     queues
 }
 
-pub(crate) fn check_name(what: &str, name: &str, empty_ok: bool) -> Result<(), String> {
+/// What is wrong with a command a planner returned. The caller adds which
+/// planner said it (`PlannerError::InvalidCommand`).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum InvalidCommand {
+    #[error("{what} name is empty")]
+    EmptyName { what: &'static str },
+    #[error("{what} {name:?} is {} bytes; AMQP allows {AMQP_MAX_NAME}", name.len())]
+    NameTooLong { what: &'static str, name: String },
+    #[error("queue {queue}: {key} must be an integer, got {value}")]
+    ArgumentNotInteger { queue: String, key: &'static str, value: FieldValue },
+    #[error("queue {queue}: {key} = {ms} is outside {min}..={AMQP_MAX_TTL_MS} ms")]
+    ArgumentOutOfRange { queue: String, key: &'static str, ms: i64, min: i64 },
+    #[error("key {0:?} is given twice")]
+    KeyTwice(String),
+    #[error("publish carries {count} bcc routing keys; at most {max}")]
+    TooManyBccKeys { count: usize, max: usize },
+    #[error("publish expiration {0}ms is above the broker's 10-year maximum")]
+    ExpirationTooLong(u64),
+    #[error("SQS queue name {0:?} must be 1 to {SQS_MAX_QUEUE_NAME} characters")]
+    SqsQueueNameLength(String),
+    #[error("SQS queue name {0:?} may hold only letters, digits, '-', '_' and a .fifo suffix")]
+    SqsQueueNameCharacters(String),
+    #[error("SQS attribute name {0:?} must be 1 to 256 characters")]
+    SqsAttributeNameLength(String),
+    #[error("SQS attribute {0:?} is given twice")]
+    SqsAttributeTwice(String),
+    #[error("queue {queue}: DelaySeconds {value:?} is not a number")]
+    QueueDelayNotANumber { queue: String, value: String },
+    #[error("queue {queue}: DelaySeconds {seconds} is above SQS's {SQS_MAX_DELAY_SECONDS}")]
+    QueueDelayTooLong { queue: String, seconds: u32 },
+    #[error("queue {0}: a name ending in .fifo and FifoQueue = true go together")]
+    FifoNameMismatch(String),
+    #[error("send to {queue}: DelaySeconds {seconds} is above SQS's {SQS_MAX_DELAY_SECONDS}")]
+    SendDelayTooLong { queue: String, seconds: u32 },
+    #[error("send to FIFO queue {0} needs a message group id")]
+    FifoSendWithoutGroup(String),
+    #[error("send to FIFO queue {0}: FIFO queues take only the queue-level delay")]
+    FifoSendWithDelay(String),
+    #[error("send to {queue}: id {id:?} must be 1 to {SQS_MAX_ID} characters")]
+    SqsIdLength { queue: String, id: String },
+}
+
+pub(crate) fn check_name(what: &'static str, name: &str, empty_ok: bool) -> Result<(), InvalidCommand> {
     if name.is_empty() && !empty_ok {
-        return Err(format!("{what} name is empty"));
+        return Err(InvalidCommand::EmptyName { what });
     }
     if name.len() > AMQP_MAX_NAME {
-        return Err(format!("{what} {name:?} is {} bytes; AMQP allows {AMQP_MAX_NAME}", name.len()));
+        return Err(InvalidCommand::NameTooLong { what, name: name.to_string() });
     }
     Ok(())
 }
 
-pub(crate) fn check_sqs_queue_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_sqs_queue_name(name: &str) -> Result<(), InvalidCommand> {
     if name.is_empty() || name.len() > SQS_MAX_QUEUE_NAME {
-        return Err(format!("SQS queue name {name:?} must be 1 to {SQS_MAX_QUEUE_NAME} characters"));
+        return Err(InvalidCommand::SqsQueueNameLength(name.to_string()));
     }
     let stem = name.strip_suffix(".fifo").unwrap_or(name);
     if !stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(format!("SQS queue name {name:?} may hold only letters, digits, '-', '_' and a .fifo suffix"));
+        return Err(InvalidCommand::SqsQueueNameCharacters(name.to_string()));
     }
     Ok(())
 }
 
-pub(crate) fn check_queue_arguments(queue: &str, arguments: &FieldTable) -> Result<(), String> {
+pub(crate) fn check_queue_arguments(queue: &str, arguments: &FieldTable) -> Result<(), InvalidCommand> {
     for key in ["x-message-ttl", "x-expires"] {
         if let Some(value) = arguments.get(key) {
-            let ms = value.as_int().ok_or_else(|| format!("queue {queue}: {key} must be an integer, got {value}"))?;
+            let ms = value.as_int().ok_or_else(|| InvalidCommand::ArgumentNotInteger { queue: queue.to_string(), key, value: value.clone() })?;
             let min = if key == "x-expires" { 1 } else { 0 };
             if !(min..=AMQP_MAX_TTL_MS).contains(&ms) {
-                return Err(format!("queue {queue}: {key} = {ms} is outside {min}..={AMQP_MAX_TTL_MS} ms"));
+                return Err(InvalidCommand::ArgumentOutOfRange { queue: queue.to_string(), key, ms, min });
             }
         }
     }

@@ -39,6 +39,14 @@ pub enum ConfigError {
     Invalid { location: Location, message: String },
 }
 
+/// A strategy asked for by name that the config does not define.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("unknown strategy {name:?}; configured: {}", configured.join(", "))]
+pub struct UnknownStrategy {
+    pub name: String,
+    pub configured: Vec<String>,
+}
+
 /// The most `broker.publish_channels` may be: well under RabbitMQ's default `channel_max` (2,047).
 pub const MAX_PUBLISH_CHANNELS: usize = 1_024;
 
@@ -652,7 +660,7 @@ impl Config {
         let default_strategy = match raw.default_strategy {
             Some(name) => {
                 if !strategies.contains_key(name.get_ref()) {
-                    return Err(invalid(name.span(), unknown_strategy(name.get_ref(), &strategies)));
+                    return Err(invalid(name.span(), unknown_strategy(name.get_ref(), &strategies).to_string()));
                 }
                 name.into_inner()
             }
@@ -693,7 +701,7 @@ impl Config {
             if let Some(strategy) = &exchange.strategy
                 && !strategies.contains_key(strategy)
             {
-                return refuse(unknown_strategy(strategy, &strategies));
+                return refuse(unknown_strategy(strategy, &strategies).to_string());
             }
             exchanges.insert(name, exchange);
         }
@@ -779,7 +787,7 @@ impl Config {
         })
     }
 
-    pub fn strategy(&self, name: &str) -> Result<&StrategyConfig, String> {
+    pub fn strategy(&self, name: &str) -> Result<&StrategyConfig, UnknownStrategy> {
         self.strategies.get(name).ok_or_else(|| unknown_strategy(name, &self.strategies))
     }
 
@@ -822,9 +830,8 @@ impl Config {
     }
 }
 
-fn unknown_strategy(name: &str, strategies: &BTreeMap<String, StrategyConfig>) -> String {
-    let known: Vec<&str> = strategies.keys().map(String::as_str).collect();
-    format!("unknown strategy {name:?}; configured: {}", known.join(", "))
+fn unknown_strategy(name: &str, strategies: &BTreeMap<String, StrategyConfig>) -> UnknownStrategy {
+    UnknownStrategy { name: name.to_string(), configured: strategies.keys().cloned().collect() }
 }
 
 fn location_in(path: &Path, text: &str, offset: usize) -> Location {

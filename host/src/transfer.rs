@@ -86,7 +86,7 @@ fn source_queues(scheduler: &Scheduler<Broker>, management: Option<&Management>,
                 "strategy {from:?} declares its queues per message; listing them needs the management API (broker.management_url)"
             )));
         };
-        let found = tokio::task::block_in_place(|| api.queues_dead_lettering_to(&exchanges)).map_err(TransferError::Refused)?;
+        let found = tokio::task::block_in_place(|| api.queues_dead_lettering_to(&exchanges)).map_err(|e| TransferError::Refused(e.to_string()))?;
         queues.extend(found.into_iter().map(|(queue, _, ttl)| (queue, ttl)));
     }
     if queues.is_empty() {

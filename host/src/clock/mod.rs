@@ -252,14 +252,23 @@ impl Clock {
     }
 }
 
+/// Why a due time given as text (`deliver_at`, `--at`) cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    #[error("{text:?} is not an RFC 3339 time such as 2026-11-23T18:00:00Z ({source})")]
+    NotRfc3339 { text: String, source: time::error::Parse },
+    #[error("{text:?} is before 1970")]
+    Before1970 { text: String },
+}
+
 /// An RFC 3339 timestamp (`2026-11-23T18:00:00Z`, `2026-11-23T19:00:00.250+01:00`)
 /// as Unix ms, rounded up so a due time never moves earlier.
-pub fn parse_rfc3339_ms(text: &str) -> Result<u64, String> {
+pub fn parse_rfc3339_ms(text: &str) -> Result<u64, TimeError> {
     let at = time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339)
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time such as 2026-11-23T18:00:00Z ({e})"))?;
+        .map_err(|source| TimeError::NotRfc3339 { text: text.to_string(), source })?;
     let nanos = at.unix_timestamp_nanos();
     if nanos < 0 {
-        return Err(format!("{text:?} is before 1970"));
+        return Err(TimeError::Before1970 { text: text.to_string() });
     }
     Ok((nanos as u128).div_ceil(1_000_000) as u64)
 }
@@ -274,9 +283,9 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("1970-01-01T01:00:01.250+01:00"), Ok(1_250));
         // Never earlier: a fraction of a millisecond rounds up.
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00.0001Z"), Ok(1));
-        assert!(parse_rfc3339_ms("tomorrow").unwrap_err().contains("RFC 3339"));
+        assert!(parse_rfc3339_ms("tomorrow").unwrap_err().to_string().contains("RFC 3339"));
         assert!(parse_rfc3339_ms("2026-11-23 18:00").is_err());
-        assert!(parse_rfc3339_ms("1969-12-31T23:59:59Z").unwrap_err().contains("before 1970"));
+        assert!(parse_rfc3339_ms("1969-12-31T23:59:59Z").unwrap_err().to_string().contains("before 1970"));
     }
 
     #[test]

@@ -108,7 +108,7 @@ impl ComponentCache {
         if !metadata.is_file() {
             return Err("not a regular file".into());
         }
-        check_owner_and_mode(&metadata)?;
+        check_owner_and_mode(&metadata).map_err(|problem| problem.to_string())?;
         let mut entry = Vec::with_capacity(metadata.len() as usize);
         file.read_to_end(&mut entry).map_err(|e| format!("cannot read it: {e}"))?;
         if entry.len() < HEADER_LEN || &entry[..MAGIC.len()] != MAGIC {
@@ -179,17 +179,30 @@ fn write_private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::write(path, bytes)
 }
 
+/// Why a cache directory or entry is no safe place for code.
+#[derive(Debug, thiserror::Error)]
+enum UnsafePath {
+    #[error("cannot read it: {0}")]
+    Unreadable(#[source] std::io::Error),
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("owned by uid {owner}, not by this user (uid {me})")]
+    NotOwned { owner: u32, me: u32 },
+    #[error("writable by {who} (mode {mode:04o})")]
+    Writable { who: &'static str, mode: u32 },
+}
+
 /// Why `dir` is no safe place for code, if it is not.
-fn check_dir(dir: &Path) -> Result<(), String> {
-    let metadata = std::fs::metadata(dir).map_err(|e| format!("cannot read it: {e}"))?;
+fn check_dir(dir: &Path) -> Result<(), UnsafePath> {
+    let metadata = std::fs::metadata(dir).map_err(UnsafePath::Unreadable)?;
     if !metadata.is_dir() {
-        return Err("not a directory".into());
+        return Err(UnsafePath::NotADirectory);
     }
     check_owner_and_mode(&metadata)
 }
 
 #[cfg(unix)]
-fn check_owner_and_mode(metadata: &std::fs::Metadata) -> Result<(), String> {
+fn check_owner_and_mode(metadata: &std::fs::Metadata) -> Result<(), UnsafePath> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
@@ -197,14 +210,14 @@ fn check_owner_and_mode(metadata: &std::fs::Metadata) -> Result<(), String> {
 }
 
 #[cfg(not(unix))]
-fn check_owner_and_mode(_metadata: &std::fs::Metadata) -> Result<(), String> {
+fn check_owner_and_mode(_metadata: &std::fs::Metadata) -> Result<(), UnsafePath> {
     Ok(())
 }
 
 /// What is wrong with a path owned by `owner` with `mode`, for user `me`.
-fn owner_and_mode_problem(owner: u32, mode: u32, me: u32) -> Option<String> {
+fn owner_and_mode_problem(owner: u32, mode: u32, me: u32) -> Option<UnsafePath> {
     if owner != me {
-        return Some(format!("owned by uid {owner}, not by this user (uid {me})"));
+        return Some(UnsafePath::NotOwned { owner, me });
     }
     if mode & 0o022 != 0 {
         let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
@@ -212,7 +225,7 @@ fn owner_and_mode_problem(owner: u32, mode: u32, me: u32) -> Option<String> {
             (true, false) => "group",
             _ => "others",
         };
-        return Some(format!("writable by {who} (mode {:04o})", mode & 0o7777));
+        return Some(UnsafePath::Writable { who, mode: mode & 0o7777 });
     }
     None
 }
@@ -223,11 +236,11 @@ mod tests {
 
     #[test]
     fn only_the_users_own_unshared_paths_are_safe() {
-        assert_eq!(owner_and_mode_problem(1000, 0o40700, 1000), None);
-        assert_eq!(owner_and_mode_problem(1000, 0o40755, 1000), None, "readable by others is fine");
-        assert_eq!(owner_and_mode_problem(0, 0o40700, 1000).unwrap(), "owned by uid 0, not by this user (uid 1000)");
-        assert_eq!(owner_and_mode_problem(1000, 0o40775, 1000).unwrap(), "writable by group (mode 0775)");
-        assert_eq!(owner_and_mode_problem(1000, 0o41777, 1000).unwrap(), "writable by group and others (mode 1777)");
-        assert_eq!(owner_and_mode_problem(1000, 0o40702, 1000).unwrap(), "writable by others (mode 0702)");
+        assert!(owner_and_mode_problem(1000, 0o40700, 1000).is_none());
+        assert!(owner_and_mode_problem(1000, 0o40755, 1000).is_none(), "readable by others is fine");
+        assert_eq!(owner_and_mode_problem(0, 0o40700, 1000).unwrap().to_string(), "owned by uid 0, not by this user (uid 1000)");
+        assert_eq!(owner_and_mode_problem(1000, 0o40775, 1000).unwrap().to_string(), "writable by group (mode 0775)");
+        assert_eq!(owner_and_mode_problem(1000, 0o41777, 1000).unwrap().to_string(), "writable by group and others (mode 1777)");
+        assert_eq!(owner_and_mode_problem(1000, 0o40702, 1000).unwrap().to_string(), "writable by others (mode 0702)");
     }
 }

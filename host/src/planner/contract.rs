@@ -34,6 +34,8 @@ pub(crate) struct StoreState {
 }
 
 /// `plan` typed with the borrowing request, in a version's result types.
+/// The `String` is the contract's `result<_, string>`: the planner's own
+/// refusal, passed on as it wrote it, not an error of the host's.
 type PlanFunc<'a, P> = TypedFunc<(PlanRequestRef<'a>,), (Result<P, String>,)>;
 
 // The shared types interfaces have no functions; bindgen still asks for their traits.
@@ -59,6 +61,18 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
     v0_1::PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)
 }
 
+/// Why a component is no planner of any contract version the host knows.
+#[derive(Debug, thiserror::Error)]
+pub enum ContractMismatch {
+    #[error("as 0.2.0: {current:#}; as 0.1.0: {old:#}")]
+    NeitherVersion { current: wasmtime::Error, old: wasmtime::Error },
+    #[error("its plan does not have the contract's types: {0:#}")]
+    PlanTypes(wasmtime::Error),
+    /// Its imports cannot be linked (WASI beyond what a runtime needs to start, say).
+    #[error("{0:#}")]
+    Imports(wasmtime::Error),
+}
+
 /// A pre-linked planner and the contract version it implements.
 pub(crate) enum ContractPre {
     Current(PlannerWorldPre<StoreState>),
@@ -67,32 +81,25 @@ pub(crate) enum ContractPre {
 
 impl ContractPre {
     /// The newest version the component implements; the error says why neither fits.
-    pub fn new(pre: InstancePre<StoreState>) -> Result<ContractPre, String> {
+    pub fn new(pre: InstancePre<StoreState>) -> Result<ContractPre, ContractMismatch> {
         let current = match PlannerWorldPre::new(pre.clone()) {
             Ok(current) => return Ok(ContractPre::Current(current)),
             Err(err) => err,
         };
-        v0_1::PlannerWorldPre::new(pre).map(ContractPre::V0_1).map_err(|old| format!("as 0.2.0: {current:#}; as 0.1.0: {old:#}"))
+        v0_1::PlannerWorldPre::new(pre).map(ContractPre::V0_1).map_err(|old| ContractMismatch::NeitherVersion { current, old })
     }
 
     /// An instance; its `plan` is type-checked once here against [`PlanRequestRef`].
-    pub fn instantiate(&self, store: &mut Store<StoreState>) -> wasmtime::Result<Result<Contract, String>> {
+    pub fn instantiate(&self, store: &mut Store<StoreState>) -> wasmtime::Result<Result<Contract, ContractMismatch>> {
         let world = match self {
             ContractPre::Current(pre) => World::Current(pre.instantiate(&mut *store)?),
             ContractPre::V0_1(pre) => World::V0_1(pre.instantiate(&mut *store)?),
         };
         let checked = match &world {
-            World::Current(world) => {
-                world.hourglass_planner_planner().func_plan().func().typed::<(PlanRequestRef<'static>,), (Result<wit::DelayPlan, String>,)>(&*store).map(drop)
-            }
-            World::V0_1(world) => world
-                .hourglass_planner_planner()
-                .func_plan()
-                .func()
-                .typed::<(PlanRequestRef<'static>,), (Result<wit_v0_1::DelayPlan, String>,)>(&*store)
-                .map(drop),
+            World::Current(world) => world.hourglass_planner_planner().func_plan().func().typed(&*store).map(|_: PlanFunc<'static, wit::DelayPlan>| ()),
+            World::V0_1(world) => world.hourglass_planner_planner().func_plan().func().typed(&*store).map(|_: PlanFunc<'static, wit_v0_1::DelayPlan>| ()),
         };
-        Ok(checked.map(|()| Contract { world }).map_err(|e| format!("its plan does not have the contract's types: {e:#}")))
+        Ok(checked.map(|()| Contract { world }).map_err(ContractMismatch::PlanTypes))
     }
 }
 
@@ -108,6 +115,8 @@ enum World {
     V0_1(v0_1::PlannerWorld),
 }
 
+/// A call's outcome: a trap, or the contract's `result<T, string>` (the
+/// planner's refusal in its own words).
 type Answer<T> = wasmtime::Result<Result<T, String>>;
 
 impl Contract {

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use super::bindings::hourglass::planner::types as wit;
 use crate::command::{
-    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments, check_sqs_queue_name,
+    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments,
+    check_sqs_queue_name,
 };
 
 /// More than a 32-level strategy needs (one key per bit, and the destination's),
@@ -13,7 +14,7 @@ const MAX_BCC_KEYS: usize = 40;
 
 /// Converts and validates one planner command. The error says what is wrong;
 /// the caller adds which planner said it.
-pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
+pub fn command_from_planner(command: wit::Command) -> Result<Command, InvalidCommand> {
     let command = match command {
         wit::Command::DeclareExchange(e) => {
             check_name("exchange", &e.name, false)?;
@@ -55,12 +56,12 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
                 check_name("bcc routing key", key, true)?;
             }
             if p.bcc.len() > MAX_BCC_KEYS {
-                return Err(format!("publish carries {} bcc routing keys; at most {MAX_BCC_KEYS}", p.bcc.len()));
+                return Err(InvalidCommand::TooManyBccKeys { count: p.bcc.len(), max: MAX_BCC_KEYS });
             }
             if let Some(ms) = p.expiration_ms
                 && ms > AMQP_MAX_TTL_MS as u64
             {
-                return Err(format!("publish expiration {ms}ms is above the broker's 10-year maximum"));
+                return Err(InvalidCommand::ExpirationTooLong(ms));
             }
             Command::Publish {
                 exchange: p.exchange,
@@ -75,31 +76,31 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
             check_sqs_queue_name(&q.name)?;
             let attributes = sqs_attributes(q.attributes)?;
             if let Some(delay) = attributes.get("DelaySeconds") {
-                let seconds: u32 = delay.parse().map_err(|_| format!("queue {}: DelaySeconds {delay:?} is not a number", q.name))?;
+                let seconds: u32 = delay.parse().map_err(|_| InvalidCommand::QueueDelayNotANumber { queue: q.name.clone(), value: delay.clone() })?;
                 if seconds > SQS_MAX_DELAY_SECONDS {
-                    return Err(format!("queue {}: DelaySeconds {seconds} is above SQS's {SQS_MAX_DELAY_SECONDS}", q.name));
+                    return Err(InvalidCommand::QueueDelayTooLong { queue: q.name, seconds });
                 }
             }
             if q.name.ends_with(".fifo") != (attributes.get("FifoQueue").map(String::as_str) == Some("true")) {
-                return Err(format!("queue {}: a name ending in .fifo and FifoQueue = true go together", q.name));
+                return Err(InvalidCommand::FifoNameMismatch(q.name));
             }
             Command::SqsEnsureQueue { name: q.name, attributes, pumped: q.pumped }
         }
         wit::Command::SqsSend(s) => {
             check_sqs_queue_name(&s.queue)?;
             if s.delay_seconds > SQS_MAX_DELAY_SECONDS {
-                return Err(format!("send to {}: DelaySeconds {} is above SQS's {SQS_MAX_DELAY_SECONDS}", s.queue, s.delay_seconds));
+                return Err(InvalidCommand::SendDelayTooLong { queue: s.queue, seconds: s.delay_seconds });
             }
             let fifo = s.queue.ends_with(".fifo");
             if fifo && s.group_id.is_none() {
-                return Err(format!("send to FIFO queue {} needs a message group id", s.queue));
+                return Err(InvalidCommand::FifoSendWithoutGroup(s.queue));
             }
             if fifo && s.delay_seconds != 0 {
-                return Err(format!("send to FIFO queue {}: FIFO queues take only the queue-level delay", s.queue));
+                return Err(InvalidCommand::FifoSendWithDelay(s.queue));
             }
             for id in [&s.group_id, &s.dedup_id].into_iter().flatten() {
                 if id.is_empty() || id.len() > SQS_MAX_ID {
-                    return Err(format!("send to {}: id {id:?} must be 1 to {SQS_MAX_ID} characters", s.queue));
+                    return Err(InvalidCommand::SqsIdLength { queue: s.queue.clone(), id: id.clone() });
                 }
             }
             Command::SqsSend {
@@ -114,7 +115,7 @@ pub fn command_from_planner(command: wit::Command) -> Result<Command, String> {
     Ok(command)
 }
 
-fn field_table(fields: Vec<wit::Field>) -> Result<FieldTable, String> {
+fn field_table(fields: Vec<wit::Field>) -> Result<FieldTable, InvalidCommand> {
     let mut table = FieldTable::new();
     for field in fields {
         check_name("header or argument key", &field.key, false)?;
@@ -124,20 +125,20 @@ fn field_table(fields: Vec<wit::Field>) -> Result<FieldTable, String> {
             wit::Value::Boolean(b) => FieldValue::Bool(b),
         };
         if table.insert(field.key.clone(), value).is_some() {
-            return Err(format!("key {:?} is given twice", field.key));
+            return Err(InvalidCommand::KeyTwice(field.key));
         }
     }
     Ok(table)
 }
 
-fn sqs_attributes(attributes: Vec<wit::SqsAttribute>) -> Result<BTreeMap<String, String>, String> {
+fn sqs_attributes(attributes: Vec<wit::SqsAttribute>) -> Result<BTreeMap<String, String>, InvalidCommand> {
     let mut map = BTreeMap::new();
     for attribute in attributes {
         if attribute.name.is_empty() || attribute.name.len() > 256 {
-            return Err(format!("SQS attribute name {:?} must be 1 to 256 characters", attribute.name));
+            return Err(InvalidCommand::SqsAttributeNameLength(attribute.name));
         }
         if map.insert(attribute.name.clone(), attribute.value).is_some() {
-            return Err(format!("SQS attribute {:?} is given twice", attribute.name));
+            return Err(InvalidCommand::SqsAttributeTwice(attribute.name));
         }
     }
     Ok(map)
@@ -154,9 +155,9 @@ mod tests {
     #[test]
     fn sqs_limits_are_enforced() {
         assert!(command_from_planner(send("q", 900, None)).is_ok());
-        assert!(command_from_planner(send("q", 901, None)).unwrap_err().contains("above SQS's 900"));
-        assert!(command_from_planner(send("q.fifo", 0, None)).unwrap_err().contains("group id"));
-        assert!(command_from_planner(send(&"q".repeat(81), 0, None)).unwrap_err().contains("1 to 80"));
+        assert!(command_from_planner(send("q", 901, None)).unwrap_err().to_string().contains("above SQS's 900"));
+        assert!(command_from_planner(send("q.fifo", 0, None)).unwrap_err().to_string().contains("group id"));
+        assert!(command_from_planner(send(&"q".repeat(81), 0, None)).unwrap_err().to_string().contains("1 to 80"));
     }
 
     #[test]
@@ -169,7 +170,7 @@ mod tests {
             })
         };
         assert!(command_from_planner(queue("q", 5)).is_ok());
-        assert!(command_from_planner(queue("q", -1)).unwrap_err().contains("x-message-ttl = -1"));
-        assert!(command_from_planner(queue(&"q".repeat(256), 5)).unwrap_err().contains("AMQP allows 255"));
+        assert!(command_from_planner(queue("q", -1)).unwrap_err().to_string().contains("x-message-ttl = -1"));
+        assert!(command_from_planner(queue(&"q".repeat(256), 5)).unwrap_err().to_string().contains("AMQP allows 255"));
     }
 }

@@ -276,7 +276,7 @@ impl LoadedPlanner {
             .pre
             .instantiate(&mut store)
             .map_err(|e| self.trapped("instantiate", e, None))?
-            .map_err(|reason| PlannerError::WrongContract { planner: self.label.clone(), reason })?;
+            .map_err(|source| PlannerError::WrongContract { planner: self.label.clone(), source })?;
         let configured = contract.configure(&mut store, &self.config_json);
         let panic = store.data_mut().panic_message.take();
         match configured {
@@ -313,7 +313,8 @@ impl LoadedPlanner {
         commands
             .into_iter()
             .map(|c| {
-                let command = super::convert::command_from_planner(c).map_err(invalid)?;
+                let command =
+                    super::convert::command_from_planner(c).map_err(|source| PlannerError::InvalidCommand { planner: self.label.clone(), function, source })?;
                 let expected_sqs = self.info.family == BrokerFamily::Sqs;
                 if command.is_sqs() != expected_sqs {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));

@@ -37,6 +37,7 @@ mod runtime;
 mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
+pub use contract::ContractMismatch;
 pub use epoch::epoch_ticker_asleep;
 pub use instance::{
     BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, PlannerLimits, RedeliveryDecision,
@@ -53,8 +54,8 @@ pub enum PlannerError {
     Read { planner: String, path: String, source: std::io::Error },
     #[error("planner {planner}: {path} is not a WebAssembly component: {reason}")]
     NotAComponent { planner: String, path: String, reason: String },
-    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {reason}")]
-    WrongContract { planner: String, reason: String },
+    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {source}")]
+    WrongContract { planner: String, source: ContractMismatch },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },
     #[error("planner {planner} refused: {message}")]
@@ -70,10 +71,14 @@ pub enum PlannerError {
     Timeout { planner: String, function: &'static str, budget: Duration },
     #[error("planner {planner} returned an invalid command from {function}: {reason}")]
     InvalidOutput { planner: String, function: &'static str, reason: String },
+    #[error("planner {planner} returned an invalid command from {function}: {source}")]
+    InvalidCommand { planner: String, function: &'static str, source: crate::command::InvalidCommand },
     #[error("planner cache directory {path}: {problem}")]
     CacheDir { path: String, problem: String },
     #[error("planner engine: {0}")]
     Engine(String),
+    #[error("planner engine: {0}")]
+    EngineUnavailable(#[from] runtime::EngineUnavailable),
 }
 
 /// The setting that bounds `function`'s time.

@@ -6,8 +6,8 @@
 //! reloads, pumps, verify and the CLI.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine};
@@ -15,7 +15,7 @@ use wasmtime::{Config, Engine};
 use super::PlannerError;
 use super::builtin;
 use super::cache::ComponentCache;
-use super::contract::{ContractPre, StoreState};
+use super::contract::{ContractMismatch, ContractPre, StoreState};
 use super::epoch;
 use super::instance::{LoadedPlanner, PlannerLimits};
 
@@ -53,7 +53,13 @@ impl PlannerSource {
     }
 }
 
-static ENGINE: OnceLock<Result<Engine, String>> = OnceLock::new();
+/// Why the process's engine could not be made. Kept (shared) for every later
+/// load, as the engine is made once.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct EngineUnavailable(Arc<wasmtime::Error>);
+
+static ENGINE: OnceLock<Result<Engine, EngineUnavailable>> = OnceLock::new();
 static ENGINES_CREATED: AtomicUsize = AtomicUsize::new(0);
 
 /// The process's engine, made (with its epoch ticker) on first use.
@@ -64,13 +70,13 @@ fn shared_engine() -> Result<Engine, PlannerError> {
             config.wasm_component_model(true);
             // Epoch checks cost next to nothing per call, unlike fuel.
             config.epoch_interruption(true);
-            let engine = Engine::new(&config).map_err(|e| e.to_string())?;
+            let engine = Engine::new(&config).map_err(|e| EngineUnavailable(Arc::new(e)))?;
             ENGINES_CREATED.fetch_add(1, Ordering::SeqCst);
             epoch::start_ticking(&engine);
             Ok(engine)
         })
         .clone()
-        .map_err(PlannerError::Engine)
+        .map_err(PlannerError::from)
 }
 
 /// How many wasmtime engines this process has made: one, once any planner is loaded.
@@ -151,7 +157,7 @@ impl PlannerRuntime {
     pub fn load_limited(&self, source: &PlannerSource, config_json: String, limits: PlannerLimits) -> Result<LoadedPlanner, PlannerError> {
         let component = self.compile(source)?;
         let label = source.label();
-        let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), reason: format!("{e:#}") };
+        let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), source: ContractMismatch::Imports(e) };
         let mut linker = Linker::<StoreState>::new(&self.engine);
         super::contract::add_to_linker(&mut linker).map_err(|e| PlannerError::Engine(e.to_string()))?;
         // Language runtimes (Rust's std, Python, JavaScript) import WASI; planners get none of its
@@ -159,7 +165,7 @@ impl PlannerRuntime {
         super::inert_wasi::define(&mut linker, &component, &self.engine).map_err(wrong_contract)?;
         linker.define_unknown_imports_as_traps(&component).map_err(wrong_contract)?;
         let pre = linker.instantiate_pre(&component).map_err(wrong_contract)?;
-        let pre = ContractPre::new(pre).map_err(|reason| PlannerError::WrongContract { planner: label.clone(), reason })?;
+        let pre = ContractPre::new(pre).map_err(|source| PlannerError::WrongContract { planner: label.clone(), source })?;
         LoadedPlanner::start(label, self.engine.clone(), pre, limits, self.instances, config_json)
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::Clock;
 use crate::command::{Command, FieldTable, FieldValue};
-use crate::config::{Config, OwnQueueType};
+use crate::config::{Config, OwnQueueType, UnknownStrategy};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
 use crate::message::Delivery;
 use crate::message::Properties;
@@ -38,6 +38,9 @@ use strategies::Strategies;
 pub enum ScheduleError {
     #[error("{0}")]
     BadRequest(String),
+    /// A request named a strategy the config does not define (the caller's mistake).
+    #[error(transparent)]
+    UnknownStrategy(#[from] UnknownStrategy),
     /// The request itself is wrong (checked before the broker): which field, and why.
     #[error("{}: {}", .0.field, .0.reason)]
     Invalid(validate::Invalid),
@@ -200,7 +203,7 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
     reserved.extend(config.strategies.values().map(|s| config.service.cancel.release_queue(&s.name)));
     for name in names {
         // A planner that cannot say its topology fails its own requests later, with its own error.
-        let Ok(commands) = strategies.get_mut(name).map_err(PlannerError::Engine).and_then(|planner| planner.topology()) else { continue };
+        let Some(commands) = strategies.get_mut(name).ok().and_then(|planner| planner.topology().ok()) else { continue };
         for command in commands {
             match command {
                 Command::DeclareExchange { name, .. } | Command::DeclareQueue { name, .. } => {
@@ -257,7 +260,7 @@ impl Generation {
 
     /// One call into `strategy`'s planner (on an instance of its pool).
     fn call<R>(&self, strategy: &str, f: impl FnOnce(&LoadedPlanner) -> Result<R, PlannerError>) -> Result<R, ScheduleError> {
-        Ok(f(self.strategies.get(strategy).map_err(ScheduleError::BadRequest)?)?)
+        Ok(f(self.strategies.get(strategy)?)?)
     }
 
     fn strategy_for(&self, destination: &str) -> String {
@@ -272,7 +275,7 @@ impl Generation {
         if self.names.iter().any(|n| n == strategy) {
             Ok(())
         } else {
-            Err(ScheduleError::BadRequest(format!("unknown strategy {strategy:?}; configured: {}", self.names.join(", "))))
+            Err(ScheduleError::UnknownStrategy(UnknownStrategy { name: strategy.to_string(), configured: self.names.clone() }))
         }
     }
 }

@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use crate::broker::sqs::pump::DueHandler;
 use crate::command::{DueAction, DueMessage};
-use crate::config::{Config, Location};
+use crate::config::{Config, Location, UnknownStrategy};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
 /// A strategy that cannot be loaded; `strategy` is empty when the fault is
@@ -18,7 +18,17 @@ pub struct StrategyError {
     pub strategy: String,
     // Boxed: planner errors are large, and this one travels in every Result of a load.
     #[source]
-    pub source: Box<PlannerError>,
+    pub source: Box<StrategyFault>,
+}
+
+/// What kept a strategy from loading.
+#[derive(Debug, Error)]
+pub enum StrategyFault {
+    #[error(transparent)]
+    Planner(#[from] PlannerError),
+    /// [`Strategies::load_one`] was asked for a strategy the config lacks.
+    #[error(transparent)]
+    Unknown(#[from] UnknownStrategy),
 }
 
 /// Every strategy in a config, each with its own planner and pool of
@@ -35,7 +45,7 @@ impl Strategies {
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|source| StrategyError {
             location: Location { path: config.path.clone(), line: 1, column: 1 },
             strategy: String::new(),
-            source: Box::new(source),
+            source: Box::new(source.into()),
         })?;
         let mut planners = BTreeMap::new();
         for strategy in config.strategies.values() {
@@ -45,7 +55,7 @@ impl Strategies {
                     PlannerError::Config { message, .. } => config.table_error_location(strategy, message),
                     _ => config.planner_location(strategy),
                 };
-                StrategyError { location, strategy: strategy.name.clone(), source: Box::new(source) }
+                StrategyError { location, strategy: strategy.name.clone(), source: Box::new(source.into()) }
             })?;
             planners.insert(strategy.name.clone(), planner);
         }
@@ -54,17 +64,17 @@ impl Strategies {
 
     /// One strategy's planner loaded on its own, for a task of its own (a pump).
     pub fn load_one(config: &Config, name: &str) -> Result<LoadedPlanner, StrategyError> {
-        let located = |source| StrategyError {
+        let located = |source: StrategyFault| StrategyError {
             location: Location { path: config.path.clone(), line: 1, column: 1 },
             strategy: name.to_string(),
             source: Box::new(source),
         };
-        let strategy = config.strategy(name).map_err(|m| located(PlannerError::Engine(m)))?;
-        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(located)?;
+        let strategy = config.strategy(name).map_err(|unknown| located(unknown.into()))?;
+        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|err| located(err.into()))?;
         runtime.load_limited(&strategy.planner, strategy.table.to_string(), strategy.planner_limits(config.planner_limits)).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
             strategy: name.to_string(),
-            source: Box::new(source),
+            source: Box::new(source.into()),
         })
     }
 
@@ -81,20 +91,19 @@ impl Strategies {
     }
 
     /// A strategy's planner; calls on it check an instance out of its pool.
-    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, String> {
+    pub fn get(&self, name: &str) -> Result<&LoadedPlanner, UnknownStrategy> {
         self.planners.get(name).ok_or_else(|| self.unknown(name))
     }
 
-    pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, String> {
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut LoadedPlanner, UnknownStrategy> {
         if !self.planners.contains_key(name) {
             return Err(self.unknown(name));
         }
         Ok(self.planners.get_mut(name).expect("just checked"))
     }
 
-    fn unknown(&self, name: &str) -> String {
-        let known = self.planners.keys().cloned().collect::<Vec<_>>().join(", ");
-        format!("unknown strategy {name:?}; configured: {known}")
+    fn unknown(&self, name: &str) -> UnknownStrategy {
+        UnknownStrategy { name: name.to_string(), configured: self.planners.keys().cloned().collect() }
     }
 }
 

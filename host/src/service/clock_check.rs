@@ -45,8 +45,10 @@ pub enum ClockCheckError {
 /// Takes one reading of the broker's clock into `clock`.
 pub async fn read_once(api: &Arc<Management>, clock: &Arc<Clock>) -> Result<(), ClockCheckError> {
     let asked = api.clone();
-    let reading =
-        tokio::task::spawn_blocking(move || asked.clock_reading()).await.map_err(|e| ClockCheckError::Lost(e.to_string()))?.map_err(ClockCheckError::Api)?;
+    let reading = tokio::task::spawn_blocking(move || asked.clock_reading())
+        .await
+        .map_err(|e| ClockCheckError::Lost(e.to_string()))?
+        .map_err(|e| ClockCheckError::Api(e.to_string()))?;
     clock.record(reading, "the management API's Date header");
     Ok(())
 }

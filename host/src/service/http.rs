@@ -60,6 +60,7 @@ impl IntoResponse for ApiError {
 fn schedule_error(err: ScheduleError) -> ApiError {
     match err {
         ScheduleError::BadRequest(message) => ApiError::bad("request", message),
+        ScheduleError::UnknownStrategy(unknown) => ApiError::bad("request", unknown.to_string()),
         ScheduleError::Invalid(invalid) => ApiError::bad(invalid.field, format!("{}: {}", invalid.field, invalid.reason)),
         ScheduleError::Unplannable(message) => ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, field: None, message },
         ScheduleError::Planner(PlannerError::Refused { message, planner }) => ApiError::bad("delay", format!("planner {planner} refused: {message}")),
@@ -93,7 +94,7 @@ fn parse_delay(value: &Value) -> Result<u64, ApiError> {
 fn parse_timing(object: &serde_json::Map<String, Value>) -> Result<(u64, Option<u64>), ApiError> {
     match (object.get("delay"), object.get("deliver_at")) {
         (Some(_), Some(_)) => Err(ApiError::bad("deliver_at", "give either delay or deliver_at, not both")),
-        (None, Some(Value::String(text))) => Ok((0, Some(crate::clock::parse_rfc3339_ms(text).map_err(|e| ApiError::bad("deliver_at", e))?))),
+        (None, Some(Value::String(text))) => Ok((0, Some(crate::clock::parse_rfc3339_ms(text).map_err(|e| ApiError::bad("deliver_at", e.to_string()))?))),
         (None, Some(_)) => Err(ApiError::bad("deliver_at", "must be an RFC 3339 string such as \"2026-11-23T18:00:00Z\"")),
         (delay, None) => Ok((parse_delay(delay.unwrap_or(&Value::Null))?, None)),
     }

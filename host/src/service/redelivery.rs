@@ -239,7 +239,7 @@ impl Redelivery {
             "apply-to": "queues",
             "priority": 10,
         });
-        management.put_policy(&policy_name(queue), &policy)
+        management.put_policy(&policy_name(queue), &policy).map_err(|e| e.to_string())
     }
 }
 

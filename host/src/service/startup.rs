@@ -551,7 +551,7 @@ pub(super) fn check_broker_family(broker: &BrokerConfig, config: &Config, strate
         BrokerConfig::Sqs { .. } => (BrokerFamily::Sqs, "sqs"),
     };
     for name in strategies.names() {
-        let info = strategies.get(name).map_err(ServiceError::Other)?.info();
+        let info = strategies.get(name).map_err(ScheduleError::from)?.info();
         if info.family != wanted {
             return Err(ServiceError::Other(format!(
                 "{}: strategy {name:?}: planner {} writes {:?} commands, but broker.kind = \"{broker}\"; use a {:?} planner or another broker",
@@ -628,7 +628,7 @@ pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError>
         return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
     };
     let mut strategies = Strategies::load(config)?;
-    let planner = strategies.get_mut(&config.default_strategy).map_err(ServiceError::Other)?;
+    let planner = strategies.get_mut(&config.default_strategy).map_err(ScheduleError::from)?;
     let mut commands = planner.topology().map_err(ScheduleError::from)?;
     for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);

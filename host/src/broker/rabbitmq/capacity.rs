@@ -32,7 +32,7 @@ use thiserror::Error;
 
 use crate::command::{Command, FieldValue, parking_queues};
 
-use super::manage::{Management, management_url, vhost_of};
+use super::manage::{Management, ManagementError, management_url, vhost_of};
 use super::redact;
 
 /// The share of a limit at which the report warns.
@@ -48,6 +48,8 @@ pub const DEFAULT_DELIVERY_LIMIT_4X: u64 = 20;
 pub enum CapacityError {
     #[error("capacity not checked: {0}")]
     Unavailable(String),
+    #[error("capacity not checked: management API at {url}: {source}")]
+    Management { url: String, source: ManagementError },
 }
 
 /// One node's file descriptors and quorum queue replicas.
@@ -83,7 +85,7 @@ pub struct CapacityReport {
 /// Reads the nodes and queues through `api` and weighs `declarations` (the
 /// strategies' topologies and sample plans, and any other queues the caller
 /// will declare) against them.
-pub fn check(api: &Management, declarations: &[Command]) -> Result<CapacityReport, String> {
+pub fn check(api: &Management, declarations: &[Command]) -> Result<CapacityReport, ManagementError> {
     let overview = api.get("overview")?.unwrap_or_default();
     let version = overview["rabbitmq_version"].as_str().map(str::to_string);
     let nodes = api.get("nodes")?.unwrap_or_default();
@@ -96,12 +98,12 @@ pub fn check(api: &Management, declarations: &[Command]) -> Result<CapacityRepor
 /// as `verify` picks it), off the async runtime.
 pub async fn check_capacity(amqp_url: &str, management_url_setting: Option<&str>, declarations: &[Command]) -> Result<CapacityReport, CapacityError> {
     let url = management_url(amqp_url, management_url_setting).ok_or_else(|| CapacityError::Unavailable("no management URL".into()))?;
-    let api = Management::new(&url, vhost_of(amqp_url)).map_err(CapacityError::Unavailable)?;
+    let api = Management::new(&url, vhost_of(amqp_url)).map_err(|e| CapacityError::Unavailable(e.to_string()))?;
     let declarations = declarations.to_vec();
     tokio::task::spawn_blocking(move || check(&api, &declarations))
         .await
         .map_err(|e| CapacityError::Unavailable(e.to_string()))?
-        .map_err(|reason| CapacityError::Unavailable(format!("management API at {}: {reason}", redact(&url))))
+        .map_err(|source| CapacityError::Management { url: redact(&url), source })
 }
 
 fn is_quorum(arguments: &crate::command::FieldTable) -> bool {

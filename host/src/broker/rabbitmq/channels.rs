@@ -50,7 +50,7 @@ struct Counted {
 
 impl Counted {
     async fn open(link: Arc<Link>, confirm: bool, open: &OpenChannels) -> Result<Counted, ExecutorError> {
-        let channel = link.open_channel(confirm).await.map_err(ExecutorError::Unavailable)?;
+        let channel = link.open_channel(confirm).await.map_err(|e| ExecutorError::Unavailable(e.to_string()))?;
         open.0.fetch_add(1, Ordering::Relaxed);
         Ok(Counted { channel, link, open: open.clone() })
     }

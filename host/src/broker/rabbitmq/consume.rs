@@ -51,6 +51,19 @@ use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting, rec
 use super::nodes::{self, redact};
 use super::publish::RabbitMqExecutor;
 
+/// Why a consumer could not attach to its queue (it tries again after a pause).
+#[derive(Debug, thiserror::Error)]
+enum AttachError {
+    #[error(transparent)]
+    Declare(#[from] ExecutorError),
+    #[error("RabbitMQ at {url}: {source}")]
+    Connect { url: String, source: nodes::ConnectError },
+    #[error("RabbitMQ at {url}: {source}")]
+    Subscribe { url: String, source: lapin::Error },
+    #[error("RabbitMQ at {url}: no consumer on {queue} within {CHANNEL_TIMEOUT:?}")]
+    SubscribeTimedOut { url: String, queue: String },
+}
+
 /// How long a message waits before it is requeued (so a broker outage or a
 /// panicking handler is not a hot loop), and before the first retry of an
 /// [`Outcome::Retry`].
@@ -128,7 +141,7 @@ impl<H: Handler> Consumer<H> {
         // lapin closes a dropped connection, and the broker requeues whatever a
         // half-made consumer was given.
         let (connection, channel, consumer, node) = tokio::select! {
-            attached = self.attach(&queue, &tag) => attached.map_err(|why| (false, why))?,
+            attached = self.attach(&queue, &tag) => attached.map_err(|why| (false, why.to_string()))?,
             _ = stop.wait_for(|stopping| *stopping) => {
                 tracing::info!(%queue, "consumer stopped while attaching");
                 return Ok(());
@@ -174,11 +187,12 @@ impl<H: Handler> Consumer<H> {
 
     /// Declares the handler's queues, connects, and consumes `queue` as `tag`:
     /// the connection, its channel, the deliveries, and the node reached.
-    async fn attach(&self, queue: &str, tag: &str) -> Result<(Connection, Channel, lapin::Consumer, String), String> {
-        self.declare().await.map_err(|e| e.to_string())?;
+    async fn attach(&self, queue: &str, tag: &str) -> Result<(Connection, Channel, lapin::Consumer, String), AttachError> {
+        self.declare().await?;
         // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
         let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
-        let (connection, node) = nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|e| format!("RabbitMQ at {}: {e}", redact(&self.url)))?;
+        let (connection, node) =
+            nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|source| AttachError::Connect { url: redact(&self.url), source })?;
         let subscribe = async {
             let channel = create_channel(&connection).await?;
             channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await?;
@@ -187,8 +201,8 @@ impl<H: Handler> Consumer<H> {
         };
         // A broker that accepted the connection can still go silent.
         let (channel, consumer) = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
-            Ok(subscribed) => subscribed.map_err(|e| format!("RabbitMQ at {}: {e}", redact(&self.url)))?,
-            Err(_) => return Err(format!("RabbitMQ at {}: no consumer on {queue} within {CHANNEL_TIMEOUT:?}", redact(&self.url))),
+            Ok(subscribed) => subscribed.map_err(|source| AttachError::Subscribe { url: redact(&self.url), source })?,
+            Err(_) => return Err(AttachError::SubscribeTimedOut { url: redact(&self.url), queue: queue.to_string() }),
         };
         Ok((connection, channel, consumer, node))
     }

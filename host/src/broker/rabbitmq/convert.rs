@@ -12,12 +12,20 @@ use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable as
 use crate::command::{FieldTable, FieldValue};
 use crate::message::{Delivery, HeaderValue, Headers, Properties};
 
-/// An AMQP short string, or an error naming `what` when it is over 255 bytes.
-pub fn short_string(what: &str, text: &str) -> Result<ShortString, String> {
-    ShortString::try_new(text).map_err(|_| format!("{what} is {} bytes; AMQP allows at most 255", text.len()))
+/// A name or value over AMQP's 255-byte short-string limit; `what` says which.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} is {len} bytes; AMQP allows at most 255")]
+pub struct TooLongForAmqp {
+    pub what: String,
+    pub len: usize,
 }
 
-pub fn to_amqp_value(value: &HeaderValue) -> Result<AMQPValue, String> {
+/// An AMQP short string, or an error naming `what` when it is over 255 bytes.
+pub fn short_string(what: &str, text: &str) -> Result<ShortString, TooLongForAmqp> {
+    ShortString::try_new(text).map_err(|_| TooLongForAmqp { what: what.to_string(), len: text.len() })
+}
+
+pub fn to_amqp_value(value: &HeaderValue) -> Result<AMQPValue, TooLongForAmqp> {
     Ok(match value {
         HeaderValue::Bool(v) => AMQPValue::Boolean(*v),
         HeaderValue::I8(v) => AMQPValue::ShortShortInt(*v),
@@ -63,7 +71,7 @@ pub fn from_amqp_value(value: &AMQPValue) -> HeaderValue {
     }
 }
 
-pub fn to_amqp_headers(headers: &Headers) -> Result<AmqpTable, String> {
+pub fn to_amqp_headers(headers: &Headers) -> Result<AmqpTable, TooLongForAmqp> {
     let mut table = AmqpTable::default();
     for (name, value) in headers {
         table.insert(short_string(&format!("header name {:?}…", truncated(name)), name)?, to_amqp_value(value)?);
@@ -93,7 +101,7 @@ pub fn to_amqp_table(table: &FieldTable) -> AmqpTable {
 }
 
 /// The AMQP properties for a neutral message: persistent, no expiration.
-pub fn to_amqp_properties(properties: &Properties) -> Result<BasicProperties, String> {
+pub fn to_amqp_properties(properties: &Properties) -> Result<BasicProperties, TooLongForAmqp> {
     let mut out = BasicProperties::default().with_delivery_mode(2).with_headers(to_amqp_headers(&properties.headers)?);
     let short = |what: &str, value: &Option<String>| value.as_deref().map(|v| short_string(what, v)).transpose();
     if let Some(v) = short("content_type", &properties.content_type)? {
@@ -195,9 +203,9 @@ mod tests {
     fn names_over_255_bytes_are_errors_not_panics() {
         let mut headers = Headers::new();
         headers.insert("h".repeat(256), HeaderValue::Bool(true));
-        let err = to_amqp_properties(&Properties { headers, ..Default::default() }).unwrap_err();
+        let err = to_amqp_properties(&Properties { headers, ..Default::default() }).unwrap_err().to_string();
         assert!(err.contains("256 bytes"), "{err}");
-        let err = to_amqp_properties(&Properties { reply_to: Some("r".repeat(300)), ..Default::default() }).unwrap_err();
+        let err = to_amqp_properties(&Properties { reply_to: Some("r".repeat(300)), ..Default::default() }).unwrap_err().to_string();
         assert!(err.contains("reply_to"), "{err}");
     }
 }

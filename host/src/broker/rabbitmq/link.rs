@@ -64,7 +64,7 @@ pub struct Link {
 
 impl Link {
     async fn open(url: &str, name: &str) -> Result<Link, ExecutorError> {
-        let unavailable = |reason: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: {reason}", redact(url)));
+        let unavailable = |reason: nodes::ConnectError| ExecutorError::Unavailable(format!("RabbitMQ at {}: {reason}", redact(url)));
         let properties = ConnectionProperties::default().with_connection_name(name.into());
         let (connection, node) = nodes::connect(url, properties, CONNECT_TIMEOUT).await.map_err(unavailable)?;
         // A broker that negotiates fewer channels wears a link out sooner.
@@ -105,7 +105,7 @@ impl Link {
     }
 
     /// A new channel, in confirm mode if `confirm`. Failing to open one is "not now".
-    pub async fn open_channel(&self, confirm: bool) -> Result<Channel, String> {
+    pub async fn open_channel(&self, confirm: bool) -> Result<Channel, ChannelError> {
         let open = async {
             let channel = create_channel(&self.connection).await?;
             if confirm {
@@ -114,10 +114,19 @@ impl Link {
             Ok::<_, lapin::Error>(channel)
         };
         match tokio::time::timeout(CHANNEL_TIMEOUT, open).await {
-            Ok(result) => result.map_err(|e| format!("opening a channel: {e}")),
-            Err(_) => Err(format!("no channel opened within {CHANNEL_TIMEOUT:?}")),
+            Ok(result) => result.map_err(ChannelError::Refused),
+            Err(_) => Err(ChannelError::TimedOut),
         }
     }
+}
+
+/// Why [`Link::open_channel`] gave no channel.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("opening a channel: {0}")]
+    Refused(#[source] lapin::Error),
+    #[error("no channel opened within {CHANNEL_TIMEOUT:?}")]
+    TimedOut,
 }
 
 /// [`Connection::create_channel`], but failing once the connection ends.

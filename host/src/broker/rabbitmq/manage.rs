@@ -76,11 +76,34 @@ struct Endpoint {
 
 type Answer = Result<ureq::http::Response<ureq::Body>, ureq::Error>;
 
+/// What went wrong asking the management API. URLs are the endpoints' own,
+/// without credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagementError {
+    #[error("no management URL")]
+    NoUrl,
+    #[error("management URL needs http:// or https://")]
+    NoScheme,
+    #[error("management URL credentials are not UTF-8 once decoded")]
+    CredentialsNotUtf8(#[source] std::str::Utf8Error),
+    /// No endpoint answered at all: each one's URL and why.
+    #[error("{}", .0.iter().map(|(url, err)| format!("{url}: {err}")).collect::<Vec<_>>().join("; "))]
+    Unreachable(Vec<(String, ureq::Error)>),
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url}: {source}")]
+    Body { url: String, source: ureq::Error },
+    #[error("{url}: the answer has no Date header")]
+    NoDate { url: String },
+    #[error("{url}: Date {date:?} is not an HTTP date")]
+    BadDate { url: String, date: String },
+}
+
 impl Management {
-    pub fn new(management_url: &str, vhost: String) -> Result<Self, String> {
+    pub fn new(management_url: &str, vhost: String) -> Result<Self, ManagementError> {
         let endpoints = super::nodes::each(management_url).map(endpoint).collect::<Result<Vec<_>, _>>()?;
         if endpoints.is_empty() {
-            return Err("no management URL".into());
+            return Err(ManagementError::NoUrl);
         }
         let agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
         Ok(Management { agent, endpoints, last_good: AtomicUsize::new(0), vhost })
@@ -88,7 +111,7 @@ impl Management {
 
     /// Sends `request` (given the full URL and the authorization header) to
     /// each endpoint in turn until one answers with any HTTP status.
-    fn send(&self, path: &str, request: impl Fn(&str, &str) -> Answer) -> Result<(String, ureq::http::Response<ureq::Body>), String> {
+    fn send(&self, path: &str, request: impl Fn(&str, &str) -> Answer) -> Result<(String, ureq::http::Response<ureq::Body>), ManagementError> {
         let start = self.last_good.load(Ordering::Relaxed);
         let mut failures = Vec::new();
         for offset in 0..self.endpoints.len() {
@@ -100,14 +123,14 @@ impl Management {
                     self.last_good.store(index, Ordering::Relaxed);
                     return Ok((url, response));
                 }
-                Err(err) => failures.push(format!("{url}: {err}")),
+                Err(err) => failures.push((url, err)),
             }
         }
-        Err(failures.join("; "))
+        Err(ManagementError::Unreachable(failures))
     }
 
     /// `Ok(None)` for 404.
-    pub fn get(&self, path: &str) -> Result<Option<Value>, String> {
+    pub fn get(&self, path: &str) -> Result<Option<Value>, ManagementError> {
         let (url, response) = self.send(path, |url, authorization| self.agent.get(url).header("Authorization", authorization).call())?;
         json_or_none(&url, response)
     }
@@ -115,7 +138,7 @@ impl Management {
     /// A reading of the broker's clock: the `Date` header of an answer to
     /// `GET /api/whoami` (any status will do, a refusal carries it too),
     /// timed on the monotonic clock.
-    pub fn clock_reading(&self) -> Result<Reading, String> {
+    pub fn clock_reading(&self) -> Result<Reading, ManagementError> {
         let sent = std::cell::Cell::new(0);
         let (url, response) = self.send("whoami", |url, authorization| {
             // Each endpoint tried is timed afresh: the one that answers is the one timed.
@@ -123,22 +146,22 @@ impl Management {
             self.agent.get(url).header("Authorization", authorization).call()
         })?;
         let received = monotonic_ms();
-        let date = response.headers().get("date").and_then(|v| v.to_str().ok()).ok_or_else(|| format!("{url}: the answer has no Date header"))?;
-        let date_s = parse_http_date_s(date).ok_or_else(|| format!("{url}: Date {date:?} is not an HTTP date"))?;
+        let date = response.headers().get("date").and_then(|v| v.to_str().ok()).ok_or_else(|| ManagementError::NoDate { url: url.clone() })?;
+        let date_s = parse_http_date_s(date).ok_or_else(|| ManagementError::BadDate { url, date: date.to_string() })?;
         Ok(Reading::http_date(date_s, DATE_STALENESS_MS, sent.get(), received))
     }
 
     /// `GET path` from every endpoint, not only the first that answers, each
     /// answer beside its endpoint's base URL: for what a node reports of
     /// itself alone (the delayed-message plugin's count of its own messages).
-    pub fn get_each(&self, path: &str) -> Vec<(String, Result<Option<Value>, String>)> {
+    pub fn get_each(&self, path: &str) -> Vec<(String, Result<Option<Value>, ManagementError>)> {
         self.endpoints
             .iter()
             .map(|endpoint| {
                 let url = format!("{}/api/{path}", endpoint.base);
                 let answer = match self.agent.get(&url).header("Authorization", &endpoint.authorization).call() {
                     Ok(response) => json_or_none(&url, response),
-                    Err(err) => Err(format!("{url}: {err}")),
+                    Err(err) => Err(ManagementError::Unreachable(vec![(url, err)])),
                 };
                 (endpoint.base.clone(), answer)
             })
@@ -155,14 +178,14 @@ impl Management {
         &self.vhost
     }
 
-    pub fn object(&self, kind: &str, name: &str) -> Result<Option<Value>, String> {
+    pub fn object(&self, kind: &str, name: &str) -> Result<Option<Value>, ManagementError> {
         self.get(&format!("{kind}/{}/{}", encode(&self.vhost), encode(name)))
     }
 
     /// The vhost's queues that dead-letter into one of `exchanges`, with their
     /// messages and TTL: the queues a strategy declares per message (hold
     /// queues), which its static topology cannot list.
-    pub fn queues_dead_lettering_to(&self, exchanges: &[String]) -> Result<Vec<(String, u64, Option<u64>)>, String> {
+    pub fn queues_dead_lettering_to(&self, exchanges: &[String]) -> Result<Vec<(String, u64, Option<u64>)>, ManagementError> {
         let listed = self.get(&format!("queues/{}?columns=name,messages,arguments", encode(&self.vhost)))?.unwrap_or_default();
         let mut found: Vec<(String, u64, Option<u64>)> = listed
             .as_array()
@@ -175,7 +198,7 @@ impl Management {
         Ok(found)
     }
 
-    pub fn bindings(&self, source: &str, target_kind: char, target: &str) -> Result<Vec<Value>, String> {
+    pub fn bindings(&self, source: &str, target_kind: char, target: &str) -> Result<Vec<Value>, ManagementError> {
         let path = format!("bindings/{}/e/{}/{target_kind}/{}", encode(&self.vhost), encode(source), encode(target));
         Ok(self.get(&path)?.and_then(|v| v.as_array().cloned()).unwrap_or_default())
     }
@@ -185,14 +208,14 @@ impl Management {
     }
 
     /// Creates or replaces the policy `name` (`PUT /api/policies/{vhost}/{name}`).
-    pub fn put_policy(&self, name: &str, policy: &Value) -> Result<(), String> {
+    pub fn put_policy(&self, name: &str, policy: &Value) -> Result<(), ManagementError> {
         let (url, response) =
             self.send(&self.policy_path(name), |url, authorization| self.agent.put(url).header("Authorization", authorization).send_json(policy))?;
         succeeded(&url, response)
     }
 
     /// Removes the policy `name`; a policy that is not there is no error.
-    pub fn delete_policy(&self, name: &str) -> Result<(), String> {
+    pub fn delete_policy(&self, name: &str) -> Result<(), ManagementError> {
         let (url, response) = self.send(&self.policy_path(name), |url, authorization| self.agent.delete(url).header("Authorization", authorization).call())?;
         match response.status().as_u16() {
             404 => Ok(()),
@@ -202,28 +225,28 @@ impl Management {
 }
 
 /// One management URL, its credentials (default guest) turned into a Basic authorization.
-fn endpoint(url: &str) -> Result<Endpoint, String> {
-    let (scheme, rest) = url.split_once("://").ok_or("management URL needs http:// or https://")?;
+fn endpoint(url: &str) -> Result<Endpoint, ManagementError> {
+    let (scheme, rest) = url.split_once("://").ok_or(ManagementError::NoScheme)?;
     let (credentials, host) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
     // URL credentials are percent-encoded; Basic authentication wants them as they are.
-    let credentials = percent_encoding::percent_decode_str(credentials).decode_utf8().map_err(|_| "management URL credentials are not UTF-8 once decoded")?;
+    let credentials = percent_encoding::percent_decode_str(credentials).decode_utf8().map_err(ManagementError::CredentialsNotUtf8)?;
     let user = credentials.split_once(':').map_or(&*credentials, |(user, _)| user).to_string();
     Ok(Endpoint { base: format!("{scheme}://{}", host.trim_end_matches('/')), authorization: format!("Basic {}", BASE64.encode(credentials.as_bytes())), user })
 }
 
 /// A 200's JSON, or `None` for 404.
-fn json_or_none(url: &str, mut response: ureq::http::Response<ureq::Body>) -> Result<Option<Value>, String> {
+fn json_or_none(url: &str, mut response: ureq::http::Response<ureq::Body>) -> Result<Option<Value>, ManagementError> {
     match response.status().as_u16() {
         404 => Ok(None),
-        200 => response.body_mut().read_json::<Value>().map(Some).map_err(|e| format!("{url}: {e}")),
-        code => Err(format!("{url}: HTTP {code}")),
+        200 => response.body_mut().read_json::<Value>().map(Some).map_err(|source| ManagementError::Body { url: url.to_string(), source }),
+        status => Err(ManagementError::Status { url: url.to_string(), status }),
     }
 }
 
-fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<(), String> {
+fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<(), ManagementError> {
     match response.status().as_u16() {
         200..=299 => Ok(()),
-        code => Err(format!("{url}: HTTP {code}")),
+        status => Err(ManagementError::Status { url: url.to_string(), status }),
     }
 }
 
@@ -277,7 +300,7 @@ mod tests {
         assert_eq!(api.get("overview").unwrap(), Some(serde_json::json!({})));
         server.join().unwrap();
         let none = Management::new(&format!("http://127.0.0.1:{closed}"), "/".into()).unwrap();
-        let err = none.get("overview").unwrap_err();
+        let err = none.get("overview").unwrap_err().to_string();
         assert!(err.contains(&format!("127.0.0.1:{closed}/api/overview")), "{err}");
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::Executor;
-use crate::broker::rabbitmq::manage::{Management, encode};
+use crate::broker::rabbitmq::manage::{Management, ManagementError, encode};
 use crate::command::{AMQP_MAX_NAME, Command, ExchangeKind, FieldTable, FieldValue};
 
 /// The exchange type the plugin registers.
@@ -25,6 +25,8 @@ pub const DEFAULT_DELIVER_TO_SUFFIX: &str = ".due";
 pub enum MigrateError {
     #[error("cannot read the exchange: {0}")]
     Unavailable(String),
+    #[error("cannot read the exchange: {0}")]
+    Management(#[from] ManagementError),
     #[error("exchange {name:?} does not exist in vhost {vhost:?}")]
     Missing { name: String, vhost: String },
     #[error("exchange {name:?} is of type {kind}, not {PLUGIN_TYPE}: it is not the plugin's, so there is nothing to migrate")]
@@ -209,10 +211,10 @@ pub fn plan(api: &Management, name: &str, deliver_to: Option<&str>) -> Result<Pl
     };
     check_deliver_to(name, &deliver_to)?;
     let vhost = encode(api.vhost());
-    let existing = match api.get(&format!("exchanges/{vhost}/{}", encode(&deliver_to))).map_err(MigrateError::Unavailable)? {
+    let existing = match api.get(&format!("exchanges/{vhost}/{}", encode(&deliver_to))).map_err(MigrateError::Management)? {
         None => None,
         Some(found) => {
-            let bindings = api.get(&format!("exchanges/{vhost}/{}/bindings/source", encode(&deliver_to))).map_err(MigrateError::Unavailable)?;
+            let bindings = api.get(&format!("exchanges/{vhost}/{}/bindings/source", encode(&deliver_to)))?;
             Some(Existing {
                 kind: found["type"].as_str().unwrap_or("?").to_string(),
                 durable: found["durable"].as_bool().unwrap_or(false),
@@ -232,11 +234,14 @@ pub fn read(api: &Management, name: &str) -> Result<PluginExchange, MigrateError
     let described = match answers.iter().find_map(|(_, answer)| answer.as_ref().ok()) {
         Some(Some(found)) => found.clone(),
         Some(None) => return Err(MigrateError::Missing { name: name.to_string(), vhost: api.vhost().to_string() }),
-        None => return Err(MigrateError::Unavailable(answers.into_iter().filter_map(|(_, a)| a.err()).collect::<Vec<_>>().join("; "))),
+        None => {
+            let failures: Vec<String> = answers.into_iter().filter_map(|(_, answer)| answer.err()).map(|err| err.to_string()).collect();
+            return Err(MigrateError::Unavailable(failures.join("; ")));
+        }
     };
     let (delayed_type, other_arguments) = parse_exchange(name, &described)?;
     let listed = |side: &str| -> Result<Vec<Value>, MigrateError> {
-        let found = api.get(&format!("{path}/bindings/{side}")).map_err(MigrateError::Unavailable)?;
+        let found = api.get(&format!("{path}/bindings/{side}"))?;
         Ok(found.and_then(|v| v.as_array().cloned()).unwrap_or_default())
     };
     let bindings = listed("source")?.iter().filter_map(parse_binding).collect();
@@ -244,8 +249,10 @@ pub fn read(api: &Management, name: &str) -> Result<PluginExchange, MigrateError
     let incoming = listed("destination")?.iter().filter_map(|b| parse_incoming(b, name, api.vhost(), &base, &user)).collect();
     // Which node each endpoint is, so two URLs of one node count once and a node no URL reaches shows.
     let nodes = api.get_each("overview?columns=node");
+    // The report keeps each failure as text beside the node it is about.
     let cluster = api
         .get("nodes?columns=name")
+        .map_err(|err| err.to_string())
         .and_then(|listed| {
             let names: Option<Vec<String>> =
                 listed.as_ref().and_then(Value::as_array).map(|all| all.iter().filter_map(|n| n["name"].as_str().map(str::to_string)).collect());
@@ -255,7 +262,9 @@ pub fn read(api: &Management, name: &str) -> Result<PluginExchange, MigrateError
     let answered = answers
         .into_iter()
         .zip(nodes)
-        .map(|((url, exchange), (_, node))| (node.ok().flatten().and_then(|n| n["node"].as_str().map(str::to_string)).unwrap_or(url), exchange))
+        .map(|((url, exchange), (_, node))| {
+            (node.ok().flatten().and_then(|n| n["node"].as_str().map(str::to_string)).unwrap_or(url), exchange.map_err(|err| err.to_string()))
+        })
         .collect();
     Ok(PluginExchange {
         name: name.to_string(),
@@ -383,12 +392,20 @@ fn field_value(value: &Value) -> Option<FieldValue> {
     }
 }
 
-fn field_table(arguments: &Map<String, Value>) -> Result<FieldTable, String> {
+/// A binding argument hourglass cannot declare over AMQP (an array, say).
+#[derive(Debug, Error)]
+#[error("argument {key} = {value} is neither text, a whole number nor a boolean")]
+struct UndeclarableArgument {
+    key: String,
+    value: Value,
+}
+
+fn field_table(arguments: &Map<String, Value>) -> Result<FieldTable, UndeclarableArgument> {
     arguments
         .iter()
         .map(|(key, value)| match field_value(value) {
             Some(field) => Ok((key.clone(), field)),
-            None => Err(format!("argument {key} = {value} is neither text, a whole number nor a boolean")),
+            None => Err(UndeclarableArgument { key: key.clone(), value: value.clone() }),
         })
         .collect()
 }

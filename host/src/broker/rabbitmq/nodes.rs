@@ -98,33 +98,60 @@ fn redact_one(url: &str) -> String {
     }
 }
 
+/// Why no node of a URL list gave a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("no AMQP URL configured")]
+    NoUrl,
+    /// Each node tried (its redacted URL) and why it failed, in the order tried.
+    #[error("{}", describe_failures(.0))]
+    EveryNodeFailed(Vec<(String, NodeFailure)>),
+}
+
+/// Why one node gave no connection.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeFailure {
+    #[error(transparent)]
+    Refused(#[from] lapin::Error),
+    #[error("no connection within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// One node's failure as it is; several each behind the node they are about.
+fn describe_failures(failures: &[(String, NodeFailure)]) -> String {
+    match failures {
+        [(_, failure)] => failure.to_string(),
+        _ => failures.iter().map(|(node, failure)| format!("{node}: {failure}")).collect::<Vec<_>>().join("; "),
+    }
+}
+
 /// A connection to the first node of `urls` that answers, trying each once
 /// (each bounded by `timeout`); the redacted URL of the node it reached. The
 /// error says why each node failed.
-pub async fn connect(urls: &str, properties: ConnectionProperties, timeout: Duration) -> Result<(Connection, String), String> {
+pub async fn connect(urls: &str, properties: ConnectionProperties, timeout: Duration) -> Result<(Connection, String), ConnectError> {
     let nodes: Vec<&str> = each(urls).collect();
     if nodes.is_empty() {
-        return Err("no AMQP URL configured".into());
+        return Err(ConnectError::NoUrl);
     }
     let start = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut order: Vec<&str> = (0..nodes.len()).map(|offset| nodes[(start + offset) % nodes.len()]).collect();
     // Stable: the rotation stays among the healthy nodes, suspects go last.
     order.sort_by_key(|url| suspect(&redact_one(url)));
-    let mut reasons = Vec::new();
+    let mut failures = Vec::new();
     for url in order {
         let node = redact_one(url);
-        let reason = match tokio::time::timeout(timeout, Connection::connect(url, properties.clone())).await {
+        let failure = match tokio::time::timeout(timeout, Connection::connect(url, properties.clone())).await {
             Ok(Ok(connection)) => {
                 mark(&node, false);
                 return Ok((connection, node));
             }
-            Ok(Err(err)) => err.to_string(),
-            Err(_) => format!("no connection within {timeout:?}"),
+            Ok(Err(err)) => NodeFailure::Refused(err),
+            Err(_) => NodeFailure::TimedOut(timeout),
         };
         mark(&node, true);
-        reasons.push(if nodes.len() == 1 { reason } else { format!("{node}: {reason}") });
+        failures.push((node, failure));
     }
-    Err(reasons.join("; "))
+    Err(ConnectError::EveryNodeFailed(failures))
 }
 
 #[cfg(test)]
@@ -167,7 +194,7 @@ mod tests {
         let closed = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let (a, b) = (closed(), closed());
         let urls = format!("amqp://guest:secret@127.0.0.1:{a}/%2f,amqp://guest:secret@127.0.0.1:{b}/%2f");
-        let err = connect(&urls, ConnectionProperties::default(), Duration::from_secs(2)).await.expect_err("nothing listens");
+        let err = connect(&urls, ConnectionProperties::default(), Duration::from_secs(2)).await.expect_err("nothing listens").to_string();
         assert!(err.contains(&format!("127.0.0.1:{a}")) && err.contains(&format!("127.0.0.1:{b}")), "{err}");
         assert!(!err.contains("secret"), "{err}");
     }

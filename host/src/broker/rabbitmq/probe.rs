@@ -189,8 +189,8 @@ impl ProbeResult {
 
 #[derive(Debug, Error)]
 pub enum ProbeError {
-    #[error("cannot probe RabbitMQ at {url}: {reason}")]
-    Unavailable { url: String, reason: String },
+    #[error("cannot probe RabbitMQ at {url}: {source}")]
+    Unavailable { url: String, source: nodes::ConnectError },
 }
 
 /// Sends one message through each of `mechanisms` on a private topology
@@ -205,7 +205,7 @@ pub async fn probe(amqp_url: &str, mechanisms: &[Mechanism]) -> Result<Vec<Probe
     }
     let properties = ConnectionProperties::default().with_connection_name("hourglass probe".into());
     let (connection, _) =
-        nodes::connect(amqp_url, properties, CONNECT_TIMEOUT).await.map_err(|reason| ProbeError::Unavailable { url: redact(amqp_url), reason })?;
+        nodes::connect(amqp_url, properties, CONNECT_TIMEOUT).await.map_err(|source| ProbeError::Unavailable { url: redact(amqp_url), source })?;
     let prefix = format!("{PROBE_PREFIX}.{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let quorum_source = mechanisms.contains(&Mechanism::AtLeastOnce);
     let results = join_all(mechanisms.iter().map(|&mechanism| run(&connection, Route::new(&prefix, mechanism, quorum_source)))).await;

@@ -315,7 +315,7 @@ impl RabbitMqExecutor {
         if envelope.stamp_message_id && message.message_id.is_none() {
             message.message_id = Some(envelope.id.clone());
         }
-        let mut properties = to_amqp_properties(&message).map_err(invalid)?;
+        let mut properties = to_amqp_properties(&message).map_err(|too_long| invalid(too_long.to_string()))?;
         if let Some(ms) = expiration_ms {
             properties = properties.with_expiration(ms.to_string().into());
         }

@@ -83,7 +83,7 @@ pub async fn read(
 /// A connection with a consumer of `stream` from offset `from`.
 async fn attach(url: &str, stream: &str, from: u64) -> Result<(Connection, lapin::Consumer), ExecutorError> {
     let unavailable = |e: String| ExecutorError::Unavailable(format!("RabbitMQ at {}: reading stream {stream}: {e}", redact(url)));
-    let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT).await.map_err(unavailable)?;
+    let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT).await.map_err(|e| unavailable(e.to_string()))?;
     let subscribe = async {
         let channel = create_channel(&connection).await?;
         channel.basic_qos(READ_AHEAD, BasicQosOptions::default()).await?;

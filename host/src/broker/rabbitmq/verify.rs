@@ -15,7 +15,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::broker::rabbitmq::link::{create_channel, parting};
-use crate::broker::rabbitmq::manage::{Management, vhost_of};
+use crate::broker::rabbitmq::manage::{Management, ManagementError, vhost_of};
 use crate::broker::rabbitmq::redact;
 use crate::command::{Command, FieldTable, FieldValue};
 
@@ -68,7 +68,7 @@ fn compare_arguments(wanted: &FieldTable, actual: &Value) -> Vec<String> {
     problems
 }
 
-fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<Drift>, String> {
+fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<Drift>, ManagementError> {
     let mut drifts = Vec::new();
     let mut drift = |object: String, problem: String| drifts.push(Drift { object, problem });
     for command in commands {
@@ -168,7 +168,7 @@ pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Co
     let management_url = crate::broker::rabbitmq::manage::management_url(amqp_url, management_url);
     let mut fallback_reason = "no management URL".to_string();
     if let Some(url) = management_url {
-        let api = Management::new(&url, vhost_of(amqp_url)).map_err(VerifyError::Unavailable)?;
+        let api = Management::new(&url, vhost_of(amqp_url)).map_err(|e| VerifyError::Unavailable(e.to_string()))?;
         let commands = commands.to_vec();
         let outcome = tokio::task::spawn_blocking(move || {
             // Reachability first, so a closed port means "fall back", not "drift".
@@ -180,7 +180,7 @@ pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Co
             Ok(drifts) => {
                 return Ok(Report { method: format!("management API at {}", redact(&url)), checked, unchecked: 0, drifts });
             }
-            Err(reason) => fallback_reason = redact(&reason),
+            Err(reason) => fallback_reason = redact(&reason.to_string()),
         }
     }
     let (drifts, unchecked) = verify_with_passive_declares(amqp_url, commands).await?;
