@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
 use hourglass::broker::sqs::dead_letters::dead_letter_queue;
-use hourglass::broker::sqs::pump::{DueHandler, Pump};
+use hourglass::broker::sqs::pump::{DueError, DueHandler, Pump};
 use hourglass::broker::sqs::pumped::{PARKED_REASON_ATTRIBUTE, PumpSettings};
 use hourglass::command::{DueAction, DueMessage};
 use hourglass::scheduler::ScheduleRequest;
@@ -264,7 +264,7 @@ impl DueHandler for Slow {
         self.0.label()
     }
 
-    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String> {
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError> {
         std::thread::sleep(self.1);
         self.0.handle_due(message)
     }

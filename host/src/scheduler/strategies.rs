@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::broker::sqs::pump::DueHandler;
+use crate::broker::sqs::pump::{DueError, DueHandler};
 use crate::command::{DueAction, DueMessage};
 use crate::config::{Config, Location, UnknownStrategy};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
@@ -113,8 +113,8 @@ impl DueHandler for LoadedPlanner {
         LoadedPlanner::label(self)
     }
 
-    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String> {
-        LoadedPlanner::handle_due(self, message).map_err(|e| e.to_string())
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError> {
+        Ok(LoadedPlanner::handle_due(self, message)?)
     }
 }
 

@@ -290,7 +290,7 @@ impl CancelLog {
 
     /// Reads the log until `stop`; `Err` when the connection was lost (the
     /// supervisor runs it again, and it goes on from where it was).
-    pub async fn read(self: Arc<Self>, stop: watch::Receiver<bool>) -> Result<(), String> {
+    pub async fn read(self: Arc<Self>, stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
         let (entries, mut received) = mpsc::channel(1_024);
         let from = self.lock().next_offset;
         let reader = stream::read(&self.url, &self.stream, from, entries, stop, &self.attached);
@@ -301,7 +301,7 @@ impl CancelLog {
         };
         let (result, ()) = tokio::join!(reader, applying);
         self.attached.store(false, Ordering::Relaxed);
-        result.map_err(|e| e.to_string())
+        result
     }
 }
 

@@ -32,7 +32,7 @@
 use std::sync::Arc;
 
 use crate::broker::{Broker, ExecutorError};
-use crate::clock::parse_rfc3339_ms;
+use crate::clock::{TimeError, parse_rfc3339_ms};
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{DelayedExchangeConfig, IngressConfig};
 use crate::headers::{
@@ -149,7 +149,7 @@ impl Handler for Ingress {
         };
         let mut request = match parsed {
             Ok(request) => request,
-            Err(reason) => return (self.set_aside(&reason), ()),
+            Err(invalid) => return (self.set_aside(&invalid.to_string()), ()),
         };
         if self.plain_headers {
             let typed = std::mem::take(&mut request.properties.headers);
@@ -194,59 +194,95 @@ impl Handler for Ingress {
     }
 }
 
+/// Why an ingress message asks for no schedule request hourglass can make: it
+/// is set aside with this as its reason.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidRequest {
+    #[error("header {0}: must be a non-empty string")]
+    EmptyOrNotText(&'static str),
+    #[error("header {0}: must be a string")]
+    NotText(&'static str),
+    #[error("missing header {DESTINATION_HEADER} (a queue) or {EXCHANGE_HEADER} (an exchange)")]
+    NoDestination,
+    #[error("headers {DESTINATION_HEADER} and {EXCHANGE_HEADER}: give one, not both")]
+    TwoDestinations,
+    #[error("header {ROUTING_KEY_HEADER}: only with {EXCHANGE_HEADER}; a queue is reached by its name")]
+    RoutingKeyWithoutExchange,
+    #[error("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds) or {DELIVER_AT_HEADER} (an RFC 3339 time)")]
+    NoDelay,
+    #[error("headers {REQUESTED_DELAY_HEADER} and {DELIVER_AT_HEADER}: give one, not both")]
+    TwoDelays,
+    /// The SDK's reason the duration does not parse.
+    #[error("header {REQUESTED_DELAY_HEADER}: {0}")]
+    Duration(String),
+    #[error("header {REQUESTED_DELAY_HEADER}: {0:?} is neither a duration string nor whole milliseconds")]
+    DelayNotDuration(HeaderValue),
+    #[error("header {DELIVER_AT_HEADER}: {0}")]
+    DeliverAt(#[source] TimeError),
+    #[error("header {DELIVER_AT_HEADER}: {0:?} is neither an RFC 3339 time nor whole Unix milliseconds")]
+    DeliverAtNotTime(HeaderValue),
+    #[error("header {header}: {number} is not a whole number of milliseconds from 0 up")]
+    NotWholeMs { header: &'static str, number: i128 },
+    #[error(
+        "header {0:?} is reserved: only {DESTINATION_HEADER}, {EXCHANGE_HEADER}, {ROUTING_KEY_HEADER}, {REQUESTED_DELAY_HEADER}, {DELIVER_AT_HEADER} and {STRATEGY_HEADER} may be set by a producer"
+    )]
+    Reserved(String),
+    #[error("header {X_DELAY_HEADER}: {0:?} is not a whole number of milliseconds")]
+    XDelayText(String),
+    #[error("header {X_DELAY_HEADER}: {0:?} is not a whole number of milliseconds")]
+    XDelayValue(HeaderValue),
+    #[error("header {X_DELAY_HEADER}: {0} ms is too large")]
+    XDelayTooLarge(i128),
+}
+
 /// The schedule request an ingress message asks for, or why it is invalid.
 /// The control headers are removed; every other header and property is kept
 /// as it came, with its AMQP type.
-fn parse(delivery: &Delivery) -> Result<ScheduleRequest, String> {
+fn parse(delivery: &Delivery) -> Result<ScheduleRequest, InvalidRequest> {
     parse_parts(delivery.properties.clone(), &delivery.body)
 }
 
-fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleRequest, String> {
+fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleRequest, InvalidRequest> {
     let headers = &mut properties.headers;
-    let text =
-        |header: &str, value: HeaderValue| value.as_text().filter(|d| !d.is_empty()).ok_or_else(|| format!("header {header}: must be a non-empty string"));
+    let text = |header: &'static str, value: HeaderValue| value.as_text().filter(|d| !d.is_empty()).ok_or(InvalidRequest::EmptyOrNotText(header));
     // A queue, or an exchange with the routing key its bindings route by: exactly one of the two.
     let (destination, exchange) = match (headers.remove(DESTINATION_HEADER), headers.remove(EXCHANGE_HEADER)) {
-        (None, None) => return Err(format!("missing header {DESTINATION_HEADER} (a queue) or {EXCHANGE_HEADER} (an exchange)")),
-        (Some(_), Some(_)) => return Err(format!("headers {DESTINATION_HEADER} and {EXCHANGE_HEADER}: give one, not both")),
+        (None, None) => return Err(InvalidRequest::NoDestination),
+        (Some(_), Some(_)) => return Err(InvalidRequest::TwoDestinations),
         (Some(value), None) => (text(DESTINATION_HEADER, value)?, None),
         (None, Some(value)) => (String::new(), Some(text(EXCHANGE_HEADER, value)?)),
     };
     let routing_key = match headers.remove(ROUTING_KEY_HEADER) {
         None => None,
-        Some(_) if exchange.is_none() => return Err(format!("header {ROUTING_KEY_HEADER}: only with {EXCHANGE_HEADER}; a queue is reached by its name")),
-        Some(value) => Some(value.as_text().ok_or_else(|| format!("header {ROUTING_KEY_HEADER}: must be a string"))?),
+        Some(_) if exchange.is_none() => return Err(InvalidRequest::RoutingKeyWithoutExchange),
+        Some(value) => Some(value.as_text().ok_or(InvalidRequest::NotText(ROUTING_KEY_HEADER))?),
     };
     let (delay_ms, deliver_at_ms) = match (headers.remove(REQUESTED_DELAY_HEADER), headers.remove(DELIVER_AT_HEADER)) {
-        (None, None) => {
-            return Err(format!("missing header {REQUESTED_DELAY_HEADER} (\"10s\" or milliseconds) or {DELIVER_AT_HEADER} (an RFC 3339 time)"));
-        }
-        (Some(_), Some(_)) => return Err(format!("headers {REQUESTED_DELAY_HEADER} and {DELIVER_AT_HEADER}: give one, not both")),
+        (None, None) => return Err(InvalidRequest::NoDelay),
+        (Some(_), Some(_)) => return Err(InvalidRequest::TwoDelays),
         (Some(value), None) => (
             match (value.as_text(), value.as_whole_number()) {
-                (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(|e| format!("header {REQUESTED_DELAY_HEADER}: {e}"))?,
+                (Some(text), _) => hourglass_planner_sdk::parse_duration_ms(&text).map_err(InvalidRequest::Duration)?,
                 (None, Some(ms)) => whole_ms(REQUESTED_DELAY_HEADER, ms)?,
-                (None, None) => return Err(format!("header {REQUESTED_DELAY_HEADER}: {value:?} is neither a duration string nor whole milliseconds")),
+                (None, None) => return Err(InvalidRequest::DelayNotDuration(value)),
             },
             None,
         ),
         (None, Some(value)) => (
             0,
             Some(match (value.as_text(), value.as_whole_number()) {
-                (Some(text), _) => parse_rfc3339_ms(&text).map_err(|e| format!("header {DELIVER_AT_HEADER}: {e}"))?,
+                (Some(text), _) => parse_rfc3339_ms(&text).map_err(InvalidRequest::DeliverAt)?,
                 (None, Some(ms)) => whole_ms(DELIVER_AT_HEADER, ms)?,
-                (None, None) => return Err(format!("header {DELIVER_AT_HEADER}: {value:?} is neither an RFC 3339 time nor whole Unix milliseconds")),
+                (None, None) => return Err(InvalidRequest::DeliverAtNotTime(value)),
             }),
         ),
     };
     let strategy = match headers.remove(STRATEGY_HEADER) {
         None => None,
-        Some(value) => Some(value.as_text().ok_or_else(|| format!("header {STRATEGY_HEADER}: must be a string"))?),
+        Some(value) => Some(value.as_text().ok_or(InvalidRequest::NotText(STRATEGY_HEADER))?),
     };
     if let Some(reserved) = headers.keys().find(|k| is_reserved(k)) {
-        return Err(format!(
-            "header {reserved:?} is reserved: only {DESTINATION_HEADER}, {EXCHANGE_HEADER}, {ROUTING_KEY_HEADER}, {REQUESTED_DELAY_HEADER}, {DELIVER_AT_HEADER} and {STRATEGY_HEADER} may be set by a producer"
-        ));
+        return Err(InvalidRequest::Reserved(reserved.clone()));
     }
     Ok(ScheduleRequest {
         destination,
@@ -283,19 +319,17 @@ pub fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfi
 /// negative meaning at once; due through `deliver_to` with the routing key it
 /// was published with, every header and property kept. A delay that is not a
 /// whole number is refused (the plugin would deliver it at once), naming the header.
-pub fn parse_delayed(delivery: &Delivery, exchange: &DelayedExchangeConfig) -> Result<ScheduleRequest, String> {
+pub fn parse_delayed(delivery: &Delivery, exchange: &DelayedExchangeConfig) -> Result<ScheduleRequest, InvalidRequest> {
     let properties = delivery.properties.clone();
     let delay_ms = match properties.headers.get(X_DELAY_HEADER) {
         None => 0,
         Some(value) => {
             let number = match (value.as_whole_number(), value.as_text()) {
                 (Some(number), _) => number,
-                (None, Some(text)) => {
-                    text.trim().parse::<i128>().map_err(|_| format!("header {X_DELAY_HEADER}: {text:?} is not a whole number of milliseconds"))?
-                }
-                (None, None) => return Err(format!("header {X_DELAY_HEADER}: {value:?} is not a whole number of milliseconds")),
+                (None, Some(text)) => text.trim().parse::<i128>().map_err(|_| InvalidRequest::XDelayText(text))?,
+                (None, None) => return Err(InvalidRequest::XDelayValue(value.clone())),
             };
-            u64::try_from(number.max(0)).map_err(|_| format!("header {X_DELAY_HEADER}: {number} ms is too large"))?
+            u64::try_from(number.max(0)).map_err(|_| InvalidRequest::XDelayTooLarge(number))?
         }
     };
     Ok(ScheduleRequest {
@@ -310,8 +344,8 @@ pub fn parse_delayed(delivery: &Delivery, exchange: &DelayedExchangeConfig) -> R
 }
 
 /// A header's whole number as milliseconds: a delay, or a Unix time.
-fn whole_ms(header: &str, number: i128) -> Result<u64, String> {
-    u64::try_from(number).map_err(|_| format!("header {header}: {number} is not a whole number of milliseconds from 0 up"))
+fn whole_ms(header: &'static str, number: i128) -> Result<u64, InvalidRequest> {
+    u64::try_from(number).map_err(|_| InvalidRequest::NotWholeMs { header, number })
 }
 
 #[cfg(test)]
@@ -436,7 +470,7 @@ mod tests {
             ),
         ];
         for (headers, want) in cases {
-            let err = parse_parts(properties(&headers), b"").unwrap_err();
+            let err = parse_parts(properties(&headers), b"").unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should mention {want:?}");
         }
     }

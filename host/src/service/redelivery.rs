@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::broker::{Broker, ExecutorError};
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
@@ -232,14 +233,14 @@ impl Redelivery {
     }
 
     /// Sets the broker policy that gives an existing queue its dead-letter exchange.
-    pub fn apply_broker_policy(&self, management: &crate::broker::rabbitmq::manage::Management, queue: &str) -> Result<(), String> {
+    pub fn apply_broker_policy(&self, management: &Management, queue: &str) -> Result<(), ManagementError> {
         let policy = serde_json::json!({
             "pattern": format!("^{}$", regex_escape(queue)),
             "definition": { "dead-letter-exchange": self.input },
             "apply-to": "queues",
             "priority": 10,
         });
-        management.put_policy(&policy_name(queue), &policy).map_err(|e| e.to_string())
+        management.put_policy(&policy_name(queue), &policy)
     }
 }
 
@@ -270,12 +271,23 @@ fn regex_escape(text: &str) -> String {
     out
 }
 
+/// Why a message in the redelivery input is not a failure hourglass redelivers:
+/// it is set aside with this as its reason.
+#[derive(Debug, thiserror::Error)]
+enum NotRedeliverable {
+    #[error("no x-death header: not dead-lettered by the broker")]
+    NotDeadLettered,
+    /// `seen`: the queues its x-death entries name.
+    #[error("x-death names no queue configured for redelivery (it names: {})", .seen.join(", "))]
+    UnknownQueue { seen: Vec<String> },
+}
+
 /// Reads the failure from the death headers: the most recent `x-death` entry
 /// for a queue `is_known` claims (the broker puts the most recent first).
-fn read_failure(properties: &Properties, is_known: impl Fn(&str) -> bool) -> Result<Failure, String> {
+fn read_failure(properties: &Properties, is_known: impl Fn(&str) -> bool) -> Result<Failure, NotRedeliverable> {
     let headers = &properties.headers;
     let Some(HeaderValue::Array(deaths)) = headers.get("x-death") else {
-        return Err("no x-death header: not dead-lettered by the broker".into());
+        return Err(NotRedeliverable::NotDeadLettered);
     };
     let entries = deaths.iter().filter_map(|d| match d {
         HeaderValue::Table(t) => Some(t),
@@ -298,7 +310,7 @@ fn read_failure(properties: &Properties, is_known: impl Fn(&str) -> bool) -> Res
         let attempt = from_header.or(from_count).unwrap_or(1).clamp(1, u32::MAX as i128) as u32;
         return Ok(Failure { queue, reason, routing_key, attempt });
     }
-    Err(format!("x-death names no queue configured for redelivery (it names: {})", seen.join(", ")))
+    Err(NotRedeliverable::UnknownQueue { seen })
 }
 
 /// The properties for the next attempt: as they were, minus the broker's
@@ -366,7 +378,7 @@ impl Handler for Redelivery {
             Ok(failure) => failure,
             Err(why) => {
                 tracing::warn!(queue = %self.unknown_queue(), %why, "setting aside a message in the redelivery input");
-                return (self.set_aside(&why), Handled::Unknown);
+                return (self.set_aside(&why.to_string()), Handled::Unknown);
             }
         };
         let entry = &self.queues[&failure.queue];
@@ -500,9 +512,9 @@ mod tests {
     #[test]
     fn a_message_from_an_unconfigured_queue_is_not_claimed() {
         let properties = dead_lettered(vec![death("other", "rejected", 1, "k")], &[]);
-        let err = read_failure(&properties, |q| q == "orders").unwrap_err();
+        let err = read_failure(&properties, |q| q == "orders").unwrap_err().to_string();
         assert!(err.contains("other"), "{err}");
-        assert!(read_failure(&Properties::default(), |_| true).unwrap_err().contains("no x-death"));
+        assert!(read_failure(&Properties::default(), |_| true).unwrap_err().to_string().contains("no x-death"));
     }
 
     #[test]

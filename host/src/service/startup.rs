@@ -154,7 +154,10 @@ impl Service {
         }
         if let Some(log) = &background.cancel {
             let (reader, probe, stop) = (log.clone(), log.clone(), background.stop.subscribe());
-            background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || reader.clone().read(stop.clone()));
+            background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || {
+                let read = reader.clone().read(stop.clone());
+                async move { Ok(read.await?) }
+            });
         }
         per_strategy.supervise(background);
         supervise_sqs_cancellation(&service, sqs_releases);
@@ -474,7 +477,7 @@ async fn start_pumps(service: Arc<Service>, mut reported: mpsc::UnboundedReceive
                     .clocked(clock);
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
                 metrics.watch_pump(&pumped.queue, pump.counters.clone());
-                pump.run(stop).await.map_err(|e| format!("pump stopped: {e}"))
+                pump.run(stop).await.map_err(|e| format!("pump stopped: {e}").into())
             }
         });
     }

@@ -61,6 +61,10 @@ impl Task {
     }
 }
 
+/// Why a supervised task stopped: any error, its text shown on `/readyz` as
+/// the task's reason (a `String` or `&str` converts with `.into()`).
+pub type TaskError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The supervised tasks of one service.
 pub struct Supervisor {
     metrics: Arc<Metrics>,
@@ -80,7 +84,7 @@ impl Supervisor {
     pub fn spawn<F, Fut>(&self, name: impl Into<String>, probe: Option<Probe>, make: F)
     where
         F: FnMut() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<(), String>> + Send + 'static,
+        Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
     {
         let task = Arc::new(Task { name: name.into(), down: Mutex::new(Some("starting".into())), probe });
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task.clone());
@@ -110,7 +114,7 @@ impl Supervisor {
 async fn supervise<F, Fut>(task: Arc<Task>, mut make: F, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>)
 where
     F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), String>> + Send + 'static,
+    Fut: Future<Output = Result<(), TaskError>> + Send + 'static,
 {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     while !*stop.borrow() {
@@ -130,7 +134,7 @@ where
         }
         let reason = match outcome {
             Ok(Ok(())) => "ended while the service was running".to_string(),
-            Ok(Err(err)) => err,
+            Ok(Err(err)) => err.to_string(),
             Err(join) if join.is_panic() => format!("panicked: {}", panic_text(join.into_panic())),
             Err(join) => format!("cancelled: {join}"),
         };
@@ -217,7 +221,7 @@ mod tests {
         let supervisor = Supervisor::new(metrics.clone(), stop);
         // Taken before the first attempt, so both waits fall inside the measured span.
         let started = Instant::now();
-        supervisor.spawn("pump:q", None, || async { Err("queue gone".to_string()) });
+        supervisor.spawn("pump:q", None, || async { Err("queue gone".into()) });
         until("the failure seen", || supervisor.down().iter().any(|d| d.reason == "queue gone")).await;
         assert_eq!(supervisor.down(), vec![Down { task: "pump:q".into(), reason: "queue gone".into() }]);
         // Backoff steps of 250 ms, then 500 ms, each wait at least half its step: two more attempts take at least 0.375 s.

@@ -62,8 +62,17 @@ pub enum BundleError {
     Format(u32),
     #[error("the bundle says it holds {declared:?} messages and holds {held}; a bundle holds at least two")]
     Count { declared: Option<String>, held: usize },
-    #[error("bundled attribute {name:?}: {reason}")]
-    Attribute { name: String, reason: String },
+    #[error("bundled attribute {name:?}: {source}")]
+    Attribute { name: String, source: AttributeError },
+}
+
+/// Why a bundled attribute cannot be turned back into SQS's.
+#[derive(Debug, Error)]
+pub enum AttributeError {
+    #[error("binary value: {0}")]
+    Binary(#[source] base64::DecodeError),
+    #[error(transparent)]
+    Build(#[from] aws_sdk_sqs::error::BuildError),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -89,8 +98,8 @@ impl Bundled {
                 Ok(value) => {
                     attributes.insert(name.clone(), value);
                 }
-                Err(reason) => {
-                    damaged.get_or_insert(BundleError::Attribute { name: name.clone(), reason });
+                Err(source) => {
+                    damaged.get_or_insert(BundleError::Attribute { name: name.clone(), source });
                 }
             }
         }
@@ -107,14 +116,9 @@ impl Attribute {
         }
     }
 
-    fn to_sqs(&self) -> Result<MessageAttributeValue, String> {
-        let binary = self.binary.as_deref().map(|b| BASE64.decode(b).map(Blob::new)).transpose().map_err(|e| format!("binary value: {e}"))?;
-        MessageAttributeValue::builder()
-            .data_type(&self.data_type)
-            .set_string_value(self.text.clone())
-            .set_binary_value(binary)
-            .build()
-            .map_err(|e| e.to_string())
+    fn to_sqs(&self) -> Result<MessageAttributeValue, AttributeError> {
+        let binary = self.binary.as_deref().map(|b| BASE64.decode(b).map(Blob::new)).transpose().map_err(AttributeError::Binary)?;
+        Ok(MessageAttributeValue::builder().data_type(&self.data_type).set_string_value(self.text.clone()).set_binary_value(binary).build()?)
     }
 }
 

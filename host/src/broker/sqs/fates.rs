@@ -99,13 +99,21 @@ pub enum Entry {
     Released,
 }
 
+/// A fates-queue attribute hourglass did not write.
+#[derive(Debug, thiserror::Error)]
+#[error("{FATE_ATTRIBUTE} attribute {text:?} is not an entry: {source}")]
+pub struct NotAnEntry {
+    pub text: String,
+    pub source: serde_json::Error,
+}
+
 impl Entry {
     pub fn encode(&self) -> String {
         serde_json::to_string(self).expect("an entry is plain data")
     }
 
-    pub fn decode(text: &str) -> Result<Entry, String> {
-        serde_json::from_str(text).map_err(|e| format!("{FATE_ATTRIBUTE} attribute {text:?} is not an entry: {e}"))
+    pub fn decode(text: &str) -> Result<Entry, NotAnEntry> {
+        serde_json::from_str(text).map_err(|source| NotAnEntry { text: text.to_string(), source })
     }
 
     /// Who waits for the answer to this entry, and under which token.

@@ -73,20 +73,67 @@ pub fn to_attributes(properties: &Properties) -> Result<HashMap<String, MessageA
     Ok(attributes)
 }
 
+/// Why an `hourglass-properties` attribute cannot be read: hourglass did not write it.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedProperties {
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: not a JSON object")]
+    NotAnObject,
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: {0} is not text")]
+    NotText(String),
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: priority is not 0-255")]
+    Priority,
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: timestamp is not whole seconds")]
+    Timestamp,
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: headers: {0}")]
+    Headers(#[source] MalformedHeader),
+    #[error("attribute {PROPERTIES_ATTRIBUTE}: unknown property {0:?}")]
+    UnknownProperty(String),
+}
+
+/// Why a header in `hourglass-properties` is not one of its typed values.
+#[derive(Debug, thiserror::Error)]
+pub enum MalformedHeader {
+    #[error("not an object")]
+    NotAnObject,
+    /// Named by the path down to it: `outer: inner: …`.
+    #[error("{name}: {source}")]
+    In { name: String, source: Box<MalformedHeader> },
+    #[error("not a typed value")]
+    NotTyped,
+    #[error("a typed value has exactly one key")]
+    NotOneKey,
+    /// `expected`: "an integer", "a whole number" or "text".
+    #[error("{kind} value {value} is not {expected}")]
+    WrongValue { kind: String, value: Value, expected: &'static str },
+    #[error("{kind} value {value}: {source}")]
+    OutOfRange { kind: String, value: Value, source: std::num::TryFromIntError },
+    #[error("{kind}: {source}")]
+    NotBase64 { kind: String, source: base64::DecodeError },
+    #[error("bool value is not a boolean")]
+    NotBoolean,
+    #[error("array value is not an array")]
+    NotArray,
+    #[error("decimal {0} needs scale and value")]
+    Decimal(Value),
+    #[error("unknown type {0:?}")]
+    UnknownType(String),
+}
+
 /// The properties a message's attributes carry. A malformed `hourglass-properties`
 /// (not written by hourglass) is an error naming it.
-pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> Result<Properties, String> {
+pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> Result<Properties, MalformedProperties> {
     let mut properties =
         Properties { content_type: attributes.get(CONTENT_TYPE_ATTRIBUTE).and_then(|v| v.string_value()).map(str::to_string), ..Default::default() };
     let Some(json) = attributes.get(PROPERTIES_ATTRIBUTE).and_then(|v| v.string_value()) else {
         return Ok(properties);
     };
-    let bad = |why: &str| format!("attribute {PROPERTIES_ATTRIBUTE}: {why}");
-    let Value::Object(rest) = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))? else {
-        return Err(bad("not a JSON object"));
+    let Value::Object(rest) = serde_json::from_str(json).map_err(MalformedProperties::NotJson)? else {
+        return Err(MalformedProperties::NotAnObject);
     };
     for (name, value) in rest {
-        let text = || value.as_str().map(str::to_string).ok_or_else(|| bad(&format!("{name} is not text")));
+        let text = || value.as_str().map(str::to_string).ok_or_else(|| MalformedProperties::NotText(name.clone()));
         match name.as_str() {
             "content-encoding" => properties.content_encoding = Some(text()?),
             "correlation-id" => properties.correlation_id = Some(text()?),
@@ -95,10 +142,10 @@ pub fn from_attributes(attributes: &HashMap<String, MessageAttributeValue>) -> R
             "type" => properties.kind = Some(text()?),
             "user-id" => properties.user_id = Some(text()?),
             "app-id" => properties.app_id = Some(text()?),
-            "priority" => properties.priority = Some(value.as_u64().and_then(|p| u8::try_from(p).ok()).ok_or_else(|| bad("priority is not 0-255"))?),
-            "timestamp" => properties.timestamp = Some(value.as_u64().ok_or_else(|| bad("timestamp is not whole seconds"))?),
-            "headers" => properties.headers = headers_from_json(&value).map_err(|e| bad(&format!("headers: {e}")))?,
-            _ => return Err(bad(&format!("unknown property {name:?}"))),
+            "priority" => properties.priority = Some(value.as_u64().and_then(|p| u8::try_from(p).ok()).ok_or(MalformedProperties::Priority)?),
+            "timestamp" => properties.timestamp = Some(value.as_u64().ok_or(MalformedProperties::Timestamp)?),
+            "headers" => properties.headers = headers_from_json(&value).map_err(MalformedProperties::Headers)?,
+            _ => return Err(MalformedProperties::UnknownProperty(name)),
         }
     }
     Ok(properties)
@@ -139,24 +186,25 @@ fn value_to_json(value: &HeaderValue) -> Value {
     }
 }
 
-fn headers_from_json(value: &Value) -> Result<Headers, String> {
-    let Value::Object(map) = value else { return Err("not an object".into()) };
-    map.iter().map(|(k, v)| Ok((k.clone(), value_from_json(v).map_err(|e| format!("{k}: {e}"))?))).collect()
+fn headers_from_json(value: &Value) -> Result<Headers, MalformedHeader> {
+    let Value::Object(map) = value else { return Err(MalformedHeader::NotAnObject) };
+    map.iter().map(|(k, v)| Ok((k.clone(), value_from_json(v).map_err(|e| MalformedHeader::In { name: k.clone(), source: Box::new(e) })?))).collect()
 }
 
-fn value_from_json(value: &Value) -> Result<HeaderValue, String> {
-    let Value::Object(map) = value else { return Err("not a typed value".into()) };
+fn value_from_json(value: &Value) -> Result<HeaderValue, MalformedHeader> {
+    let Value::Object(map) = value else { return Err(MalformedHeader::NotTyped) };
     let mut entries = map.iter();
     let (Some((kind, v)), None) = (entries.next(), entries.next()) else {
-        return Err("a typed value has exactly one key".into());
+        return Err(MalformedHeader::NotOneKey);
     };
-    let int = || v.as_i64().ok_or_else(|| format!("{kind} value {v} is not an integer"));
-    let unsigned = || v.as_u64().ok_or_else(|| format!("{kind} value {v} is not a whole number"));
-    let text = || v.as_str().ok_or_else(|| format!("{kind} value {v} is not text"));
-    let fits = |e: std::num::TryFromIntError| format!("{kind} value {v}: {e}");
-    let base64 = |s: &str| BASE64.decode(s).map_err(|e| format!("{kind}: {e}"));
+    let wrong = |expected| MalformedHeader::WrongValue { kind: kind.clone(), value: v.clone(), expected };
+    let int = || v.as_i64().ok_or_else(|| wrong("an integer"));
+    let unsigned = || v.as_u64().ok_or_else(|| wrong("a whole number"));
+    let text = || v.as_str().ok_or_else(|| wrong("text"));
+    let fits = |source| MalformedHeader::OutOfRange { kind: kind.clone(), value: v.clone(), source };
+    let base64 = |s: &str| BASE64.decode(s).map_err(|source| MalformedHeader::NotBase64 { kind: kind.clone(), source });
     Ok(match kind.as_str() {
-        "bool" => HeaderValue::Bool(v.as_bool().ok_or("bool value is not a boolean")?),
+        "bool" => HeaderValue::Bool(v.as_bool().ok_or(MalformedHeader::NotBoolean)?),
         "i8" => HeaderValue::I8(int()?.try_into().map_err(fits)?),
         "u8" => HeaderValue::U8(unsigned()?.try_into().map_err(fits)?),
         "i16" => HeaderValue::I16(int()?.try_into().map_err(fits)?),
@@ -169,7 +217,7 @@ fn value_from_json(value: &Value) -> Result<HeaderValue, String> {
         "decimal" => {
             let scale = v.get("scale").and_then(Value::as_u64).and_then(|s| u8::try_from(s).ok());
             let value = v.get("value").and_then(Value::as_u64).and_then(|s| u32::try_from(s).ok());
-            let (Some(scale), Some(value)) = (scale, value) else { return Err(format!("decimal {v} needs scale and value")) };
+            let (Some(scale), Some(value)) = (scale, value) else { return Err(MalformedHeader::Decimal(v.clone())) };
             HeaderValue::Decimal { scale, value }
         }
         "short-text" => HeaderValue::ShortText(text()?.to_string()),
@@ -177,10 +225,10 @@ fn value_from_json(value: &Value) -> Result<HeaderValue, String> {
         "text-bytes" => HeaderValue::Text(base64(text()?)?),
         "bytes" => HeaderValue::Bytes(base64(text()?)?),
         "timestamp" => HeaderValue::Timestamp(unsigned()?),
-        "array" => HeaderValue::Array(v.as_array().ok_or("array value is not an array")?.iter().map(value_from_json).collect::<Result<_, _>>()?),
+        "array" => HeaderValue::Array(v.as_array().ok_or(MalformedHeader::NotArray)?.iter().map(value_from_json).collect::<Result<_, _>>()?),
         "table" => HeaderValue::Table(headers_from_json(v)?),
         "void" => HeaderValue::Void,
-        other => return Err(format!("unknown type {other:?}")),
+        other => return Err(MalformedHeader::UnknownType(other.to_string())),
     })
 }
 
@@ -250,7 +298,7 @@ mod tests {
     fn a_malformed_properties_attribute_is_named() {
         let attributes: HashMap<String, MessageAttributeValue> =
             [(PROPERTIES_ATTRIBUTE.to_string(), attribute("String", "{\"priority\": 900}".into()).unwrap())].into();
-        let err = from_attributes(&attributes).unwrap_err();
+        let err = from_attributes(&attributes).unwrap_err().to_string();
         assert!(err.contains("hourglass-properties") && err.contains("priority"), "{err}");
     }
 }

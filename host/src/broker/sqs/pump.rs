@@ -62,11 +62,26 @@ pub enum Interrupt {
     AfterSendBeforeDelete,
 }
 
+/// Why a [`DueHandler`] could not decide: whatever error its planner has,
+/// kept whole (the pump does not depend on the planner's types).
+pub type DueError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Decides what happens to a due message: the strategy's planner, as the pump sees it.
 pub trait DueHandler: Send + Sync {
     /// Who decides, for error messages.
     fn label(&self) -> &str;
-    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, String>;
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError>;
+}
+
+/// Why a due message can never go on: it is parked with this as its reason.
+#[derive(Debug, thiserror::Error)]
+enum Undeliverable {
+    #[error("planner {planner}: {source}")]
+    Planner { planner: String, source: DueError },
+    #[error("planner {planner} answered with a command the pump cannot send")]
+    NotAnSqsSend { planner: String },
+    #[error(transparent)]
+    Entry(#[from] ExecutorError),
 }
 
 pub struct Pump {
@@ -195,12 +210,13 @@ struct Settlement<'i, 'm> {
 }
 
 impl<'i, 'm> Settlement<'i, 'm> {
-    /// `Err` with why when one of them is still to go (or to park, with nowhere to park it).
-    fn of(parts: &[(&'i Item<'m>, &Verdict)], can_park: bool) -> Result<Self, String> {
+    /// `Err` with why (its verdict's reason) when one of them is still to go
+    /// (or to park, with nowhere to park it).
+    fn of<'v>(parts: &[(&'i Item<'m>, &'v Verdict)], can_park: bool) -> Result<Self, &'v str> {
         let mut settlement = Settlement { forwarded: Vec::new(), parks: Vec::new() };
         for (item, verdict) in parts {
             if let Some(reason) = verdict.keeps(can_park) {
-                return Err(reason.to_string());
+                return Err(reason);
             }
             match verdict {
                 Verdict::Forward(went) => settlement.forwarded.push(*went),
@@ -347,7 +363,7 @@ impl Pump {
                         onward.extend(sends);
                         Verdict::Forward(went)
                     }
-                    Err(reason) => Verdict::Park(reason),
+                    Err(undeliverable) => Verdict::Park(undeliverable.to_string()),
                 }
             };
             verdicts.push(verdict);
@@ -398,7 +414,7 @@ impl Pump {
 
     /// What the planner makes of one message: its onward sends and where it
     /// goes, or why it can never go on.
-    fn decide(&mut self, key: usize, item: &Item, stamps: &Stamps) -> Result<(Vec<Onward>, Went), String> {
+    fn decide(&mut self, key: usize, item: &Item, stamps: &Stamps) -> Result<(Vec<Onward>, Went), Undeliverable> {
         let mut base: BTreeMap<String, FieldValue> = BTreeMap::new();
         let mut attributes = Vec::new();
         // The producer's properties ride along unchanged, unseen by the planner.
@@ -430,17 +446,17 @@ impl Pump {
         let (commands, went) = match self.planner.handle_due(&due) {
             Ok(DueAction::Recycle(commands)) => (commands, Went::AroundAgain),
             Ok(DueAction::HandOver(commands)) => (commands, Went::HandedOver),
-            Err(err) => return Err(format!("planner {}: {err}", self.planner.label())),
+            Err(source) => return Err(Undeliverable::Planner { planner: self.planner.label().to_string(), source }),
         };
         let mut sends = Vec::with_capacity(commands.len());
         for (n, command) in commands.iter().enumerate() {
             let Command::SqsSend { queue, attributes, .. } = command else {
-                return Err(format!("planner {} answered with a command the pump cannot send", self.planner.label()));
+                return Err(Undeliverable::NotAnSqsSend { planner: self.planner.label().to_string() });
             };
             // The planner's attributes win over the message's own.
             let mut carried = base.clone();
             carried.retain(|key, _| !attributes.contains_key(key));
-            let (entry, size) = self.executor.batch_entry(&format!("{key}-{n}"), command, &item.body, &carried, &properties).map_err(|e| e.to_string())?;
+            let (entry, size) = self.executor.batch_entry(&format!("{key}-{n}"), command, &item.body, &carried, &properties)?;
             sends.push(Onward { key, queue: queue.clone(), entry, size });
         }
         Ok((sends, went))
@@ -506,7 +522,7 @@ impl Pump {
             let parts = parts_of(index);
             let settlement = match &unreadable[index] {
                 Some(reason) if can_park => Ok(Settlement { forwarded: Vec::new(), parks: vec![(None, reason.clone())] }),
-                Some(reason) => Err(reason.clone()),
+                Some(reason) => Err(reason.as_str()),
                 None => Settlement::of(&parts, can_park),
             };
             match settlement {
@@ -515,7 +531,7 @@ impl Pump {
                     deletes.push((index, delete_entry(index, message)?));
                 }
                 Ok(settlement) => to_park.push((index, message, settlement)),
-                Err(reason) => self.keep(message, &parts, &reason),
+                Err(reason) => self.keep(message, &parts, reason),
             }
         }
         let (parked, not_parked) = self.park(to_park).await?;
