@@ -118,8 +118,7 @@ impl Broker {
                 Ok(Broker::RabbitMq(std::sync::Arc::new(RabbitMqExecutor::connect_with(&url, channels).await?)))
             }
             BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
-                let window = send_batch_window.map_or(sqs::batcher::DEFAULT_WINDOW, |d| std::time::Duration::from_millis(d.ms()));
-                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), window).await?;
+                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), sqs::batcher::window(*send_batch_window)).await?;
                 Ok(Broker::Sqs(std::sync::Arc::new(executor)))
             }
         }

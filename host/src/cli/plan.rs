@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use hourglass::broker::sqs::{batcher, pumped::PumpSettings};
+use hourglass::broker::sqs::batcher;
 use hourglass::config::{BrokerConfig, Config};
 use hourglass::planner::{BrokerFamily, LoadedPlanner, PlanRequest};
 use hourglass::render;
@@ -155,11 +155,12 @@ fn stream_cost(config: &Config, planner: &mut LoadedPlanner, destination: &str, 
     let cycle_ms = route.hops.iter().find(|h| matches!(h.step, HopStep::Pump { .. })).map_or(0, |h| h.at_ms);
     let other = Simulation::new(planner, &format!("{destination}-another"))?.run(&[route.requested_ms])?.remove(0);
     let shared_delay_queue = pumped_queues(&route.hops).next().is_some() && pumped_queues(&route.hops).next() == pumped_queues(&other.hops).next();
-    let send_window = match &config.broker {
-        BrokerConfig::Sqs { send_batch_window: Some(window), .. } => window.ms() as f64,
-        _ => batcher::DEFAULT_WINDOW.as_millis() as f64,
+    let configured_window = match &config.broker {
+        BrokerConfig::Sqs { send_batch_window, .. } => *send_batch_window,
+        _ => None,
     };
-    let linger = config.service.pump_linger.map_or(PumpSettings::default().linger.as_millis() as f64, |d| d.ms() as f64);
+    let send_window = batcher::window(configured_window).as_secs_f64() * 1_000.0;
+    let linger = hourglass::service::pump_settings(config).linger.as_secs_f64() * 1_000.0;
     let messages = ((rate * stream.lasting_ms as f64 / 1_000.0).round() as u64).max(1);
     let handling = Handling {
         shared_delay_queue,

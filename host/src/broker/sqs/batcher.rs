@@ -33,6 +33,11 @@ pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
 
 /// How long a worker waits for more sends after the first, unless configured.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(2);
+
+/// The window `broker.send_batch_window` asks for, or the default.
+pub fn window(configured: Option<hourglass_planner_sdk::DurationMs>) -> Duration {
+    configured.map_or(DEFAULT_WINDOW, |d| Duration::from_millis(d.ms()))
+}
 /// Requests one queue's worker has outstanding at once.
 const MAX_IN_FLIGHT: usize = 8;
 /// A worker with nothing to send for this long exits.
