@@ -24,7 +24,7 @@
 //! the latest now). A cancelled message is watched for until 12 s past its
 //! due time, 5 times the latest arrival.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -324,11 +324,22 @@ async fn two_hosts_deliver_every_message_on_time_and_no_cancelled_one() {
     let arrived = destination.drain_for(Duration::from_millis(last_due + WATCH_PAST_DUE.as_millis() as u64 - unix_now_ms())).await;
     let (copies, landed): (Vec<_>, Vec<_>) = arrived.into_iter().partition(|m| due.contains_key(&m.body));
     assert!(landed.is_empty(), "cancelled messages arrived: {:?}", landed.iter().map(|m| &m.body).collect::<Vec<_>>());
-    let mut bodies = assert_on_time(&copies, &due);
-    bodies.dedup();
+    // The first copy of each is on time. A claim whose marker stayed out of
+    // reach goes again on its third receive (docs/sqs.md), so a duplicate
+    // comes after the holds, later by design: it must never be early, and it
+    // is counted, not refused.
+    let mut copies = copies;
+    copies.sort_by_key(|m| m.at_ms);
+    let mut seen = HashSet::new();
+    let (firsts, duplicates): (Vec<_>, Vec<_>) = copies.into_iter().partition(|m| seen.insert(m.body.clone()));
+    let bodies = assert_on_time(&firsts, &due);
     assert_eq!(bodies.len(), due.len(), "every message not cancelled arrived");
-    // A claim another host fenced, received without its marker, goes again (docs/sqs.md): counted, not refused.
-    println!("two hosts: {} messages, {} cancelled, {} duplicates", due.len(), cancelled.len(), copies.len() - due.len());
+    for duplicate in &duplicates {
+        let late = duplicate.at_ms as i64 - due[&duplicate.body] as i64;
+        eprintln!("{}: a duplicate, {late} ms late", duplicate.body);
+        assert!(late >= 0, "a duplicate of {} arrived {} ms early", duplicate.body, -late);
+    }
+    println!("two hosts: {} messages, {} cancelled, {} duplicates", due.len(), cancelled.len(), duplicates.len());
 }
 
 /// A message whose claim would not fit SQS's limits (ten attributes, 256 KiB)
