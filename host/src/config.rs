@@ -583,6 +583,8 @@ pub struct Config {
     pub planner_limits: PlannerLimits,
     /// `None`: compile planners on every start.
     pub cache_dir: Option<PathBuf>,
+    /// Where `planners.cache_dir` is written (else `[planners]`, else the file's start).
+    cache_dir_span: Range<usize>,
     pub strategies: BTreeMap<String, StrategyConfig>,
     pub destinations: BTreeMap<String, DestinationConfig>,
     /// Consumer queues with delayed redelivery.
@@ -813,6 +815,7 @@ impl Config {
         if start_timeout.is_zero() {
             return Err(invalid(span_of(&document, "planners.start_timeout"), "planners.start_timeout: must be above zero".into()));
         }
+        let cache_dir_span = span_of(&document, "planners.cache_dir");
         let cache_dir = match settings.cache {
             Some(false) => None,
             _ => settings.cache_dir.map(|dir| base_dir.join(dir)).or_else(default_cache_dir),
@@ -826,6 +829,7 @@ impl Config {
             service: raw.service,
             planner_limits: PlannerLimits { call_timeout, start_timeout, memory_bytes: (memory_mib as usize) << 20 },
             cache_dir,
+            cache_dir_span,
             strategies,
             destinations,
             redelivery,
@@ -853,6 +857,12 @@ impl Config {
 
     fn location(&self, offset: usize) -> Location {
         location_in(&self.path, &self.text, offset)
+    }
+
+    /// Where to point for a planner cache directory that is refused: its
+    /// setting, when the file has one (it may come from the environment).
+    pub fn cache_dir_location(&self) -> Location {
+        self.location(self.cache_dir_span.start)
     }
 
     /// Where a strategy's `planner` value is.
