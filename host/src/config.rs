@@ -14,6 +14,7 @@ use hourglass_planner_sdk::DurationMs;
 use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
+use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
 use crate::planner::{PlannerLimits, PlannerSource};
 
@@ -336,17 +337,19 @@ impl SqsIngressConfig {
     }
 }
 
-/// The `[service]` values serde cannot check: (key, complaint).
+/// The `[service]` values serde cannot check: (the value's dotted path under
+/// `[service]`, complaint).
 fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> {
     let ingress = &service.ingress;
     if ingress.prefetch == 0 {
-        return Err(("prefetch", "service.ingress.prefetch: must be at least 1".into()));
+        return Err(("ingress.prefetch", "service.ingress.prefetch: must be at least 1".into()));
     }
     if ingress.queue.is_empty() || ingress.invalid_queue.is_empty() {
-        return Err(("queue", "service.ingress: queue and invalid_queue must be non-empty".into()));
+        let empty = if ingress.queue.is_empty() { "ingress.queue" } else { "ingress.invalid_queue" };
+        return Err((empty, "service.ingress: queue and invalid_queue must be non-empty".into()));
     }
     if ingress.queue == ingress.invalid_queue {
-        return Err(("invalid_queue", format!("service.ingress.invalid_queue: {:?} is also the ingress queue", ingress.queue)));
+        return Err(("ingress.invalid_queue", format!("service.ingress.invalid_queue: {:?} is also the ingress queue", ingress.queue)));
     }
     if let Some(wait) = service.pump_wait
         && wait.ms() > 20_000
@@ -354,13 +357,13 @@ fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> 
         return Err(("pump_wait", format!("service.pump_wait: {} ms is above SQS's 20 s long-poll limit", wait.ms())));
     }
     let sqs_ingress = &service.sqs_ingress;
-    for (key, name) in [("queue", &sqs_ingress.queue), ("invalid_queue", &sqs_ingress.invalid_queue)] {
+    for (path, name) in [("sqs_ingress.queue", &sqs_ingress.queue), ("sqs_ingress.invalid_queue", &sqs_ingress.invalid_queue)] {
         if name.is_empty() || name.len() > 80 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Err((key, format!("service.sqs_ingress.{key}: {name:?} must be 1 to 80 letters, digits, '-' or '_' (a standard SQS queue)")));
+            return Err((path, format!("service.{path}: {name:?} must be 1 to 80 letters, digits, '-' or '_' (a standard SQS queue)")));
         }
     }
     if sqs_ingress.queue == sqs_ingress.invalid_queue {
-        return Err(("invalid_queue", format!("service.sqs_ingress.invalid_queue: {:?} is also the ingress queue", sqs_ingress.queue)));
+        return Err(("sqs_ingress.invalid_queue", format!("service.sqs_ingress.invalid_queue: {:?} is also the ingress queue", sqs_ingress.queue)));
     }
     if let Some(visibility) = service.pump_visibility
         && !(1_000..=43_200_000).contains(&visibility.ms())
@@ -374,10 +377,10 @@ fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> 
         return Err(("depth_poll", "service.depth_poll: must be at least 100ms".into()));
     }
     if service.canary.every.ms() < 100 {
-        return Err(("every", "service.canary.every: must be at least 100ms".into()));
+        return Err(("canary.every", "service.canary.every: must be at least 100ms".into()));
     }
     if service.canary.queue.is_empty() || service.canary.queue.len() > 255 {
-        return Err(("queue", "service.canary.queue: must be 1 to 255 bytes".into()));
+        return Err(("canary.queue", "service.canary.queue: must be 1 to 255 bytes".into()));
     }
     if service.pump_linger.is_some_and(|d| d.ms() > 5_000) {
         return Err(("pump_linger", "service.pump_linger: must be at most 5s (a longer pause only delays messages)".into()));
@@ -391,18 +394,55 @@ fn check_service(service: &ServiceConfig) -> Result<(), (&'static str, String)> 
     if service.max_connections == Some(0) {
         return Err(("max_connections", "service.max_connections: must be at least 1".into()));
     }
-    for (key, value) in [("header_read_timeout", service.header_read_timeout), ("idle_timeout", service.idle_timeout)] {
+    for (path, value) in [("header_read_timeout", service.header_read_timeout), ("idle_timeout", service.idle_timeout)] {
         if value.is_some_and(|d| d.ms() == 0) {
-            return Err((key, format!("service.{key}: must be above zero")));
+            return Err((path, format!("service.{path}: must be above zero")));
         }
     }
     Ok(())
 }
 
-/// Where `key = ` first appears, to point an error at it (start of file if nowhere).
-fn key_offset(text: &str, key: &str) -> Range<usize> {
-    let at = text.match_indices(key).map(|(i, _)| i).find(|&i| text[i + key.len()..].trim_start().starts_with('=')).unwrap_or(0);
-    at..at
+/// Where the value at `path` (dotted bare keys) is written in the parsed
+/// document; else the nearest table on the way to it that is written; else
+/// the document, which starts the file.
+fn span_of(document: &Spanned<DeTable<'_>>, path: &str) -> Range<usize> {
+    let mut span = document.span();
+    let mut table = Some(document.get_ref());
+    for key in path.split('.') {
+        let Some(value) = table.and_then(|t| t.get(key)) else { break };
+        span = value.span();
+        table = value.get_ref().as_table();
+    }
+    span
+}
+
+/// Where a complaint of toml's deserializer is about.
+fn complaint_span(document: &Spanned<DeTable<'_>>, err: &toml::de::Error) -> Range<usize> {
+    let span = err.span().unwrap_or_else(|| document.span());
+    match document.get_ref().get("broker") {
+        Some(broker) if broker.span() == span => broker_key_at_fault(broker, err.message()).unwrap_or(span),
+        _ => span,
+    }
+}
+
+/// serde reads an internally tagged table, `[broker]` (tagged by `kind`),
+/// through a buffer that keeps no positions, so toml can name only the table
+/// for a complaint about one of its keys. Read again with `kind` and one key
+/// at a time, the key whose reading fails with the same complaint is the one.
+fn broker_key_at_fault(broker: &Spanned<DeValue<'_>>, message: &str) -> Option<Range<usize>> {
+    let table = broker.get_ref().as_table()?;
+    let (kind_key, kind) = table.get_key_value("kind")?;
+    let read_with = |entry: Option<(&Spanned<DeString<'_>>, &Spanned<DeValue<'_>>)>| {
+        let mut alone = DeTable::new();
+        alone.insert(kind_key.clone(), kind.clone());
+        if let Some((key, value)) = entry {
+            alone.insert(key.clone(), value.clone());
+        }
+        BrokerConfig::deserialize(ValueDeserializer::from(Spanned::new(broker.span(), DeValue::Table(alone))))
+    };
+    // A `kind` that fails on its own is the complaint itself, which toml placed already.
+    read_with(None).ok()?;
+    table.iter().filter(|(key, _)| *key != kind_key).find(|&entry| read_with(Some(entry)).is_err_and(|e| e.message() == message)).map(|(key, _)| key.span())
 }
 
 impl ServiceConfig {
@@ -543,6 +583,8 @@ pub struct Config {
     pub planner_limits: PlannerLimits,
     /// `None`: compile planners on every start.
     pub cache_dir: Option<PathBuf>,
+    /// Where `planners.cache_dir` is written (else `[planners]`, else the file's start).
+    cache_dir_span: Range<usize>,
     pub strategies: BTreeMap<String, StrategyConfig>,
     pub destinations: BTreeMap<String, DestinationConfig>,
     /// Consumer queues with delayed redelivery.
@@ -559,9 +601,12 @@ impl Config {
 
     pub fn parse(path: &Path, text: String) -> Result<Config, ConfigError> {
         let locate = |span: Range<usize>| location_in(path, &text, span.start);
-        let raw: RawConfig = toml::from_str(&text)
-            .map_err(|err| ConfigError::Invalid { location: locate(err.span().unwrap_or(0..0)), message: err.message().trim_end().to_string() })?;
         let invalid = |span: Range<usize>, message: String| ConfigError::Invalid { location: locate(span), message };
+        let complaint = |span: Range<usize>, err: toml::de::Error| invalid(span, err.message().trim_end().to_string());
+        // The parsed document keeps every key's and value's position, for
+        // values checked below whose types keep none.
+        let document = DeTable::parse(&text).map_err(|err| complaint(err.span().unwrap_or(0..0), err))?;
+        let raw = RawConfig::deserialize(toml::de::Deserializer::from(document.clone())).map_err(|err| complaint(complaint_span(&document, &err), err))?;
         let base_dir = path.parent().unwrap_or(Path::new("."));
 
         let mut strategies = BTreeMap::new();
@@ -654,7 +699,7 @@ impl Config {
             );
         }
         if strategies.is_empty() {
-            return Err(invalid(0..0, "no strategies: add a [strategies.NAME] table with a `planner`".into()));
+            return Err(invalid(span_of(&document, "strategies"), "no strategies: add a [strategies.NAME] table with a `planner`".into()));
         }
 
         let default_strategy = match raw.default_strategy {
@@ -666,7 +711,7 @@ impl Config {
             }
             None if strategies.len() == 1 => strategies.keys().next().cloned().expect("one strategy"),
             None => {
-                return Err(invalid(0..0, "default_strategy is required when there is more than one strategy".into()));
+                return Err(invalid(span_of(&document, "strategies"), "default_strategy is required when there is more than one strategy".into()));
             }
         };
 
@@ -706,18 +751,18 @@ impl Config {
             exchanges.insert(name, exchange);
         }
 
-        check_service(&raw.service).map_err(|(key, message)| invalid(key_offset(&text, key), message))?;
+        check_service(&raw.service).map_err(|(path, message)| invalid(span_of(&document, &format!("service.{path}")), message))?;
         if let BrokerConfig::Rabbitmq { publish_channels: Some(channels), .. } = raw.broker
             && !(1..=MAX_PUBLISH_CHANNELS).contains(&channels)
         {
             let message = format!("publish_channels: {channels} is not between 1 and {MAX_PUBLISH_CHANNELS}");
-            return Err(invalid(key_offset(&text, "publish_channels"), message));
+            return Err(invalid(span_of(&document, "broker.publish_channels"), message));
         }
         if let BrokerConfig::Sqs { send_batch_window: Some(window), .. } = raw.broker
             && window.ms() > MAX_SEND_BATCH_WINDOW_MS
         {
             let message = format!("send_batch_window: {} ms is above {MAX_SEND_BATCH_WINDOW_MS} ms; every first send may wait this long", window.ms());
-            return Err(invalid(key_offset(&text, "send_batch_window"), message));
+            return Err(invalid(span_of(&document, "broker.send_batch_window"), message));
         }
 
         let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
@@ -757,16 +802,20 @@ impl Config {
         let defaults = PlannerLimits::default();
         let memory_mib = settings.memory_limit_mib.unwrap_or((defaults.memory_bytes >> 20) as u32);
         if !(2..=4096).contains(&memory_mib) {
-            return Err(invalid(0..0, format!("planners.memory_limit_mib: {memory_mib} must be between 2 and 4096")));
+            return Err(invalid(
+                span_of(&document, "planners.memory_limit_mib"),
+                format!("planners.memory_limit_mib: {memory_mib} must be between 2 and 4096"),
+            ));
         }
         let call_timeout = settings.call_timeout.map_or(defaults.call_timeout, |d| Duration::from_millis(d.ms()));
         if call_timeout.is_zero() {
-            return Err(invalid(0..0, "planners.call_timeout: must be above zero".into()));
+            return Err(invalid(span_of(&document, "planners.call_timeout"), "planners.call_timeout: must be above zero".into()));
         }
         let start_timeout = settings.start_timeout.map_or(defaults.start_timeout, |d| Duration::from_millis(d.ms()));
         if start_timeout.is_zero() {
-            return Err(invalid(0..0, "planners.start_timeout: must be above zero".into()));
+            return Err(invalid(span_of(&document, "planners.start_timeout"), "planners.start_timeout: must be above zero".into()));
         }
+        let cache_dir_span = span_of(&document, "planners.cache_dir");
         let cache_dir = match settings.cache {
             Some(false) => None,
             _ => settings.cache_dir.map(|dir| base_dir.join(dir)).or_else(default_cache_dir),
@@ -780,6 +829,7 @@ impl Config {
             service: raw.service,
             planner_limits: PlannerLimits { call_timeout, start_timeout, memory_bytes: (memory_mib as usize) << 20 },
             cache_dir,
+            cache_dir_span,
             strategies,
             destinations,
             redelivery,
@@ -807,6 +857,12 @@ impl Config {
 
     fn location(&self, offset: usize) -> Location {
         location_in(&self.path, &self.text, offset)
+    }
+
+    /// Where to point for a planner cache directory that is refused: its
+    /// setting, when the file has one (it may come from the environment).
+    pub fn cache_dir_location(&self) -> Location {
+        self.location(self.cache_dir_span.start)
     }
 
     /// Where a strategy's `planner` value is.
@@ -938,9 +994,38 @@ mod tests {
         assert_eq!(window("\"1s\""), Some(1_000));
         let err = broker("\"2s\"").unwrap_err().to_string();
         assert!(err.starts_with("delay.toml:3:") && err.contains("send_batch_window: 2000 ms is above 1000 ms"), "{err}");
-        // Inside the tagged `[broker]` table serde keeps no span, so only the value is named.
+        // Inside the tagged `[broker]` table serde keeps no position; the complaint still points at its key.
         let err = broker("\"soon\"").unwrap_err().to_string();
-        assert!(err.contains("duration \"soon\""), "{err}");
+        assert!(err.starts_with("delay.toml:3:1:") && err.contains("duration \"soon\""), "{err}");
+    }
+
+    #[test]
+    fn positions_come_from_the_parser_not_from_text_that_looks_like_the_key() {
+        let cases = [
+            // A comment and another table's `invalid_queue` say `queue =` before the value at fault.
+            (
+                "# queue = \"set below\"\n[service.ingress]\ninvalid_queue = \"in.invalid\"\n[service.sqs_ingress]\nqueue = \"no spaces\"\n",
+                "delay.toml:5:9:",
+                "service.sqs_ingress.queue",
+            ),
+            ("[service.ingress]\nqueue = \"in\"\n[service.canary]\nqueue = \"\"\n", "delay.toml:4:9:", "service.canary.queue"),
+            ("[service.ingress]\nqueue = \"\"\n", "delay.toml:2:9:", "queue and invalid_queue must be non-empty"),
+            ("[planners]\ncache = false\nmemory_limit_mib = 1\n", "delay.toml:3:20:", "planners.memory_limit_mib"),
+            ("[planners]\nstart_timeout = \"0s\"\n", "delay.toml:2:17:", "planners.start_timeout"),
+            // Unknown keys at their own line, in the tagged `[broker]` table too (it was once 1:1).
+            ("[broker]\nkind = \"rabbitmq\"\npublish_channel = 8\n", "delay.toml:3:1:", "unknown field `publish_channel`"),
+            ("# rabbit\n[broker]\nurl = \"amqp://localhost\"\nkind = \"rabbitmq\"\npublish_channels = \"many\"\n", "delay.toml:5:1:", "invalid type"),
+            ("[service]\nlisten = \"127.0.0.1:9000\"\n[service.ingress]\npump_wait = \"5s\"\n", "delay.toml:4:1:", "unknown field `pump_wait`"),
+        ];
+        for (text, location, message) in cases {
+            let err = parse(&format!("{text}[strategies.a]\nplanner = \"hold-queues\"\n")).unwrap_err().to_string();
+            assert!(err.starts_with(location) && err.contains(message), "{text:?}: {err:?} should start {location} and mention {message:?}");
+        }
+        // Complaints about the table as a whole stay at the table.
+        let err = parse("[broker]\nurl = \"amqp://localhost\"\n[strategies.a]\nplanner = \"hold-queues\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:1:1:") && err.contains("missing field `kind`"), "{err}");
+        let err = parse("[strategies.a]\nplanner = \"hold-queues\"\n[strategies.b]\nplanner = \"hold-queues\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("delay.toml:1:") && err.contains("default_strategy is required"), "{err}");
     }
 
     #[test]

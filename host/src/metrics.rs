@@ -76,6 +76,10 @@ pub type ChannelCounts = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>
 struct LabelBounds {
     strategies: std::collections::HashSet<String>,
     destinations: std::collections::HashSet<String>,
+    /// Every name either label was ever allowed: a reload can drop a name
+    /// whose series stay, and still count in the totals.
+    ever_strategies: std::collections::BTreeSet<String>,
+    ever_destinations: std::collections::BTreeSet<String>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -292,9 +296,48 @@ impl Metrics {
     /// The strategy and destination names labels may carry from now on (the
     /// config's); any other name is counted as `other`.
     pub fn bound_labels<'a>(&self, strategies: impl IntoIterator<Item = &'a String>, destinations: impl IntoIterator<Item = &'a String>) {
-        let mut bounds = self.bounds.write().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.bounds.write().unwrap_or_else(|p| p.into_inner());
+        let bounds = &mut *guard;
         bounds.strategies = strategies.into_iter().cloned().collect();
         bounds.destinations = destinations.into_iter().cloned().collect();
+        bounds.ever_strategies.extend(bounds.strategies.iter().cloned());
+        bounds.ever_destinations.extend(bounds.destinations.iter().cloned());
+    }
+
+    /// Every (strategy, destination) label a series may carry: each name
+    /// ever allowed, and `other`.
+    fn labels_ever(&self) -> (Vec<String>, Vec<String>) {
+        let bounds = self.bounds.read().unwrap_or_else(|p| p.into_inner());
+        let with_other = |names: &std::collections::BTreeSet<String>| names.iter().cloned().chain([OTHER_LABEL.to_string()]).collect();
+        (with_other(&bounds.ever_strategies), with_other(&bounds.ever_destinations))
+    }
+
+    fn routes(&self) -> Vec<Route> {
+        let (strategies, destinations) = self.labels_ever();
+        strategies
+            .iter()
+            .flat_map(|strategy| destinations.iter().map(|destination| Route { strategy: strategy.clone(), destination: destination.clone() }))
+            .collect()
+    }
+
+    /// Messages the broker confirmed, over every strategy and destination.
+    pub fn scheduled_total(&self) -> u64 {
+        sum(&self.scheduled, self.routes())
+    }
+
+    /// Messages that could not be scheduled, over every strategy and destination.
+    pub fn failed_total(&self) -> u64 {
+        sum(&self.failed, self.routes())
+    }
+
+    /// Canary probes that arrived before their due time, over every strategy.
+    pub fn early_total(&self) -> u64 {
+        sum(&self.early, self.labels_ever().0.into_iter().map(|strategy| Strategy { strategy }))
+    }
+
+    /// Ingress messages with `outcome` (forwarded, invalid, requeued).
+    pub fn ingress_count(&self, outcome: &str) -> u64 {
+        sum(&self.ingress, [Outcome { outcome: outcome.into() }])
     }
 
     fn route(&self, strategy: &str, destination: &str) -> Route {
@@ -480,6 +523,11 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// The counts of `family`'s series with these labels (a label set never counted adds nothing).
+fn sum<S: Clone + std::hash::Hash + Eq>(family: &Family<S, Counter>, labels: impl IntoIterator<Item = S>) -> u64 {
+    labels.into_iter().filter_map(|label| family.get(&label).map(|counter| counter.get())).sum()
 }
 
 /// Every SQS request made, by kind: the bill.

@@ -17,17 +17,26 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::broker::rabbitmq::manage::Management;
+use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::broker::{Broker, ExecutorError};
+use crate::config::UnknownStrategy;
 use crate::headers::DUE_AT_HEADER;
 use crate::message::Delivery;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 #[derive(Debug, Error)]
 pub enum TransferError {
-    #[error("{0}")]
-    Refused(String),
+    #[error(transparent)]
+    UnknownStrategy(#[from] UnknownStrategy),
+    #[error("--from and --to name the same strategy")]
+    SameStrategy,
+    #[error("strategy {0:?} declares its queues per message; listing them needs the management API (broker.management_url)")]
+    NeedsManagement(String),
+    #[error("listing the queues strategy {from:?} declared per message: {source}")]
+    ListQueues { from: String, source: ManagementError },
+    #[error("strategy {0:?} has no queues where messages wait")]
+    NoQueues(String),
     #[error(transparent)]
     Broker(#[from] ExecutorError),
 }
@@ -73,24 +82,23 @@ fn source_queues(scheduler: &Scheduler<Broker>, management: Option<&Management>,
     let names = scheduler.strategy_names();
     for name in [from, to] {
         if !names.iter().any(|n| n == name) {
-            return Err(TransferError::Refused(format!("unknown strategy {name:?}; configured: {}", names.join(", "))));
+            return Err(UnknownStrategy { name: name.to_string(), configured: names }.into());
         }
     }
     if from == to {
-        return Err(TransferError::Refused("--from and --to name the same strategy".into()));
+        return Err(TransferError::SameStrategy);
     }
     let mut queues = scheduler.waiting_queues().remove(from).unwrap_or_default();
     if let Some(exchanges) = scheduler.per_message_queue_targets().remove(from) {
         let Some(api) = management else {
-            return Err(TransferError::Refused(format!(
-                "strategy {from:?} declares its queues per message; listing them needs the management API (broker.management_url)"
-            )));
+            return Err(TransferError::NeedsManagement(from.to_string()));
         };
-        let found = tokio::task::block_in_place(|| api.queues_dead_lettering_to(&exchanges)).map_err(|e| TransferError::Refused(e.to_string()))?;
+        let found = tokio::task::block_in_place(|| api.queues_dead_lettering_to(&exchanges))
+            .map_err(|source| TransferError::ListQueues { from: from.to_string(), source })?;
         queues.extend(found.into_iter().map(|(queue, _, ttl)| (queue, ttl)));
     }
     if queues.is_empty() {
-        return Err(TransferError::Refused(format!("strategy {from:?} has no queues where messages wait")));
+        return Err(TransferError::NoQueues(from.to_string()));
     }
     queues.sort_by_key(|(_, ttl)| std::cmp::Reverse(ttl.unwrap_or(0)));
     Ok(queues.into_iter().map(|(queue, _)| queue).collect())

@@ -97,25 +97,25 @@ impl ComponentCache {
     }
 
     /// The whole entry with its digest checked; `None` when there is none.
-    fn read_entry(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
-        check_dir(&self.dir).map_err(|problem| format!("the cache directory is now {problem}"))?;
+    fn read_entry(&self, path: &Path) -> Result<Option<Vec<u8>>, UnusableEntry> {
+        check_dir(&self.dir).map_err(UnusableEntry::UnsafeDirectory)?;
         let mut file = match open_no_follow(path) {
             Ok(file) => file,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(err) => return Err(format!("cannot open it: {err}")),
+            Err(err) => return Err(UnusableEntry::Unopenable(err)),
         };
-        let metadata = file.metadata().map_err(|e| e.to_string())?;
+        let metadata = file.metadata().map_err(UnusableEntry::Unreadable)?;
         if !metadata.is_file() {
-            return Err("not a regular file".into());
+            return Err(UnusableEntry::NotAFile);
         }
-        check_owner_and_mode(&metadata).map_err(|problem| problem.to_string())?;
+        check_owner_and_mode(&metadata).map_err(UnusableEntry::Unsafe)?;
         let mut entry = Vec::with_capacity(metadata.len() as usize);
-        file.read_to_end(&mut entry).map_err(|e| format!("cannot read it: {e}"))?;
+        file.read_to_end(&mut entry).map_err(UnusableEntry::Unreadable)?;
         if entry.len() < HEADER_LEN || &entry[..MAGIC.len()] != MAGIC {
-            return Err("not an hourglass cache entry".into());
+            return Err(UnusableEntry::NotAnEntry);
         }
         if Sha256::digest(&entry[HEADER_LEN..])[..] != entry[MAGIC.len()..HEADER_LEN] {
-            return Err("its contents do not match their recorded digest".into());
+            return Err(UnusableEntry::Tampered);
         }
         Ok(Some(entry))
     }
@@ -177,6 +177,25 @@ fn write_private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn write_private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::write(path, bytes)
+}
+
+/// Why a cache entry is ignored (and the planner compiled afresh).
+#[derive(Debug, thiserror::Error)]
+enum UnusableEntry {
+    #[error("the cache directory is now {0}")]
+    UnsafeDirectory(#[source] UnsafePath),
+    #[error("cannot open it: {0}")]
+    Unopenable(#[source] std::io::Error),
+    #[error("cannot read it: {0}")]
+    Unreadable(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("{0}")]
+    Unsafe(#[source] UnsafePath),
+    #[error("not an hourglass cache entry")]
+    NotAnEntry,
+    #[error("its contents do not match their recorded digest")]
+    Tampered,
 }
 
 /// Why a cache directory or entry is no safe place for code.

@@ -75,8 +75,9 @@ pub enum PlannerError {
     InvalidCommand { planner: String, function: &'static str, source: crate::command::InvalidCommand },
     #[error("planner cache directory {path}: {problem}")]
     CacheDir { path: String, problem: String },
+    /// The host's contract could not be added to a linker.
     #[error("planner engine: {0}")]
-    Engine(String),
+    Engine(#[source] wasmtime::Error),
     #[error("planner engine: {0}")]
     EngineUnavailable(#[from] runtime::EngineUnavailable),
 }

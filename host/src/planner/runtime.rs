@@ -159,7 +159,7 @@ impl PlannerRuntime {
         let label = source.label();
         let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), source: ContractMismatch::Imports(e) };
         let mut linker = Linker::<StoreState>::new(&self.engine);
-        super::contract::add_to_linker(&mut linker).map_err(|e| PlannerError::Engine(e.to_string()))?;
+        super::contract::add_to_linker(&mut linker).map_err(PlannerError::Engine)?;
         // Language runtimes (Rust's std, Python, JavaScript) import WASI; planners get none of its
         // capabilities: what a runtime calls to start is answered inertly, the rest traps.
         super::inert_wasi::define(&mut linker, &component, &self.engine).map_err(wrong_contract)?;

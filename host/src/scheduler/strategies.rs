@@ -39,11 +39,20 @@ pub struct Strategies {
     default: String,
 }
 
+/// Where to point for a planner runtime that cannot be made: the cache
+/// directory's setting when that is refused, else the file (the engine is no setting's).
+fn runtime_location(config: &Config, err: &PlannerError) -> Location {
+    match err {
+        PlannerError::CacheDir { .. } => config.cache_dir_location(),
+        _ => Location { path: config.path.clone(), line: 1, column: 1 },
+    }
+}
+
 impl Strategies {
     /// Loads and configures every strategy, so a broken one fails at start.
     pub fn load(config: &Config) -> Result<Strategies, StrategyError> {
         let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|source| StrategyError {
-            location: Location { path: config.path.clone(), line: 1, column: 1 },
+            location: runtime_location(config, &source),
             strategy: String::new(),
             source: Box::new(source.into()),
         })?;
@@ -70,7 +79,11 @@ impl Strategies {
             source: Box::new(source),
         };
         let strategy = config.strategy(name).map_err(|unknown| located(unknown.into()))?;
-        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|err| located(err.into()))?;
+        let runtime = PlannerRuntime::new(config.planner_limits, config.cache_dir.clone()).map_err(|err| StrategyError {
+            location: runtime_location(config, &err),
+            strategy: name.to_string(),
+            source: Box::new(err.into()),
+        })?;
         runtime.load_limited(&strategy.planner, strategy.table.to_string(), strategy.planner_limits(config.planner_limits)).map_err(|source| StrategyError {
             location: config.planner_location(strategy),
             strategy: name.to_string(),
@@ -125,7 +138,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cache_directory_others_can_write_fails_the_load_naming_it() {
+    fn a_cache_directory_others_can_write_fails_the_load_pointing_at_its_setting() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache");
         std::fs::create_dir(&cache).unwrap();
@@ -135,7 +148,7 @@ mod tests {
         let err = Strategies::load(&config).err().expect("refused").to_string();
         assert!(
             err.starts_with(&format!(
-                "{}:1:1: planner cache directory {}: writable by group and others",
+                "{}:2:13: planner cache directory {}: writable by group and others",
                 dir.path().join("delay.toml").display(),
                 cache.display()
             )),

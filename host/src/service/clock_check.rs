@@ -17,7 +17,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::Service;
-use crate::broker::rabbitmq::manage::Management;
+use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::clock::Clock;
 use crate::config::Config;
 
@@ -34,21 +34,18 @@ const FIRST_WITHIN: Duration = Duration::from_secs(2);
 pub enum ClockCheckError {
     /// The management API could not be reached, or its answer had no usable `Date`.
     #[error("{0}")]
-    Api(String),
+    Api(#[from] ManagementError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// The blocking task that asked panicked or was cancelled.
     #[error("the reading was lost: {0}")]
-    Lost(String),
+    Lost(#[source] tokio::task::JoinError),
 }
 
 /// Takes one reading of the broker's clock into `clock`.
 pub async fn read_once(api: &Arc<Management>, clock: &Arc<Clock>) -> Result<(), ClockCheckError> {
     let asked = api.clone();
-    let reading = tokio::task::spawn_blocking(move || asked.clock_reading())
-        .await
-        .map_err(|e| ClockCheckError::Lost(e.to_string()))?
-        .map_err(|e| ClockCheckError::Api(e.to_string()))?;
+    let reading = tokio::task::spawn_blocking(move || asked.clock_reading()).await.map_err(ClockCheckError::Lost)??;
     clock.record(reading, "the management API's Date header");
     Ok(())
 }

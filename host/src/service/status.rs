@@ -16,10 +16,7 @@ pub const REFRESH_SECONDS: u32 = 5;
 /// The page, as it stands now.
 pub async fn page(service: &Service) -> String {
     let readiness = service.readiness().await;
-    let metrics = service.metrics.encode();
-    let total = |prefix: &str| -> u64 {
-        metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
-    };
+    let metrics = &service.metrics;
     let pending = service.pending();
     let scheduler = &service.scheduler;
     let default = scheduler.default_strategy();
@@ -32,15 +29,16 @@ pub async fn page(service: &Service) -> String {
     );
     let state = if readiness.ready { "ready".to_string() } else { format!("NOT READY: {}", down_list(&readiness)) };
     let _ = writeln!(html, "<p id=\"state\" class=\"{}\">{}</p>", if readiness.ready { "ok" } else { "bad" }, escape(&state));
+    let early = metrics.early_total();
     let _ = writeln!(html, "<table id=\"totals\"><tr><th>scheduled</th><th>failed</th><th>invalid (ingress)</th><th>early</th></tr>");
     let _ = writeln!(
         html,
         "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr></table>",
-        total("hourglass_messages_scheduled_total"),
-        total("hourglass_messages_failed_total"),
-        total("hourglass_ingress_messages_total{outcome=\"invalid\"}"),
-        if total("hourglass_delivery_early_total") == 0 { "ok" } else { "bad" },
-        total("hourglass_delivery_early_total"),
+        metrics.scheduled_total(),
+        metrics.failed_total(),
+        metrics.ingress_count("invalid"),
+        if early == 0 { "ok" } else { "bad" },
+        early,
     );
 
     let _ = writeln!(
@@ -50,7 +48,7 @@ pub async fn page(service: &Service) -> String {
     for strategy in scheduler.strategy_names() {
         let depths = pending.iter().find(|p| p.strategy == strategy);
         let count = |n: Option<u64>| n.map_or("–".to_string(), |n| n.to_string());
-        let (p50, p99, probes) = match service.metrics.recent_lateness(&strategy) {
+        let (p50, p99, probes) = match metrics.recent_lateness(&strategy) {
             Some((p50, p99, n)) => (render::duration(p50), render::duration(p99), n.to_string()),
             None => ("–".into(), "–".into(), "0".into()),
         };
@@ -130,6 +128,35 @@ pre{background:#f8f8f8;padding:.5rem;overflow:auto}.note{color:#666;font-size:.9
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::Broker;
+    use crate::config::Config;
+    use crate::scheduler::Scheduler;
+    use crate::scheduler::strategies::Strategies;
+
+    #[tokio::test]
+    async fn the_totals_are_what_was_counted() {
+        let text = "[planners]\ncache = false\n[strategies.main]\nplanner = \"hold-queues\"\n[destinations.orders]\n";
+        let config = Config::parse(std::path::Path::new("status.toml"), text.into()).unwrap();
+        let broker = Broker::connect(&config.broker).await.unwrap();
+        let service = Service::new(Scheduler::new(&config, Strategies::load(&config).unwrap(), broker), None);
+        let metrics = &service.metrics;
+        for (strategy, destination) in [("main", "orders"), ("main", "orders"), ("main", "not-configured"), ("not-configured", "orders")] {
+            metrics.scheduled(strategy, destination);
+        }
+        metrics.failed("main", "orders");
+        for outcome in ["invalid", "invalid", "forwarded", "requeued"] {
+            metrics.ingress(outcome);
+        }
+        metrics.delivered_early("main");
+        // A reload that drops `main` and `orders`: what they counted still counts.
+        metrics.bound_labels([&"next".to_string()], []);
+        metrics.scheduled("next", "orders");
+        metrics.failed("main", "orders");
+
+        let html = page(&service).await;
+        let totals = "<tr><td>5</td><td>2</td><td>2</td><td class=\"bad\">1</td></tr></table>";
+        assert!(html.contains(totals), "scheduled 5, failed 2, invalid 2, early 1: {html}");
+    }
 
     #[test]
     fn names_are_escaped() {

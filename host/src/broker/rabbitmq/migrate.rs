@@ -11,8 +11,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::broker::Executor;
 use crate::broker::rabbitmq::manage::{Management, ManagementError, encode};
+use crate::broker::{Executor, ExecutorError};
 use crate::command::{AMQP_MAX_NAME, Command, ExchangeKind, FieldTable, FieldValue};
 
 /// The exchange type the plugin registers.
@@ -23,8 +23,9 @@ pub const DEFAULT_DELIVER_TO_SUFFIX: &str = ".due";
 
 #[derive(Debug, Error)]
 pub enum MigrateError {
-    #[error("cannot read the exchange: {0}")]
-    Unavailable(String),
+    /// No endpoint could describe the exchange: each one's failure.
+    #[error("cannot read the exchange: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Unavailable(Vec<ManagementError>),
     #[error("cannot read the exchange: {0}")]
     Management(#[from] ManagementError),
     #[error("exchange {name:?} does not exist in vhost {vhost:?}")]
@@ -37,8 +38,8 @@ pub enum MigrateError {
     BadDeliverTo { name: String, why: String },
     #[error("refusing to apply: {0}")]
     Refused(String),
-    #[error("declaring {name:?}: {why}")]
-    Declare { name: String, why: String },
+    #[error("declaring {name:?}: {source}")]
+    Declare { name: String, source: ExecutorError },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -235,8 +236,7 @@ pub fn read(api: &Management, name: &str) -> Result<PluginExchange, MigrateError
         Some(Some(found)) => found.clone(),
         Some(None) => return Err(MigrateError::Missing { name: name.to_string(), vhost: api.vhost().to_string() }),
         None => {
-            let failures: Vec<String> = answers.into_iter().filter_map(|(_, answer)| answer.err()).map(|err| err.to_string()).collect();
-            return Err(MigrateError::Unavailable(failures.join("; ")));
+            return Err(MigrateError::Unavailable(answers.into_iter().filter_map(|(_, answer)| answer.err()).collect()));
         }
     };
     let (delayed_type, other_arguments) = parse_exchange(name, &described)?;
@@ -249,22 +249,15 @@ pub fn read(api: &Management, name: &str) -> Result<PluginExchange, MigrateError
     let incoming = listed("destination")?.iter().filter_map(|b| parse_incoming(b, name, api.vhost(), &base, &user)).collect();
     // Which node each endpoint is, so two URLs of one node count once and a node no URL reaches shows.
     let nodes = api.get_each("overview?columns=node");
-    // The report keeps each failure as text beside the node it is about.
-    let cluster = api
-        .get("nodes?columns=name")
-        .map_err(|err| err.to_string())
-        .and_then(|listed| {
-            let names: Option<Vec<String>> =
-                listed.as_ref().and_then(Value::as_array).map(|all| all.iter().filter_map(|n| n["name"].as_str().map(str::to_string)).collect());
-            names.ok_or_else(|| "GET /api/nodes gave no list".to_string())
-        })
-        .map_err(|why| format!("{why} (listing nodes needs the monitoring or administrator tag)"));
+    let cluster = api.get("nodes?columns=name").map_err(NodesUnlisted::Refused).and_then(|listed| {
+        let names: Option<Vec<String>> =
+            listed.as_ref().and_then(Value::as_array).map(|all| all.iter().filter_map(|n| n["name"].as_str().map(str::to_string)).collect());
+        names.ok_or(NodesUnlisted::NoList)
+    });
     let answered = answers
         .into_iter()
         .zip(nodes)
-        .map(|((url, exchange), (_, node))| {
-            (node.ok().flatten().and_then(|n| n["node"].as_str().map(str::to_string)).unwrap_or(url), exchange.map_err(|err| err.to_string()))
-        })
+        .map(|((url, exchange), (_, node))| (node.ok().flatten().and_then(|n| n["node"].as_str().map(str::to_string)).unwrap_or(url), exchange))
         .collect();
     Ok(PluginExchange {
         name: name.to_string(),
@@ -332,8 +325,20 @@ fn parse_incoming(found: &Value, name: &str, vhost: &str, base: &str, user: &str
     Some(Incoming { source, routing_key, arguments, command })
 }
 
-/// Each endpoint's answer, by node, against the cluster's node names.
-fn count_delayed(answered: Vec<(String, Result<Option<Value>, String>)>, cluster: Result<Vec<String>, String>) -> DelayedCount {
+/// Why the cluster's nodes could not be listed.
+#[derive(Debug, Error)]
+enum NodesUnlisted {
+    #[error("{0} ({NODES_NEED_A_TAG})")]
+    Refused(#[source] ManagementError),
+    #[error("GET /api/nodes gave no list ({NODES_NEED_A_TAG})")]
+    NoList,
+}
+
+const NODES_NEED_A_TAG: &str = "listing nodes needs the monitoring or administrator tag";
+
+/// Each endpoint's answer, by node, against the cluster's node names. The
+/// report keeps each failure as text beside the node it is about.
+fn count_delayed(answered: Vec<(String, Result<Option<Value>, ManagementError>)>, cluster: Result<Vec<String>, NodesUnlisted>) -> DelayedCount {
     let mut count = DelayedCount::default();
     for (node, answer) in answered {
         let (messages_delayed, unreadable) = match answer {
@@ -346,7 +351,7 @@ fn count_delayed(answered: Vec<(String, Result<Option<Value>, String>)>, cluster
                 None => (None, Some("the exchange has no messages_delayed field: is the plugin enabled on this node, and recent enough to count?".into())),
             },
             Ok(None) => (None, Some("the exchange was not found from this node".into())),
-            Err(why) => (None, Some(why)),
+            Err(why) => (None, Some(why.to_string())),
         };
         // Two URLs of one node: its count once, a number preferred.
         match count.nodes.iter_mut().find(|n| n.node == node) {
@@ -363,7 +368,7 @@ fn count_delayed(answered: Vec<(String, Result<Option<Value>, String>)>, cluster
             let asked: BTreeSet<&str> = count.nodes.iter().map(|n| n.node.as_str()).collect();
             count.uncounted = names.iter().filter(|name| !asked.contains(name.as_str())).cloned().collect();
         }
-        Err(why) => count.nodes_unlisted = Some(why),
+        Err(why) => count.nodes_unlisted = Some(why.to_string()),
     }
     count
 }
@@ -491,7 +496,7 @@ pub async fn apply(executor: &impl Executor, plan: &Plan) -> Result<Applied, Mig
             Ok(()) => applied.done.push(what),
             // Without the exchange no binding can be made.
             Err(err) if matches!(command, Command::DeclareExchange { .. }) => {
-                return Err(MigrateError::Declare { name: plan.deliver_to.clone(), why: err.to_string() });
+                return Err(MigrateError::Declare { name: plan.deliver_to.clone(), source: err });
             }
             Err(err) => applied.failed.push(format!("{what}: {err}")),
         }
@@ -594,11 +599,14 @@ mod tests {
         let no_field = count_delayed(vec![("rabbit@a".into(), Ok(Some(json!({"type": "x-delayed-message"}))))], Ok(vec!["rabbit@a".into()]));
         assert!(no_field.not_empty().unwrap().contains("no messages_delayed field"), "{:?}", no_field.not_empty());
 
-        let unlisted = count_delayed(vec![("rabbit@a".into(), exchange(json!(0)))], Err("HTTP 401".into()));
-        assert!(unlisted.not_empty().unwrap().contains("could not be listed (HTTP 401)"), "{:?}", unlisted.not_empty());
+        let refused = ManagementError::Status { url: "http://a:15672/api/nodes".into(), status: 401 };
+        let unlisted = count_delayed(vec![("rabbit@a".into(), exchange(json!(0)))], Err(NodesUnlisted::Refused(refused)));
+        let why = unlisted.not_empty().unwrap();
+        assert!(why.contains("could not be listed (http://a:15672/api/nodes: HTTP 401 (listing nodes needs the monitoring"), "{why}");
 
         // Two URLs reaching one node count it once; one that answers with an error does not hide the other's number.
-        let twice = count_delayed(vec![("rabbit@a".into(), Err("refused".into())), ("rabbit@a".into(), exchange(json!(0)))], Ok(vec!["rabbit@a".into()]));
+        let refused = ManagementError::Status { url: "http://a:15672/api/exchanges".into(), status: 503 };
+        let twice = count_delayed(vec![("rabbit@a".into(), Err(refused)), ("rabbit@a".into(), exchange(json!(0)))], Ok(vec!["rabbit@a".into()]));
         assert_eq!(twice.nodes.len(), 1);
         assert_eq!(twice.not_empty(), None);
     }

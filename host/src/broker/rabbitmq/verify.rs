@@ -16,13 +16,23 @@ use thiserror::Error;
 
 use crate::broker::rabbitmq::link::{create_channel, parting};
 use crate::broker::rabbitmq::manage::{Management, ManagementError, vhost_of};
+use crate::broker::rabbitmq::nodes::ConnectError;
 use crate::broker::rabbitmq::redact;
 use crate::command::{Command, FieldTable, FieldValue};
 
 #[derive(Debug, Error)]
 pub enum VerifyError {
+    /// No node of the AMQP URL gave a connection (`url` redacted).
+    #[error("cannot verify: RabbitMQ at {url}: {source}")]
+    Connect { url: String, source: ConnectError },
+    /// The broker refused a channel (`url` redacted).
+    #[error("cannot verify: RabbitMQ at {url}: {source}")]
+    Channel { url: String, source: lapin::Error },
     #[error("cannot verify: {0}")]
-    Unavailable(String),
+    Management(#[source] ManagementError),
+    /// The blocking task that read the management API panicked or was cancelled.
+    #[error("cannot verify: {0}")]
+    Lost(#[source] tokio::task::JoinError),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -127,10 +137,10 @@ fn check_binding(found: Vec<Value>, routing_key: &str, arguments: &FieldTable, n
 }
 
 async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> Result<(Vec<Drift>, usize), VerifyError> {
-    let unavailable = |e: lapin::Error| VerifyError::Unavailable(format!("RabbitMQ at {}: {e}", redact(amqp_url)));
+    let unavailable = |source: lapin::Error| VerifyError::Channel { url: redact(amqp_url), source };
     let (connection, _) = crate::broker::rabbitmq::nodes::connect(amqp_url, ConnectionProperties::default(), crate::broker::rabbitmq::link::CONNECT_TIMEOUT)
         .await
-        .map_err(|e| VerifyError::Unavailable(format!("RabbitMQ at {}: {e}", redact(amqp_url))))?;
+        .map_err(|source| VerifyError::Connect { url: redact(amqp_url), source })?;
     let mut channel = create_channel(&connection).await.map_err(unavailable)?;
     let mut drifts = Vec::new();
     let mut unchecked = 0;
@@ -168,14 +178,14 @@ pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Co
     let management_url = crate::broker::rabbitmq::manage::management_url(amqp_url, management_url);
     let mut fallback_reason = "no management URL".to_string();
     if let Some(url) = management_url {
-        let api = Management::new(&url, vhost_of(amqp_url)).map_err(|e| VerifyError::Unavailable(e.to_string()))?;
+        let api = Management::new(&url, vhost_of(amqp_url)).map_err(VerifyError::Management)?;
         let commands = commands.to_vec();
         let outcome = tokio::task::spawn_blocking(move || {
             // Reachability first, so a closed port means "fall back", not "drift".
             api.get("overview").and_then(|_| verify_with_management(&api, &commands))
         })
         .await
-        .map_err(|e| VerifyError::Unavailable(e.to_string()))?;
+        .map_err(VerifyError::Lost)?;
         match outcome {
             Ok(drifts) => {
                 return Ok(Report { method: format!("management API at {}", redact(&url)), checked, unchecked: 0, drifts });
