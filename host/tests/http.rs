@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hourglass::broker::Broker;
+use hourglass::broker;
 use hourglass::config::Config;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
@@ -37,7 +37,7 @@ impl Served {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (address, stop, server) = runtime.block_on(async {
             let strategies = Strategies::load(&config).expect("strategies");
-            let broker = Broker::connect(&config.broker).await.expect("memory broker");
+            let broker = broker::connect(&config.broker).await.expect("memory broker");
             let service = Service::new(Scheduler::new(&config, strategies, broker), token.map(String::from));
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let address = listener.local_addr().unwrap();

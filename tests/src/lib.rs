@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use hourglass::broker::Broker;
+use hourglass::broker::{self, Broker};
 use hourglass::clock::unix_now_ms;
 use hourglass::command::Command;
 use hourglass::config::Config;
@@ -166,7 +166,7 @@ pub async fn until(what: &str, deadline: Duration, mut check: impl AsyncFnMut() 
 
 pub async fn scheduler(config: &Config) -> Scheduler<Broker> {
     let strategies = Strategies::load(config).expect("strategies load");
-    let broker = Broker::connect(&config.broker).await.expect("connect to RabbitMQ");
+    let broker = broker::connect(&config.broker).await.expect("connect to RabbitMQ");
     Scheduler::new(config, strategies, broker)
 }
 

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use hourglass::broker::rabbitmq::manage::Management;
-use hourglass::broker::{Broker, Executor};
+use hourglass::broker::{self, Executor};
 use hourglass::command::{Command, at_most_once_dead_lettering};
 use hourglass::config::Config;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
@@ -31,7 +31,7 @@ fn dead_lettering_queues(topology: &[Command]) -> Vec<String> {
 /// Declares the topology on the broker and reads back each dead-lettering queue's type and arguments.
 async fn declared_queues(config: &Config) -> Vec<serde_json::Value> {
     let topology = topology_of(config);
-    let broker = Broker::connect(&config.broker).await.expect("connect to RabbitMQ");
+    let broker = broker::connect(&config.broker).await.expect("connect to RabbitMQ");
     broker.apply(&topology).await.expect("declare the topology");
     let management = Management::new(&management_url(), "/".into()).unwrap();
     let mut queues = Vec::new();

@@ -13,7 +13,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::Path;
 use std::time::Duration;
 
-use hourglass::broker::{Broker, amqp_url};
+use hourglass::broker::{self, Broker, amqp_url};
 use hourglass::command::Command;
 use hourglass::config::Config;
 use hourglass::scheduler::Scheduler;
@@ -42,7 +42,7 @@ impl BenchBroker {
         channel.queue_declare(destination.as_str().into(), QueueDeclareOptions::default(), FieldTable::default()).await.unwrap();
 
         let strategies = Strategies::load(&config).unwrap();
-        let broker = Broker::connect(&config.broker).await.unwrap();
+        let broker = broker::connect(&config.broker).await.unwrap();
         let scheduler = Scheduler::new(&config, strategies, broker);
         scheduler.prepare_destination("main", &destination).await.unwrap();
         (BenchBroker { _connection: connection, config, channel, destination }, scheduler)

@@ -130,11 +130,6 @@ impl MemoryExecutor {
         state.simulator.declare_destination_sqs_queue(name);
     }
 
-    /// The newest messages that reached `destination`, oldest first.
-    pub fn delivered(&self, destination: &str) -> Vec<Delivered> {
-        self.now().delivered.get(destination).map_or_else(Vec::new, |kept| kept.iter().cloned().collect())
-    }
-
     /// Moves the simulator along the wall clock until `stop` turns true, so
     /// each delivery is logged when it falls due.
     pub async fn run_clock(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
@@ -163,6 +158,15 @@ fn to_executor_error(err: SimError) -> ExecutorError {
 }
 
 impl Executor for MemoryExecutor {
+    /// The newest messages that reached `destination`, oldest first.
+    fn delivered(&self, destination: &str) -> Option<Vec<Delivered>> {
+        Some(self.now().delivered.get(destination).map_or_else(Vec::new, |kept| kept.iter().cloned().collect()))
+    }
+
+    fn outlives_the_process(&self) -> bool {
+        false
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         let mut state = self.now();
         commands.iter().try_for_each(|c| state.simulator.apply(c)).map_err(to_executor_error)
@@ -204,7 +208,7 @@ mod tests {
         let headers: FieldTable = [(DELAY_HEADER.to_string(), FieldValue::Int(0))].into();
         let envelope = Envelope { id: "m1".into(), body: b"hi".to_vec(), headers, properties: Default::default(), stamp_message_id: true };
         broker.send(&[publish], &envelope).await.unwrap();
-        let delivered = broker.delivered("dest");
+        let delivered = broker.delivered("dest").unwrap();
         assert_eq!((delivered[0].id.as_str(), delivered[0].body.as_slice()), ("m1", b"hi".as_slice()));
         assert!(broker.take_due().is_empty());
     }
@@ -219,7 +223,7 @@ mod tests {
                 Envelope { id: format!("m{n}"), body: vec![b'x'; 10], headers: FieldTable::new(), properties: Default::default(), stamp_message_id: true };
             broker.send(std::slice::from_ref(&publish), &envelope).await.unwrap();
         }
-        let delivered = broker.delivered("dest");
+        let delivered = broker.delivered("dest").unwrap();
         assert_eq!(delivered.len(), KEPT_PER_DESTINATION);
         assert_eq!(delivered[0].id, "m5", "the oldest five were dropped");
         assert!(broker.state.lock().unwrap().bodies.is_empty(), "no body outlives its delivery");

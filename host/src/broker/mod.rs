@@ -4,11 +4,14 @@
 //! destination, send one message through its planned commands and return once
 //! the broker confirmed it. [`memory`] is the embedded in-memory broker;
 //! [`rabbitmq`] and [`sqs`] are the real ones, and the only modules that speak
-//! their client libraries. [`Broker`] is whichever one `delay.toml` names.
+//! their client libraries. [`Broker`] is whichever one `delay.toml` names,
+//! opened by [`connect`].
 
 pub mod memory;
 pub mod rabbitmq;
 pub mod sqs;
+
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -16,7 +19,7 @@ use crate::command::{Command, FieldTable};
 use crate::config::BrokerConfig;
 use crate::message::Properties;
 
-pub use memory::MemoryExecutor;
+pub use memory::{Delivered, MemoryExecutor};
 use rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
 use sqs::SqsExecutor;
 
@@ -86,6 +89,20 @@ pub trait Executor {
     fn mark_pumped(&self, _queue: &str, _strategy: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send {
         async { Ok(()) }
     }
+
+    /// The newest deliveries to `destination`, on a broker that keeps them
+    /// (the in-memory one, where a first-time user watches a delay happen);
+    /// `None` on brokers whose destinations are consumed by someone else.
+    fn delivered(&self, _destination: &str) -> Option<Vec<Delivered>> {
+        None
+    }
+
+    /// Whether messages waiting on this broker outlive this process. Not on
+    /// the in-memory broker: there, warnings about what a broker crash can
+    /// lose say nothing.
+    fn outlives_the_process(&self) -> bool {
+        true
+    }
 }
 
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
@@ -95,10 +112,30 @@ pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 // One per process, never moved around: boxing the large variant buys nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Broker {
-    Memory(MemoryExecutor),
+    /// Shared with the wall clock the service runs for it.
+    Memory(Arc<MemoryExecutor>),
     /// Shared with the service's consumers, which set messages aside through it.
-    RabbitMq(std::sync::Arc<RabbitMqExecutor>),
-    Sqs(std::sync::Arc<SqsExecutor>),
+    RabbitMq(Arc<RabbitMqExecutor>),
+    /// Shared with the service's pumps, receivers and fates queue.
+    Sqs(Arc<SqsExecutor>),
+}
+
+impl From<Arc<MemoryExecutor>> for Broker {
+    fn from(executor: Arc<MemoryExecutor>) -> Broker {
+        Broker::Memory(executor)
+    }
+}
+
+impl From<Arc<RabbitMqExecutor>> for Broker {
+    fn from(executor: Arc<RabbitMqExecutor>) -> Broker {
+        Broker::RabbitMq(executor)
+    }
+}
+
+impl From<Arc<SqsExecutor>> for Broker {
+    fn from(executor: Arc<SqsExecutor>) -> Broker {
+        Broker::Sqs(executor)
+    }
 }
 
 /// The AMQP URL: the environment variable (`url_env`, default
@@ -108,22 +145,31 @@ pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
     std::env::var(variable).ok().filter(|v| !v.is_empty()).or_else(|| url.map(str::to_string)).unwrap_or_else(|| DEFAULT_URL.to_string())
 }
 
-impl Broker {
-    pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
-        match config {
-            BrokerConfig::Memory => Ok(Broker::Memory(MemoryExecutor::default())),
-            BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => {
-                let url = amqp_url(url.as_deref(), url_env.as_deref());
-                let channels = publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS);
-                Ok(Broker::RabbitMq(std::sync::Arc::new(RabbitMqExecutor::connect_with(&url, channels).await?)))
-            }
-            BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
-                let executor = SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), sqs::batcher::window(*send_batch_window)).await?;
-                Ok(Broker::Sqs(std::sync::Arc::new(executor)))
-            }
-        }
+/// Opens the broker `config` names.
+pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
+    match config {
+        BrokerConfig::Memory => Ok(Arc::new(MemoryExecutor::default()).into()),
+        BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => Ok(connect_rabbitmq(url, url_env, *publish_channels).await?.into()),
+        BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => Ok(connect_sqs(region, endpoint_url, *send_batch_window).await?.into()),
     }
+}
 
+/// Opens the RabbitMQ a `broker.kind = "rabbitmq"` config names.
+pub async fn connect_rabbitmq(url: &Option<String>, url_env: &Option<String>, publish_channels: Option<usize>) -> Result<Arc<RabbitMqExecutor>, ExecutorError> {
+    let url = amqp_url(url.as_deref(), url_env.as_deref());
+    Ok(Arc::new(RabbitMqExecutor::connect_with(&url, publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS)).await?))
+}
+
+/// Opens the SQS a `broker.kind = "sqs"` config names.
+pub async fn connect_sqs(
+    region: &Option<String>,
+    endpoint_url: &Option<String>,
+    send_batch_window: Option<hourglass_planner_sdk::DurationMs>,
+) -> Result<Arc<SqsExecutor>, ExecutorError> {
+    Ok(Arc::new(SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), sqs::batcher::window(send_batch_window)).await?))
+}
+
+impl Broker {
     /// Where messages go, for people.
     pub fn describe(&self) -> String {
         match self {
@@ -163,6 +209,23 @@ impl Executor for Broker {
             Broker::Sqs(s) => s.tag_pumped(queue, strategy).await,
         }
     }
+
+    fn delivered(&self, destination: &str) -> Option<Vec<Delivered>> {
+        match self {
+            Broker::Memory(m) => m.delivered(destination),
+            Broker::RabbitMq(r) => r.delivered(destination),
+            Broker::Sqs(s) => s.delivered(destination),
+        }
+    }
+
+    fn outlives_the_process(&self) -> bool {
+        match self {
+            Broker::Memory(m) => m.outlives_the_process(),
+            Broker::RabbitMq(r) => r.outlives_the_process(),
+            Broker::Sqs(s) => s.outlives_the_process(),
+        }
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         match self {
             Broker::Memory(m) => m.apply(commands).await,

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use hourglass::broker::{Broker, amqp_url};
+use hourglass::broker::{self, amqp_url};
 use hourglass::clock::Clock;
 use hourglass::config::BrokerConfig;
 use hourglass::scheduler::Scheduler;
@@ -101,14 +101,13 @@ fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&Asked, &Arc<Clock>) 
     let (mut config, strategies) = load(cli)?;
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
-        let broker = Broker::connect(&config.broker).await?;
-        let scheduler = Scheduler::new(&config, strategies, broker);
-        // The log's records and due times count on the broker's clock, as a serving host's do.
-        hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
-        let clock = scheduler.clock().clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         match &config.broker {
             BrokerConfig::Rabbitmq { url, url_env, .. } => {
+                let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
+                // The log's records and due times count on the broker's clock, as a serving host's do.
+                hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
+                let clock = scheduler.clock().clone();
                 let url = amqp_url(url.as_deref(), url_env.as_deref());
                 let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
                 let reader = tokio::spawn(log.clone().read(stopped));
@@ -117,8 +116,9 @@ fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&Asked, &Arc<Clock>) 
                 let _ = reader.await;
                 answer
             }
-            BrokerConfig::Sqs { .. } => {
-                let Broker::Sqs(sqs) = scheduler.executor() else { bail!("not an SQS broker") };
+            BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
+                let sqs = broker::connect_sqs(region, endpoint_url, *send_batch_window).await?;
+                let clock = Clock::system();
                 // The fates queue is made by `serve`; without it nothing here is cancellable.
                 let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, clock.clone(), false).await?;
                 let listener = tokio::spawn({

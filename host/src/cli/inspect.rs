@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use hourglass::broker::Broker;
+use hourglass::broker;
+use hourglass::config::BrokerConfig;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
 use hourglass::service::pending;
@@ -20,12 +21,14 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
     let mut depths = tokio_runtime()?.block_on(async {
-        let broker = Broker::connect(&config.broker).await?;
-        if !matches!(broker, Broker::RabbitMq(_)) {
-            bail!("inspect reads RabbitMQ queues ({} here); on SQS, GET /v1/delays of a running serve lists its pumped queues", broker.describe());
-        }
+        // A running serve knows the pumped queues to read on SQS; this command reads a strategy's own queues.
+        let BrokerConfig::Rabbitmq { .. } = &config.broker else {
+            bail!("inspect reads RabbitMQ queues; on SQS, GET /v1/delays of a running serve lists its pumped queues");
+        };
+        let broker = broker::connect(&config.broker).await?;
         let management = pending::management_for(&config);
-        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), management).await)
+        let unparking = config.service.unpark.unwrap_or(true);
+        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), management, unparking).await)
     })?;
     if let Some(wanted) = &cli.strategy {
         depths.retain(|s| &s.strategy == wanted);

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use hourglass::broker::rabbitmq::manage::{self, Management, vhost_of};
 use hourglass::broker::rabbitmq::migrate::{self, Applied, Plan};
-use hourglass::broker::{Broker, amqp_url};
+use hourglass::broker::{self, amqp_url};
 use hourglass::config::{BrokerConfig, Config};
 use hourglass::render;
 use serde::Serialize;
@@ -120,7 +120,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
             bail!("refusing to apply: {why}");
         }
         let applied = tokio_runtime()?.block_on(async {
-            let broker = Broker::connect(&config.broker).await?;
+            let broker = broker::connect(&config.broker).await?;
             Ok::<_, anyhow::Error>(migrate::apply(&broker, &plan).await?)
         })?;
         Some(applied)

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{Broker, amqp_url};
+use hourglass::broker::{self, amqp_url};
 use hourglass::config::BrokerConfig;
 use hourglass::parked::{self, Handled, ParkingQueue};
 use hourglass::scheduler::Scheduler;
@@ -69,7 +69,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     };
     let url = amqp_url(url.as_deref(), url_env.as_deref());
     tokio_runtime()?.block_on(async {
-        let scheduler = Scheduler::new(&config, strategies, Broker::connect(&config.broker).await?);
+        let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
         let mut queues = parked::parking_queues(&config, &scheduler);
         let wanted = match &args.action {
             Action::List { queue, .. } | Action::Replay { queue, .. } | Action::Drop { queue, .. } => queue.clone(),

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use hourglass::broker::Broker;
 use hourglass::broker::sqs::pump::Pump;
+use hourglass::broker::{self, Broker};
 use hourglass::command::Command;
-use hourglass::config::Config;
+use hourglass::config::{BrokerConfig, Config};
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 
@@ -40,12 +40,11 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
 }
 
 async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, destinations: &[String], wait_seconds: i32) -> Result<()> {
-    let broker = Broker::connect(&config.broker).await?;
-    let Broker::Sqs(executor) = &broker else {
+    let BrokerConfig::Sqs { region, endpoint_url, send_batch_window } = &config.broker else {
         bail!("{}: pump needs broker.kind = \"sqs\"", config.path.display());
     };
-    let executor = executor.clone();
-    let scheduler = Scheduler::new(config, strategies, broker);
+    let executor = broker::connect_sqs(region, endpoint_url, *send_batch_window).await?;
+    let scheduler: Scheduler<Broker> = Scheduler::new(config, strategies, executor.clone().into());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut counters = Vec::new();

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use hourglass::broker::Broker;
+use hourglass::broker;
 use hourglass::command::FieldValue;
 use hourglass::render;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
@@ -48,7 +48,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         ..Default::default()
     };
     let (scheduled, place, now) = tokio_runtime()?.block_on(async {
-        let broker = Broker::connect(&config.broker).await?;
+        let broker = broker::connect(&config.broker).await?;
         let place = broker.describe();
         let scheduler = Scheduler::new(&config, strategies, broker);
         if request.deliver_at_ms.is_some() {

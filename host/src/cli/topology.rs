@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use hourglass::broker::Broker;
+use hourglass::broker::{self, Executor};
 use hourglass::command::Command;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
@@ -28,11 +28,11 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         let (config, strategies) = load(cli)?;
         let strategy = cli.strategy.clone().unwrap_or_else(|| config.default_strategy.clone());
         tokio_runtime()?.block_on(async {
-            let broker = Broker::connect(&config.broker).await?;
+            let broker = broker::connect(&config.broker).await?;
             let place = broker.describe();
             let scheduler = Scheduler::new(&config, strategies, broker);
             scheduler.apply_topology(&strategy).await?;
-            if matches!(scheduler.executor(), Broker::RabbitMq(_))
+            if scheduler.executor().outlives_the_process()
                 && let Some(queues) = scheduler.at_most_once_queues().remove(&strategy)
             {
                 eprintln!(

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{Broker, amqp_url};
+use hourglass::broker::{self, amqp_url};
 use hourglass::config::BrokerConfig;
 use hourglass::scheduler::Scheduler;
 use hourglass::transfer::{DEFAULT_BATCH, Summary, transfer};
@@ -39,7 +39,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     };
     let url = amqp_url(url.as_deref(), url_env.as_deref());
     let summary = tokio_runtime()?.block_on(async {
-        let scheduler = Scheduler::new(&config, strategies, Broker::connect(&config.broker).await?);
+        let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
         let taker = Taker::open(&url).await?;
         let (from, to) = (args.from.as_str(), args.to.as_str());
         let management = hourglass::service::pending::management_for(&config);

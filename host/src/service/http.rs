@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::Service;
 use crate::broker::memory::KEPT_PER_DESTINATION;
-use crate::broker::{Broker, ExecutorError};
+use crate::broker::{Executor, ExecutorError};
 use crate::command::FieldValue;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
@@ -443,7 +443,7 @@ async fn get_redelivery(State(service): State<Arc<Service>>, headers: HeaderMap)
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
     }
-    let input = service.background.redelivery.as_ref().map(|r| r.handler().input().to_string());
+    let input = service.background.redelivery.get().map(|r| r.handler().input().to_string());
     axum::Json(json!({ "input": input, "queues": service.redelivery_status() })).into_response()
 }
 
@@ -456,12 +456,11 @@ async fn get_delivered(State(service): State<Arc<Service>>, headers: HeaderMap, 
     let Some(destination) = query.get("destination").filter(|d| !d.is_empty()) else {
         return ApiError::bad("destination", "missing").into_response();
     };
-    let Broker::Memory(memory) = service.scheduler.executor() else {
+    let Some(delivered) = service.scheduler.executor().delivered(destination) else {
         let message = "only the embedded memory broker keeps delivered messages; on RabbitMQ or SQS, consume the destination queue";
         return ApiError { status: StatusCode::NOT_FOUND, field: None, message: message.into() }.into_response();
     };
-    let messages: Vec<Value> = memory
-        .delivered(destination)
+    let messages: Vec<Value> = delivered
         .into_iter()
         .map(|delivered| {
             let (body, encoding) = match String::from_utf8(delivered.body.clone()) {

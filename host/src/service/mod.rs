@@ -5,12 +5,12 @@
 //!   `400` (or `401`, `413`, `422`) with a JSON error naming the field, and
 //!   nothing is published; a broker that cannot be reached gives `503`.
 //! * [`startup`]: what [`Service::start`] runs for a config — planners,
-//!   broker, topology, and the background tasks: the AMQP [`ingress`] and
-//!   [`redelivery`] consumers, the lateness [`canary`] and the connection
-//!   keeper (`broker-connections`) on RabbitMQ, a pump
-//!   for every pumped queue on SQS, the wall clock of the memory broker, each
-//!   run by the [`supervise`] supervisor, which restarts a task that panicked
-//!   or failed and tells readiness which task is down.
+//!   broker, topology — and [`broker_side`]: what each broker runs beside the
+//!   scheduler: the AMQP [`ingress`] and [`redelivery`] consumers, the
+//!   lateness [`canary`] and the connection keeper (`broker-connections`) on
+//!   RabbitMQ, a pump for every pumped queue on SQS, the wall clock of the
+//!   memory broker, each run by the [`supervise`] supervisor, which restarts a
+//!   task that panicked or failed and tells readiness which task is down.
 //! * [`pending`]: the queue depths read every 5 s, and [`status`]: the page at `/`.
 //! * [`clock_check`]: the broker's clock read on RabbitMQ (the management
 //!   API's `Date`), so due times count on it and not on a host clock that is wrong.
@@ -27,13 +27,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+mod broker_side;
 pub mod canary;
 pub mod cancel;
 pub mod clock_check;
@@ -50,15 +51,14 @@ pub mod supervise;
 pub mod unpark;
 
 pub use crate::metrics::Metrics;
+pub use broker_side::pump_settings;
 pub use http::{MAX_BODY_BYTES, router, run};
-pub use startup::pump_settings;
 
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::{Broker, Executor, ExecutorError};
 use crate::config::{Config, TopologyAtStart};
 use crate::scheduler::strategies::{Strategies, StrategyError};
 use crate::scheduler::{ScheduleError, Scheduler};
-use crate::service::ingress::Ingress;
 use crate::service::redelivery::Redelivery;
 use crate::service::supervise::{Down, Supervisor};
 
@@ -97,13 +97,12 @@ struct Background {
     supervisor: Supervisor,
     /// Unsupervised helpers (the pump starter), awaited at shutdown.
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    ingress: Option<Arc<Consumer<Ingress>>>,
-    redelivery: Option<Arc<Consumer<Redelivery>>>,
+    /// Set by the broker's side as it starts, before the service serves.
+    redelivery: OnceLock<Arc<Consumer<Redelivery>>>,
     /// The cancellation log, when a strategy is cancellable.
-    cancel: Option<Arc<cancel::CancelLog>>,
+    cancel: OnceLock<Arc<cancel::CancelLog>>,
     /// On SQS, the fates queue and this host's reply queue, when a strategy is cancellable.
-    sqs_cancel: Option<Arc<sqs_cancel::SqsCancel>>,
-    /// Pumped queues that have a pump.
+    sqs_cancel: OnceLock<Arc<sqs_cancel::SqsCancel>>,
     /// Pumped queues with a pump, and the strategy each belongs to.
     pumps: std::sync::Mutex<BTreeMap<String, String>>,
 }
@@ -115,10 +114,9 @@ impl Background {
             supervisor: Supervisor::new(metrics.clone(), stop.subscribe()),
             stop,
             tasks: Default::default(),
-            ingress: None,
-            redelivery: None,
-            cancel: None,
-            sqs_cancel: None,
+            redelivery: OnceLock::new(),
+            cancel: OnceLock::new(),
+            sqs_cancel: OnceLock::new(),
             pumps: Default::default(),
         }
     }
@@ -136,6 +134,8 @@ pub struct Readiness {
 
 pub struct Service {
     scheduler: Arc<Scheduler<Broker>>,
+    /// What the broker runs beside the scheduler; `None` when built from parts.
+    side: Option<Arc<dyn broker_side::BrokerSide>>,
     token: Option<String>,
     pub metrics: Arc<Metrics>,
     /// The config file `reload` re-reads; `None` when built from parts.
@@ -181,6 +181,7 @@ impl Service {
         metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         Arc::new(Service {
             background: Background::new(&metrics),
+            side: None,
             metrics,
             scheduler,
             token,
@@ -205,12 +206,12 @@ impl Service {
 
     /// The cancellation log, when a strategy has `cancellable = true`.
     pub fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
-        self.background.cancel.as_ref()
+        self.background.cancel.get()
     }
 
     /// On SQS, cancel and reschedule through the fates queue, when a strategy has `cancellable = true`.
     pub fn sqs_cancel(&self) -> Option<&Arc<sqs_cancel::SqsCancel>> {
-        self.background.sqs_cancel.as_ref()
+        self.background.sqs_cancel.get()
     }
 
     pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {
@@ -219,7 +220,7 @@ impl Service {
 
     /// Per redelivery queue: waiting, redelivered, given up.
     pub fn redelivery_status(&self) -> Vec<crate::service::redelivery::QueueStatus> {
-        self.background.redelivery.as_ref().map(|r| r.handler().status()).unwrap_or_default()
+        self.background.redelivery.get().map(|r| r.handler().status()).unwrap_or_default()
     }
 
     /// Broker connected and every background task that should run running:
@@ -286,7 +287,7 @@ impl Service {
             )));
         }
         // Redelivery keeps running with the queues it started with: their strategies must stay.
-        if let Some(redelivery) = &self.background.redelivery {
+        if let Some(redelivery) = self.background.redelivery.get() {
             let handler = redelivery.handler();
             for entry in handler.entries() {
                 for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
@@ -308,12 +309,9 @@ impl Service {
         let reloaded = Reloaded { strategies: config.strategies.keys().cloned().collect(), default_strategy: config.default_strategy.clone(), needs_restart };
         let apply_default = self.topology == TopologyAtStart::Apply;
         self.scheduler.reload(config.clone(), strategies, apply_default).await?;
-        // A strategy the reload added gets its release and parking-queue
-        // consumers now, as at start. They declare their queues as they attach
-        // (not here): the new config is in effect, so the reload must not fail after this.
-        let running = |name: &str| self.background.supervisor.has(name);
-        let added = startup::strategy_consumers(&config, &self.scheduler, self.background.cancel.as_ref(), TopologyAtStart::Skip, running).await?;
-        added.supervise(&self.background);
+        if let Some(side) = &self.side {
+            side.start_added(self, &config).await?;
+        }
         self.metrics.bound_labels(config.strategies.keys(), config.destinations.keys());
         self.prepare_configured_destinations(&config).await;
         Ok(reloaded)
@@ -331,7 +329,7 @@ impl Service {
             let _ = task.await;
         }
         self.background.supervisor.join().await;
-        if let Some(sqs) = &self.background.sqs_cancel {
+        if let Some(sqs) = self.background.sqs_cancel.get() {
             sqs.close().await;
         }
     }

@@ -1,6 +1,6 @@
 //! What waits in each strategy's queues, read from the broker every
-//! `service.depth_poll` ([`POLL`] on RabbitMQ, [`POLL_SQS`] on SQS), never
-//! per request: exported as
+//! `service.depth_poll` (by default as often as the broker's side says in
+//! its [`DepthReading`]: 5 s on RabbitMQ, 60 s on SQS), never per request: exported as
 //! `hourglass_pending_messages{strategy,level}` and
 //! `hourglass_parked_messages{strategy}`, and served at `GET /v1/delays` from
 //! the last reading. Messages other clients scheduled through a shared preset
@@ -29,10 +29,19 @@ use crate::config::{BrokerConfig, Config};
 use crate::parked::orphan_queue;
 use crate::scheduler::Scheduler;
 
-/// How often the depths are read on RabbitMQ (passive declares are free)...
-pub const POLL: Duration = Duration::from_secs(5);
-/// ...and on SQS, where two requests per pumped queue per reading are billed.
-pub const POLL_SQS: Duration = Duration::from_secs(60);
+/// How the service reads a broker's queue depths.
+pub struct DepthReading {
+    /// How often, unless `service.depth_poll` says.
+    pub every: Duration,
+    /// Whether each parking queue's orphans (RabbitMQ's unpark consumers move
+    /// there what cannot go on) count as parked.
+    pub unparking: bool,
+    /// Whether a waiting queue the broker no longer knows was deleted, so its
+    /// strategy's topology is declared again.
+    pub redeclare_deleted: bool,
+    /// RabbitMQ's management API, for the queues a strategy makes per message.
+    pub management: Option<Arc<Management>>,
+}
 
 /// One queue's depth at the last reading.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -61,15 +70,16 @@ pub struct StrategyDepths {
 /// the broker (not yet declared since the last reconnect) is read only when
 /// `declared_only` is false: a missing queue costs a channel error per look.
 /// `pumped` (SQS: queue → strategy) adds each pumped queue, with its
-/// dead-letter queue as the parked count.
+/// dead-letter queue as the parked count; `unparking` adds each parking
+/// queue's orphans to the parked count.
 pub async fn read(
     scheduler: &Scheduler<Broker>,
     declared_only: bool,
     pumped: &BTreeMap<String, String>,
     management: Option<Arc<Management>>,
+    unparking: bool,
 ) -> Vec<StrategyDepths> {
     let parking = scheduler.parking_queues();
-    let unparking = matches!(scheduler.executor(), Broker::RabbitMq(_)) && scheduler.config().service.unpark.unwrap_or(true);
     let mut all = Vec::new();
     let mut by_strategy: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (queue, strategy) in pumped {
@@ -130,26 +140,27 @@ pub async fn read(
 /// the AMQP host on port 15672), for listing per-message queues.
 pub fn management_for(config: &Config) -> Option<Arc<Management>> {
     let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else { return None };
-    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let base = manage::management_url(&amqp, management_url.as_deref())?;
-    Management::new(&base, manage::vhost_of(&amqp)).ok().map(Arc::new)
+    management_api(&amqp_url(url.as_deref(), url_env.as_deref()), management_url.as_deref())
 }
 
-/// Reads the depths every [`POLL`] into the metrics and the service's last
-/// reading, until the service stops.
-pub(super) fn spawn_poll(service: &Arc<Service>) {
-    if matches!(service.scheduler.executor(), Broker::Memory(_)) {
-        return;
-    }
-    let every = service.depth_poll.unwrap_or(if matches!(service.scheduler.executor(), Broker::Sqs(_)) { POLL_SQS } else { POLL });
-    let (polled, mut stop) = (service.clone(), service.background.stop.subscribe());
-    let management = management_for(&service.scheduler.config());
+/// The management API of the RabbitMQ at `amqp` (`management_url`, else the
+/// AMQP host on port 15672).
+pub fn management_api(amqp: &str, management_url: Option<&str>) -> Option<Arc<Management>> {
+    let base = manage::management_url(amqp, management_url)?;
+    Management::new(&base, manage::vhost_of(amqp)).ok().map(Arc::new)
+}
+
+/// Reads the depths as `reading` says into the metrics and the service's
+/// last reading, until the service stops.
+pub(super) fn spawn_poll(service: &Arc<Service>, reading: DepthReading) {
+    let every = service.depth_poll.unwrap_or(reading.every);
+    let (polled, mut stop, reading) = (service.clone(), service.background.stop.subscribe(), Arc::new(reading));
     service.spawn(tokio::spawn(async move {
         loop {
             // A reading may wait on a broker that does not answer (a reconnect
             // bounded by CONNECT_TIMEOUT per node); stop cuts it short.
             tokio::select! {
-                () = poll_once(&polled, management.clone()) => {}
+                () = poll_once(&polled, &reading) => {}
                 _ = stop.wait_for(|stopping| *stopping) => return,
             }
             tokio::select! {
@@ -162,9 +173,9 @@ pub(super) fn spawn_poll(service: &Arc<Service>) {
 
 /// Reads the depths once into the metrics and the service's last reading,
 /// and declares again the topology of a strategy whose waiting queues are gone.
-async fn poll_once(service: &Service, management: Option<Arc<Management>>) {
+async fn poll_once(service: &Service, reading: &DepthReading) {
     let pumped = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let depths = read(&service.scheduler, true, &pumped, management).await;
+    let depths = read(&service.scheduler, true, &pumped, reading.management.clone(), reading.unparking).await;
     for strategy in &depths {
         service.metrics.set_parked(&strategy.strategy, strategy.parked);
         for queue in &strategy.queues {
@@ -173,7 +184,9 @@ async fn poll_once(service: &Service, management: Option<Arc<Management>>) {
             }
         }
     }
-    redeclare_missing(&service.scheduler, &depths).await;
+    if reading.redeclare_deleted {
+        redeclare_missing(&service.scheduler, &depths).await;
+    }
     *service.pending.lock().unwrap_or_else(|p| p.into_inner()) = depths;
 }
 
@@ -182,12 +195,7 @@ async fn poll_once(service: &Service, management: Option<Arc<Management>>) {
 /// is declared again at once. Meanwhile nothing goes early: a direct level
 /// parks what reaches it without its queue (see binary-levels' hold exchanges).
 async fn redeclare_missing(scheduler: &Scheduler<Broker>, depths: &[StrategyDepths]) {
-    if !matches!(scheduler.executor(), Broker::RabbitMq(_)) {
-        return;
-    }
     for strategy in depths {
-        // On RabbitMQ only a strategy's static waiting queues can read as
-        // unknown: per-message queues come counted from the management API.
         let unread = strategy.queues.iter().filter(|q| q.messages.is_none());
         let mut missing = Vec::new();
         for queue in unread {

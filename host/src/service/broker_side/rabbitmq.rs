@@ -1,0 +1,303 @@
+//! RabbitMQ's side of the service. Before work: the broker's clock read
+//! through the management API. At start: a probe of each mechanism the
+//! strategies rely on, then the consumers — ingress, redelivery, each
+//! strategy's release queue and parking queues, the canary — and the
+//! cancellation log when a strategy is cancellable; beside them the
+//! connection keeper, the clock check and the open-channel gauge.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
+use crate::broker::rabbitmq::RabbitMqExecutor;
+use crate::broker::rabbitmq::consume::Consumer;
+use crate::broker::rabbitmq::manage::{self, Management};
+use crate::broker::rabbitmq::{capacity, probe};
+use crate::broker::{Broker, amqp_url, connect_rabbitmq};
+use crate::config::{Config, DeadLetterSetup, TopologyAtStart};
+use crate::message::Handler;
+use crate::parked;
+use crate::scheduler::Scheduler;
+use crate::service::canary::Canary;
+use crate::service::cancel::CancelLog;
+use crate::service::ingress::Ingress;
+use crate::service::pending::{self, DepthReading};
+use crate::service::redelivery::Redelivery;
+use crate::service::release::Release;
+use crate::service::unpark::Unpark;
+use crate::service::{Background, Service, ServiceError, clock_check};
+
+/// How often queue depths are read unless `service.depth_poll` says: passive declares are free.
+const DEPTH_POLL: Duration = Duration::from_secs(5);
+
+struct RabbitMqSide {
+    /// Shared with the scheduler: consumers set messages aside through it.
+    publisher: Arc<RabbitMqExecutor>,
+    amqp: String,
+    management_url: Option<String>,
+    /// Where the broker's clock is read, when the management API is reachable by URL.
+    clock_api: Option<Arc<Management>>,
+}
+
+pub(super) async fn connect(
+    url: &Option<String>,
+    url_env: &Option<String>,
+    publish_channels: Option<usize>,
+    management_url: &Option<String>,
+) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
+    let publisher = connect_rabbitmq(url, url_env, publish_channels).await?;
+    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
+    let clock_api = pending::management_api(&amqp, management_url.as_deref());
+    let side = RabbitMqSide { publisher: publisher.clone(), amqp, management_url: management_url.clone(), clock_api };
+    Ok((publisher.into(), Arc::new(side)))
+}
+
+impl BrokerSide for RabbitMqSide {
+    fn before_work<'a>(&'a self, scheduler: &'a Scheduler<Broker>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match &self.clock_api {
+                Some(api) => clock_check::first(api, scheduler.clock()).await,
+                None => tracing::warn!(
+                    "no management API to read the broker's clock from: deliver_at and other due times are counted on this host's clock, which must be right (NTP)"
+                ),
+            }
+        })
+    }
+
+    fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(async move {
+            let scheduler = &service.scheduler;
+            let declaring = service.topology == TopologyAtStart::Apply;
+            check_the_brokers_mechanisms(scheduler, &self.amqp, self.management_url.as_deref()).await?;
+            // Every consumer declares its queues before any starts.
+            let ingress = match config.service.ingress.enabled {
+                true => Some(self.consumer(Ingress::new(config.service.ingress.clone(), scheduler.clone()), declaring).await?),
+                false => None,
+            };
+            if !config.redelivery.is_empty() {
+                let redelivery = self.start_redelivery(config, scheduler, declaring).await?;
+                let _ = service.background.redelivery.set(redelivery);
+            }
+            if config.strategies.values().any(|s| s.cancellable) {
+                let _ = service.background.cancel.set(CancelLog::new(&self.amqp, &config.service.cancel, scheduler.clone()));
+            }
+            let per_strategy = self.strategy_consumers(config, scheduler, service.background.cancel.get(), declaring, |_| false).await?;
+            let canary = match config.service.canary.enabled {
+                true => Some(self.consumer(Canary::new(config.service.canary.clone(), scheduler.clone()), declaring).await?),
+                false => None,
+            };
+
+            self.watch(service);
+            self.keep_connected(service);
+            if let Some(api) = &self.clock_api {
+                clock_check::supervise(service, api.clone());
+            }
+            let background = &service.background;
+            if let Some(ingress) = ingress {
+                supervise_consumer(background, "ingress", ingress);
+            }
+            if let Some(redelivery) = background.redelivery.get() {
+                supervise_consumer(background, "redelivery", redelivery.clone());
+            }
+            if let Some(log) = background.cancel.get() {
+                let (reader, probe, stop) = (log.clone(), log.clone(), background.stop.subscribe());
+                background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || {
+                    let read = reader.clone().read(stop.clone());
+                    async move { Ok(read.await?) }
+                });
+            }
+            per_strategy.supervise(background);
+            if let Some(canary) = canary {
+                supervise_consumer(background, "canary", canary);
+                supervise_canary_probes(service, config);
+            }
+            Ok(())
+        })
+    }
+
+    /// A strategy the reload added gets its release and parking-queue
+    /// consumers, as at start. They declare their queues as they attach (not
+    /// here): the new config is in effect, so the reload must not fail after this.
+    fn start_added<'a>(&'a self, service: &'a Service, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(async move {
+            let running = |name: &str| service.background.supervisor.has(name);
+            let added = self.strategy_consumers(config, &service.scheduler, service.background.cancel.get(), false, running).await?;
+            added.supervise(&service.background);
+            Ok(())
+        })
+    }
+
+    fn depth_reading(&self, config: &Config) -> Option<DepthReading> {
+        Some(DepthReading {
+            every: DEPTH_POLL,
+            unparking: config.service.unpark.unwrap_or(true),
+            // Only a strategy's static waiting queues can read as unknown here:
+            // per-message queues come counted from the management API.
+            redeclare_deleted: true,
+            management: pending::management_api(&self.amqp, self.management_url.as_deref()),
+        })
+    }
+}
+
+impl RabbitMqSide {
+    /// A consumer of this broker for `handler`, its queues declared when `declaring`.
+    async fn consumer<H: Handler>(&self, handler: Arc<H>, declaring: bool) -> Result<Arc<Consumer<H>>, ServiceError> {
+        let consumer = Consumer::new(&self.amqp, self.publisher.clone(), handler);
+        if declaring {
+            consumer.declare().await?;
+        }
+        Ok(consumer)
+    }
+
+    /// Warns about queues that can lose messages in a broker crash, and reports open channels.
+    fn watch(&self, service: &Arc<Service>) {
+        for (strategy, queues) in service.scheduler.at_most_once_queues() {
+            tracing::warn!(
+                %strategy,
+                ?queues,
+                "these classic queues dead-letter at most once: a broker crash can lose messages waiting in them (queue_type = \"quorum\", the default, where the strategy offers it)"
+            );
+        }
+        let publisher = Arc::downgrade(&self.publisher);
+        service.metrics.watch_open_channels(Box::new(move || match publisher.upgrade() {
+            Some(publisher) => vec![("publishing", publisher.open_channels() as i64)],
+            None => Vec::new(),
+        }));
+    }
+
+    /// `broker-connections` reconnects the publisher's connections, which
+    /// readiness only reads, so an idle host comes back by itself.
+    fn keep_connected(&self, service: &Arc<Service>) {
+        let (publisher, stop) = (self.publisher.clone(), service.background.stop.subscribe());
+        service.background.supervisor.spawn("broker-connections", None, move || {
+            let (publisher, stop) = (publisher.clone(), stop.clone());
+            async move {
+                publisher.keep_connected(stop).await;
+                Ok(())
+            }
+        });
+    }
+
+    /// Each strategy's release consumer and parking-queue consumers, by the
+    /// name each runs under, leaving out those `running` already (at start
+    /// none; at a reload those of the strategies it kept). Every strategy has
+    /// a release queue: a cancellable one ends all its delays there, any other
+    /// those of messages due to an exchange.
+    async fn strategy_consumers(
+        &self,
+        config: &Config,
+        scheduler: &Arc<Scheduler<Broker>>,
+        log: Option<&Arc<CancelLog>>,
+        declaring: bool,
+        running: impl Fn(&str) -> bool,
+    ) -> Result<StrategyConsumers, ServiceError> {
+        let mut consumers = StrategyConsumers::default();
+        for strategy in config.strategies.values() {
+            let name = format!("release:{}", strategy.name);
+            if running(&name) {
+                continue;
+            }
+            let queue = config.service.cancel.release_queue(&strategy.name);
+            let log = log.cloned().filter(|_| strategy.cancellable);
+            let release = Release::new(&strategy.name, queue, config.service.ingress.prefetch, log, scheduler.clone());
+            consumers.releases.push((name, self.consumer(release, declaring).await?));
+        }
+        if config.service.unpark.unwrap_or(true) {
+            for parking in parked::strategy_parking_queues(config, scheduler) {
+                let name = format!("unpark:{}", parking.queue);
+                if running(&name) {
+                    continue;
+                }
+                let unpark = Unpark::new(parking, config.service.ingress.prefetch, scheduler.clone());
+                consumers.unparks.push((name, self.consumer(unpark, declaring).await?));
+            }
+        }
+        Ok(consumers)
+    }
+
+    /// Sets up redelivery: declares the input, the error queues and the
+    /// consumer queues' dead-lettering (or sets broker policies), and prepares
+    /// each queue as a destination of its strategy.
+    async fn start_redelivery(&self, config: &Config, scheduler: &Arc<Scheduler<Broker>>, declaring: bool) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
+        let handler = Redelivery::new(config, scheduler.clone(), declaring);
+        let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
+        let consumer = self.consumer(handler.clone(), declaring).await?;
+        let with_policy: Vec<String> = handler.entries().filter(|e| e.dead_letter == DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
+        if declaring && !with_policy.is_empty() {
+            let management = manage::management_url(&self.amqp, self.management_url.as_deref())
+                .ok_or_else(|| named(&with_policy[0], &"dead_letter = \"broker-policy\" needs broker.management_url"))?;
+            let api = Management::new(&management, manage::vhost_of(&self.amqp)).map_err(|e| named(&with_policy[0], &e))?;
+            let handler = handler.clone();
+            tokio::task::spawn_blocking(move || {
+                for queue in &with_policy {
+                    handler.apply_broker_policy(&api, queue).map_err(|e| (queue.clone(), format!("setting the broker policy: {e}")))?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| ServiceError::Other(e.to_string()))?
+            .map_err(|(queue, e)| named(&queue, &e))?;
+        }
+        for entry in handler.entries() {
+            let strategy = handler.strategy_of(entry);
+            if let Err(err) = scheduler.prepare_destination(&strategy, &entry.queue).await {
+                tracing::warn!(queue = %entry.queue, %strategy, error = %err, "redelivery queue not ready yet; prepared again on its first rejection");
+            }
+        }
+        tracing::info!(input = %handler.input(), queues = handler.entries().count(), "redelivery set up");
+        Ok(consumer)
+    }
+}
+
+/// Release consumers and parking-queue consumers, each by the name it runs under.
+#[derive(Default)]
+struct StrategyConsumers {
+    releases: Vec<(String, Arc<Consumer<Release>>)>,
+    unparks: Vec<(String, Arc<Consumer<Unpark>>)>,
+}
+
+impl StrategyConsumers {
+    /// Runs each under the service's supervisor.
+    fn supervise(self, background: &Background) {
+        for (name, consumer) in self.releases {
+            supervise_consumer(background, &name, consumer);
+        }
+        for (name, consumer) in self.unparks {
+            supervise_consumer(background, &name, consumer);
+        }
+    }
+}
+
+/// Once at start: a probe through each broker mechanism the strategies rely
+/// on (BCC through dead-lettering, alternate exchanges, at-least-once
+/// dead-lettering), refusing to start when one does not behave rather than
+/// deliver wrong; and the nodes' file handles against the quorum queues the
+/// strategies add, warned about. Only RabbitMQ 3.10 runs where hourglass is
+/// tested, so the user's broker proves what it relies on.
+async fn check_the_brokers_mechanisms(scheduler: &Scheduler<Broker>, amqp: &str, management_url: Option<&str>) -> Result<(), ServiceError> {
+    let declarations = scheduler.all_declarations();
+    let mechanisms = probe::mechanisms_used(&declarations);
+    match probe::probe(amqp, &mechanisms).await {
+        Ok(results) => {
+            for result in &results {
+                match (result.refusal(), result.outcome) {
+                    (Some(refusal), _) => return Err(ServiceError::BrokerMechanism(refusal)),
+                    (None, probe::Outcome::NotRun) => tracing::warn!(mechanism = ?result.mechanism, detail = %result.detail, "a broker probe could not run"),
+                    (None, _) => tracing::debug!(mechanism = ?result.mechanism, elapsed_ms = result.elapsed_ms, "broker probe passed"),
+                }
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "the broker's mechanisms were not probed"),
+    }
+    match capacity::check_capacity(amqp, management_url, &declarations).await {
+        Ok(report) => {
+            for warning in &report.warnings {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(err) => tracing::info!(error = %err, "the broker's capacity was not checked"),
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! SQS's side of the service: a supervised pump for every pumped queue (those
+//! the strategies report and those found tagged on the account), the SQS
+//! ingress and canary queues, and, when a strategy is cancellable, the fates
+//! queue with this host's reply queue and a release receiver per strategy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
+use crate::broker::sqs::SqsExecutor;
+use crate::broker::sqs::consume::SqsConsumer;
+use crate::broker::sqs::fates_queue::FatesError;
+use crate::broker::sqs::pump::Pump;
+use crate::broker::sqs::pumped::{Discovery, PumpSettings};
+use crate::broker::sqs::release::SqsRelease;
+use crate::broker::{Broker, Executor, connect_sqs};
+use crate::config::{Config, TopologyAtStart};
+use crate::scheduler::strategies::Strategies;
+use crate::scheduler::{PumpedQueue, sqs_release_queue_declaration};
+use crate::service::canary::Canary;
+use crate::service::ingress::Ingress;
+use crate::service::pending::DepthReading;
+use crate::service::sqs_cancel::{SchedulerReplan, SqsCancel};
+use crate::service::{Service, ServiceError};
+
+const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
+const DEFAULT_PUMP_DISCOVERY: Duration = Duration::from_secs(60);
+/// How often queue depths are read unless `service.depth_poll` says: two
+/// requests per pumped queue per reading are billed.
+const DEPTH_POLL: Duration = Duration::from_secs(60);
+
+struct SqsSide {
+    sqs: Arc<SqsExecutor>,
+}
+
+pub(super) async fn connect(
+    region: &Option<String>,
+    endpoint_url: &Option<String>,
+    send_batch_window: Option<hourglass_planner_sdk::DurationMs>,
+) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
+    let sqs = connect_sqs(region, endpoint_url, send_batch_window).await?;
+    Ok((sqs.clone().into(), Arc::new(SqsSide { sqs })))
+}
+
+impl BrokerSide for SqsSide {
+    fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(async move {
+            let scheduler = &service.scheduler;
+            let declaring = service.topology == TopologyAtStart::Apply;
+            let wait_seconds = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
+            service.metrics.watch_sqs(self.sqs.requests.clone());
+            // Declared before anything starts.
+            let releases = self.cancellation(service, config, declaring, wait_seconds).await?;
+            let ingress = match config.service.sqs_ingress.enabled {
+                true => {
+                    let ingress = Ingress::for_sqs(config.service.sqs_ingress.as_ingress(), scheduler.clone());
+                    Some(self.consumer(ingress, wait_seconds, declaring).await?)
+                }
+                false => None,
+            };
+            let canary = match config.service.canary.enabled {
+                true => Some(self.consumer(Canary::new(config.service.canary.clone(), scheduler.clone()), wait_seconds, declaring).await?),
+                false => None,
+            };
+
+            let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
+            scheduler.report_pumped_queues(pumped_tx.clone());
+            let pumps = PumpStart { wait_seconds, settings: pump_settings(config), declaring };
+            service.spawn(tokio::spawn(start_pumps(service.clone(), self.sqs.clone(), pumped_rx, pumps)));
+            let every = config.service.pump_discovery.map_or(DEFAULT_PUMP_DISCOVERY, |d| Duration::from_millis(d.ms()));
+            service.spawn(tokio::spawn(discover_pumped_queues(service.clone(), self.sqs.clone(), pumped_tx, every)));
+            supervise_cancellation(service, releases);
+            if let Some(ingress) = ingress {
+                supervise_consumer(&service.background, "sqs-ingress", ingress);
+            }
+            if let Some(canary) = canary {
+                supervise_consumer(&service.background, "canary", canary);
+                supervise_canary_probes(service, config);
+            }
+            Ok(())
+        })
+    }
+
+    fn depth_reading(&self, _config: &Config) -> Option<DepthReading> {
+        Some(DepthReading { every: DEPTH_POLL, unparking: false, redeclare_deleted: false, management: None })
+    }
+}
+
+impl SqsSide {
+    /// A receiver of this broker for `handler`, its queue created when `declaring`.
+    async fn consumer<H: crate::message::Handler>(&self, handler: Arc<H>, wait_seconds: i32, declaring: bool) -> Result<Arc<SqsConsumer<H>>, ServiceError> {
+        let consumer = SqsConsumer::new(self.sqs.clone(), handler, wait_seconds);
+        if declaring {
+            consumer.declare().await?;
+        }
+        Ok(consumer)
+    }
+
+    /// With a cancellable strategy: opens the fates queue with this host's
+    /// reply queue (kept by the service) and returns a release receiver for
+    /// each cancellable strategy.
+    async fn cancellation(&self, service: &Service, config: &Config, declaring: bool, wait_seconds: i32) -> Result<Vec<Arc<SqsRelease>>, ServiceError> {
+        let cancellable: Vec<&str> = config.strategies.values().filter(|s| s.cancellable).map(|s| s.name.as_str()).collect();
+        if cancellable.is_empty() {
+            return Ok(Vec::new());
+        }
+        // A cancel must outlive every claim that can come behind it, and SQS keeps a message 14 days at most.
+        const SQS_RETENTION_MS: u64 = 14 * 24 * 3_600_000;
+        if config.service.cancel.retention_ms() >= SQS_RETENTION_MS {
+            return Err(ServiceError::Other(format!(
+                "{}: service.cancel.retention must be below 14 days on SQS (the fates queue keeps a cancel no longer), got {} ms",
+                config.path.display(),
+                config.service.cancel.retention_ms()
+            )));
+        }
+        let cancel = SqsCancel::open(self.sqs.clone(), &config.service.cancel, service.scheduler.clock().clone(), declaring).await.map_err(|e| match e {
+            FatesError::Broker(e) => ServiceError::Broker(e),
+            other => ServiceError::Other(format!("{}: the SQS fates queue: {other}", config.path.display())),
+        })?;
+        let mut releases = Vec::new();
+        for strategy in cancellable {
+            let queue = config.release_queue(strategy);
+            if declaring {
+                self.sqs.apply(&[sqs_release_queue_declaration(&queue)]).await?;
+            }
+            releases.push(SqsRelease::new(self.sqs.clone(), strategy, &queue, cancel.fates().clone(), wait_seconds));
+        }
+        let _ = service.background.sqs_cancel.set(cancel);
+        Ok(releases)
+    }
+}
+
+/// Runs the SQS fates queue's deciding, this host's reply listener and the
+/// release receivers under the supervisor: each is up while it reaches its queue.
+fn supervise_cancellation(service: &Arc<Service>, releases: Vec<Arc<SqsRelease>>) {
+    let background = &service.background;
+    let Some(cancel) = background.sqs_cancel.get() else { return };
+    let (decider, probe, stop, scheduler) = (cancel.clone(), cancel.clone(), background.stop.subscribe(), service.scheduler.clone());
+    background.supervisor.spawn("sqs-fates", Some(Box::new(move || probe.is_deciding())), move || {
+        let (decider, stop, replan) = (decider.clone(), stop.clone(), SchedulerReplan(scheduler.clone()));
+        async move {
+            decider.decide(&replan, stop).await;
+            Ok(())
+        }
+    });
+    let (listener, probe, stop) = (cancel.clone(), cancel.clone(), background.stop.subscribe());
+    background.supervisor.spawn("sqs-replies", Some(Box::new(move || probe.is_listening())), move || {
+        let (listener, stop) = (listener.clone(), stop.clone());
+        async move {
+            listener.listen(stop).await;
+            Ok(())
+        }
+    });
+    for release in releases {
+        let (probe, stop) = (release.clone(), background.stop.subscribe());
+        background.supervisor.spawn(format!("release:{}", release.queue()), Some(Box::new(move || probe.is_receiving())), move || {
+            let (release, stop) = (release.clone(), stop.clone());
+            async move {
+                release.run(stop).await;
+                Ok(())
+            }
+        });
+    }
+}
+
+/// How `serve` starts each pump.
+#[derive(Clone, Copy)]
+struct PumpStart {
+    wait_seconds: i32,
+    settings: PumpSettings,
+    /// Whether the host may create each queue's dead-letter queue and set its attributes.
+    declaring: bool,
+}
+
+/// The pump settings `[service]` asks for.
+pub fn pump_settings(config: &Config) -> PumpSettings {
+    let defaults = PumpSettings::default();
+    PumpSettings {
+        visibility: config.service.pump_visibility.map_or(defaults.visibility, |d| Duration::from_secs(d.ms().div_ceil(1000))),
+        max_receives: config.service.pump_max_receives.unwrap_or(defaults.max_receives),
+        linger: config.service.pump_linger.map_or(defaults.linger, |d| Duration::from_millis(d.ms())),
+    }
+}
+
+/// Starts a supervised pump (`pump:<queue>`) for each pumped queue reported, once per queue.
+async fn start_pumps(service: Arc<Service>, sqs: Arc<SqsExecutor>, mut reported: mpsc::UnboundedReceiver<PumpedQueue>, start: PumpStart) {
+    let mut stop = service.background.stop.subscribe();
+    loop {
+        let pumped = tokio::select! {
+            next = reported.recv() => match next { Some(p) => p, None => return },
+            _ = stop.changed() => return,
+        };
+        if service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).insert(pumped.queue.clone(), pumped.strategy.clone()).is_some() {
+            continue;
+        }
+        let (sqs, metrics, pump_stop, clock) = (sqs.clone(), service.metrics.clone(), service.background.stop.subscribe(), service.scheduler.clock().clone());
+        let pumped = Arc::new(pumped);
+        service.background.supervisor.spawn(format!("pump:{}", pumped.queue), None, move || {
+            let (sqs, metrics, stop, pumped, clock) = (sqs.clone(), metrics.clone(), pump_stop.clone(), pumped.clone(), clock.clone());
+            async move {
+                let (config, strategy) = (pumped.config.clone(), pumped.strategy.clone());
+                let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
+                    .await
+                    .map_err(|e| format!("loading the pump's planner: {e}"))?
+                    .map_err(|e| format!("loading the pump's planner: {e}"))?;
+                let prepared =
+                    sqs.prepare_pumped(&pumped.queue, &start.settings, start.declaring).await.map_err(|e| format!("preparing the pumped queue: {e}"))?;
+                let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, start.wait_seconds)
+                    .await
+                    .map_err(|e| format!("starting the pump: {e}"))?
+                    .prepared(&prepared, &start.settings)
+                    .clocked(clock);
+                tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
+                metrics.watch_pump(&pumped.queue, pump.counters.clone());
+                pump.run(stop).await.map_err(|e| format!("pump stopped: {e}").into())
+            }
+        });
+    }
+}
+
+/// Lists the account's queues now and every `every`, and reports each queue
+/// tagged as pumped, so messages still cycling toward a destination no longer
+/// configured (or only ever scheduled through the API) are pumped after a restart.
+async fn discover_pumped_queues(service: Arc<Service>, sqs: Arc<SqsExecutor>, report: mpsc::UnboundedSender<PumpedQueue>, every: Duration) {
+    let mut stop = service.background.stop.subscribe();
+    let mut discovery = Discovery::default();
+    loop {
+        match sqs.discover_pumped(&mut discovery).await {
+            Ok(found) => {
+                let config = service.scheduler.config();
+                for (queue, strategy) in found {
+                    if !config.strategies.contains_key(&strategy) {
+                        tracing::error!(%queue, %strategy, "a pumped queue names a strategy this config lacks; its messages wait until a host with that strategy pumps it");
+                        continue;
+                    }
+                    tracing::info!(%queue, %strategy, "found a pumped queue");
+                    let _ = report.send(PumpedQueue { strategy, queue, config: config.clone() });
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "listing the pumped queues failed; trying again later"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
