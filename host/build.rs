@@ -1,77 +1,54 @@
-//! Builds the planner components for `wasm32-wasip2` so the built-in ones can be
-//! embedded in the binary and `cargo run` needs no separate step.
-//!
-//! The nested cargo uses its own target directory (next to ours) because the
-//! outer cargo holds the lock on this one for the whole build.
+//! Builds the four built-in planners for `wasm32-wasip2` so they can be
+//! embedded in the binary (src/planner/builtin.rs) and `cargo run` needs no
+//! separate step. Nothing else: the tests build the test planners they load
+//! (`hourglass_planner_build::test_planner`).
 
 use std::env;
 use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-/// (package, embedded in the binary as a built-in)
-const PLANNERS: &[(&str, bool)] = &[
-    ("binary-levels", true),
-    ("hold-queues", true),
-    ("fixed-intervals", true),
-    ("sqs-cycles", true),
-    ("backoff-planner", false),
-    ("off-by-one", false),
-    ("misbehaving", false),
-    ("contract-0-1", false),
-];
+use hourglass_planner_build::{build, component_file, target_dir_above};
+
+const BUILTINS: [&str; 4] = ["binary-levels", "hold-queues", "fixed-intervals", "sqs-cycles"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
-    for watched in ["wit", "planners", "examples/backoff-planner", "tests/planners", "Cargo.lock", "Cargo.toml"] {
+    // The built-ins, the SDK and contract they are built with, and the profile and versions they are built at.
+    for watched in ["wit", "planners", "Cargo.lock", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
-    // OUT_DIR is <target>/<profile>/build/<pkg-hash>/out.
-    let target_dir = out_dir.ancestors().nth(4).map(Path::to_path_buf).unwrap_or_else(|| root.join("target"));
-    let wasm_target_dir = target_dir.join("wasm-planners");
-
-    ensure_wasm_target();
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args(["build", "--profile", "planner", "--target", "wasm32-wasip2", "--target-dir"]).arg(&wasm_target_dir);
-    for (package, _) in PLANNERS {
-        build.args(["-p", package]);
+    let target_dir = target_dir_above(&out_dir).unwrap_or_else(|| root.join("target"));
+    ensure_wasm_target(&out_dir);
+    let built = build(&target_dir, &BUILTINS).unwrap_or_else(|err| panic!("{err}"));
+    for package in BUILTINS {
+        let file = component_file(package);
+        fs::copy(built.join(&file), out_dir.join(&file)).expect("copy planner component");
     }
-    // Flags meant for the host build must not leak into the wasm build.
-    for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTC_WORKSPACE_WRAPPER"] {
-        build.env_remove(var);
-    }
-    let status = build.status().expect("run cargo to build the planner components");
-    if !status.success() {
-        panic!(
-            "building the planners for wasm32-wasip2 failed (see above). \
-             If the target is missing: rustup target add wasm32-wasip2"
-        );
-    }
-
-    let built = wasm_target_dir.join("wasm32-wasip2").join("planner");
-    for (package, builtin) in PLANNERS {
-        let file = format!("{}.wasm", package.replace('-', "_"));
-        if *builtin {
-            fs::copy(built.join(&file), out_dir.join(&file)).expect("copy planner component");
-        }
-    }
-    println!("cargo:rustc-env=HOURGLASS_PLANNER_WASM_DIR={}", built.display());
 }
 
 /// rustup installs rust-toolchain.toml's targets only with the toolchain; on
 /// a machine that already had the toolchain, add the target here so a plain
 /// `cargo run` works.
-fn ensure_wasm_target() {
+fn ensure_wasm_target(out_dir: &Path) {
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
-    let Ok(output) = Command::new(rustc).args(["--print", "sysroot"]).output() else { return };
-    let sysroot = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    if sysroot.join("lib/rustlib/wasm32-wasip2").exists() {
+    // Where this rustc looks for the target's standard library, whatever its sysroot or toolchain directory.
+    let Ok(output) = Command::new(rustc).args(["--print", "target-libdir", "--target", "wasm32-wasip2"]).output() else { return };
+    let libdir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if !output.status.success() || libdir.is_dir() {
         return;
     }
     println!("cargo:warning=adding the wasm32-wasip2 target with rustup (planners are built for it)");
-    let _ = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).status();
+    // Its stdout too goes to stderr: a build script's stdout is instructions to cargo.
+    let _ = Command::new("rustup").args(["target", "add", "wasm32-wasip2"]).stdout(Stdio::from(io::stderr())).status();
+    if libdir.is_dir() {
+        // Cargo repeats a build script's warnings on every build until the
+        // script runs again. A watched path that never exists makes the next
+        // build run it once more (and rebuild this crate), finding the target.
+        println!("cargo:rerun-if-changed={}", out_dir.join("run-again-now-wasm32-wasip2-is-added").display());
+    }
 }

@@ -67,7 +67,7 @@ fn plan_once(planner: &LoadedPlanner) {
 fn languages() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let planners = [
-        ("Rust", root.join("target/wasm-planners/wasm32-wasip2/planner/backoff_planner.wasm"), "cargo build --workspace"),
+        ("Rust", hourglass_planner_build::test_planner("backoff-planner"), "hourglass_planner_build::test_planner"),
         ("Python", root.join("examples/python-planner/planner.wasm"), "examples/python-planner/build"),
         ("JavaScript", root.join("examples/js-planner/planner.wasm"), "examples/js-planner/build"),
     ];
@@ -144,11 +144,8 @@ fn plan_against_native(runtime: &PlannerRuntime) {
     });
 
     // The floor of any plan() on this machine: a component call whose plan
-    // is empty (tests/planners/misbehaving, built by `cargo build --workspace`).
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let nothing = runtime
-        .load(&PlannerSource::File(root.join("target/wasm-planners/wasm32-wasip2/planner/misbehaving.wasm")), "{}".into())
-        .expect("misbehaving.wasm: run `cargo build --workspace` first");
+    // is empty (tests/planners/misbehaving).
+    let nothing = runtime.load(&PlannerSource::File(hourglass_planner_build::test_planner("misbehaving")), "{}".into()).expect("load misbehaving.wasm");
     let request = PlanRequest { destination: "nothing".into(), delay_ms: 0, message_id: "m".into(), routing_key: None };
     let floor = measure(21, 20_000, || {
         black_box(nothing.plan(black_box(&request)).unwrap());

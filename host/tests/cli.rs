@@ -206,7 +206,7 @@ fn check_planner_passes_for_the_built_ins_and_the_example() {
     // Sub-levels below the unit: every delay is checked to arrive at its promise, to the 125 ms step.
     let precise = dir.path().join("precise.toml");
     std::fs::write(&precise, "precision = \"125ms\"\n").unwrap();
-    let example = common::wasm("backoff-planner");
+    let example = common::test_planner("backoff-planner");
     let runs: Vec<Vec<&str>> = vec![
         vec!["check-planner", "binary-levels"],
         vec!["check-planner", "binary-levels", "--planner-config", precise.to_str().unwrap()],
@@ -224,7 +224,7 @@ fn check_planner_passes_for_the_built_ins_and_the_example() {
 
 #[test]
 fn check_planner_catches_a_wrong_planner() {
-    let wrong = common::wasm("off-by-one");
+    let wrong = common::test_planner("off-by-one");
     let output = hourglass(&["check-planner", wrong.to_str().unwrap()]);
     assert!(!output.status.success());
     let text = stdout(&output);
@@ -237,7 +237,7 @@ fn check_planner_catches_a_wrong_planner() {
 /// a second copy, a copy left behind, a plan that changes between calls.
 #[test]
 fn check_planner_reports_duplicates_leftovers_and_changing_plans_as_json() {
-    let wrong = common::wasm("off-by-one");
+    let wrong = common::test_planner("off-by-one");
     let dir = tempfile::tempdir().unwrap();
     for (fault, property, got) in [
         ("twice", "one-delivery", "a second copy arrived"),
@@ -278,6 +278,8 @@ fn topology_renders_as_mermaid_and_dot() {
 
 #[test]
 fn the_example_planner_config_works_as_is() {
+    // Where the example's config expects it, from a target/ in the repository (its comment gives the command).
+    common::test_planner("backoff-planner");
     let messages = json(&hourglass(&["--config", "examples/backoff.toml", "simulate", "--to", "orders", "--delay", "3s", "--format", "json"]));
     assert_eq!(messages[0]["arrival_ms"], 4_000, "3 s rounds up to the 4 s bucket");
     assert_eq!(messages[0]["hops"][1]["name"], "backoff.4000ms");

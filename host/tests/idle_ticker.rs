@@ -25,7 +25,7 @@ fn wait_until_asleep() {
 fn a_loop_after_a_quiet_spell_is_stopped_by_its_budget_and_the_ticker_sleeps_again() {
     let limits = PlannerLimits { call_timeout: Duration::from_millis(50), ..PlannerLimits::default() };
     let runtime = PlannerRuntime::new(limits, None).unwrap();
-    let planner = std::sync::Arc::new(runtime.load(&PlannerSource::File(common::wasm("misbehaving")), "{}".into()).unwrap());
+    let planner = std::sync::Arc::new(runtime.load(&PlannerSource::File(common::test_planner("misbehaving")), "{}".into()).unwrap());
 
     for _ in 0..2 {
         wait_until_asleep();

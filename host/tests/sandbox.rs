@@ -25,7 +25,7 @@ const LOOP_BUDGET: Duration = Duration::from_millis(50);
 fn misbehaving(call_timeout: Duration) -> (PlannerRuntime, hourglass::planner::LoadedPlanner) {
     let limits = PlannerLimits { call_timeout, memory_bytes: 8 << 20, ..PlannerLimits::default() };
     let runtime = PlannerRuntime::new(limits, None).unwrap();
-    let planner = runtime.load(&PlannerSource::File(common::wasm("misbehaving")), "{}".into()).unwrap();
+    let planner = runtime.load(&PlannerSource::File(common::test_planner("misbehaving")), "{}".into()).unwrap();
     (runtime, planner)
 }
 
@@ -58,13 +58,15 @@ fn an_endless_loop_is_stopped_by_the_time_budget_as_a_timeout() {
 fn a_planner_that_loops_while_configured_is_stopped_by_the_start_budget() {
     let limits = PlannerLimits { call_timeout: Duration::from_millis(20), start_timeout: Duration::from_millis(300), memory_bytes: 8 << 20 };
     let runtime = PlannerRuntime::new(limits, None).unwrap();
+    // Built before the clock starts: a build would count towards the budget it checks.
+    let source = PlannerSource::File(common::test_planner("misbehaving"));
     let started = std::time::Instant::now();
-    let err = runtime.load(&PlannerSource::File(common::wasm("misbehaving")), r#"{"configure": "loop"}"#.into()).unwrap_err();
+    let err = runtime.load(&source, r#"{"configure": "loop"}"#.into()).unwrap_err();
     let took = started.elapsed();
     assert!(matches!(&err, PlannerError::Timeout { function: "configure", budget, .. } if *budget == Duration::from_millis(300)), "{err:?}");
     assert!(err.to_string().contains("misbehaving.wasm"), "{err}");
     assert!(took >= Duration::from_millis(300), "stopped by the start budget, not the call budget: {took:?}");
-    runtime.load(&PlannerSource::File(common::wasm("misbehaving")), "{}".into()).expect("a well-configured load still works");
+    runtime.load(&source, "{}".into()).expect("a well-configured load still works");
 }
 
 #[test]
@@ -264,7 +266,7 @@ async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
     use hourglass::scheduler::strategies::Strategies;
     use hourglass::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
-    let text = format!("[planners]\ncache = false\n[strategies.odd]\nplanner = {:?}\n", common::wasm("misbehaving").display().to_string());
+    let text = format!("[planners]\ncache = false\n[strategies.odd]\nplanner = {:?}\n", common::test_planner("misbehaving").display().to_string());
     let config = Config::parse(Path::new("delay.toml"), text).unwrap();
     let broker = MemoryExecutor::default();
     let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), broker);
@@ -280,7 +282,7 @@ async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
 #[test]
 fn a_planner_built_against_contract_0_1_still_loads_and_plans() {
     let runtime = common::runtime();
-    let planner = runtime.load(&PlannerSource::File(common::wasm("contract-0-1")), "{}".into()).expect("a 0.1.0 planner loads");
+    let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-1")), "{}".into()).expect("a 0.1.0 planner loads");
     assert_eq!(planner.info().name, "contract-0-1");
     let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
     assert_eq!(plan.delivers_after_ms, 2_000);
@@ -293,7 +295,7 @@ fn a_planner_built_against_contract_0_1_still_loads_and_plans() {
 #[test]
 fn a_contract_0_1_planner_that_panics_is_named_with_its_message() {
     let runtime = common::runtime();
-    let err = runtime.load(&PlannerSource::File(common::wasm("contract-0-1")), r#"{"panic": true}"#.into()).unwrap_err();
+    let err = runtime.load(&PlannerSource::File(common::test_planner("contract-0-1")), r#"{"panic": true}"#.into()).unwrap_err();
     assert!(matches!(&err, PlannerError::Trapped { function: "configure", .. }), "{err:?}");
     assert!(err.to_string().contains("asked to panic while configured"), "{err}");
 }

@@ -50,19 +50,9 @@ pub fn hourglass_binary() -> PathBuf {
     binary
 }
 
-/// A planner component the host's build script built (`tests/planners`,
-/// `examples/backoff-planner`), e.g. `misbehaving`: in
-/// `<target>/wasm-planners`, beside this test executable's profile directory.
-pub fn built_planner(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let file = format!("wasm-planners/wasm32-wasip2/planner/{}.wasm", name.replace('-', "_"));
-    exe.ancestors().map(|dir| dir.join(&file)).find(|path| path.exists()).unwrap_or_else(|| {
-        panic!(
-            "{file} is missing beside {}: build the workspace's tests and binaries together, as `scripts/test` does (`cargo nextest run --workspace`)",
-            exe.display()
-        )
-    })
-}
+/// A test planner's component (`tests/planners/*`, `examples/backoff-planner`),
+/// e.g. `misbehaving`, built on first use.
+pub use hourglass_planner_build::test_planner;
 
 /// How much later a message may arrive when a serving host decides its time
 /// on the broker's clock: a `deliver_at`, a reschedule, a parked message sent

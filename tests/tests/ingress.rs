@@ -537,7 +537,7 @@ async fn a_planner_that_loops_panics_or_traps_on_a_message_sets_that_one_aside_a
         &format!(
             "[planners]\ncall_timeout = \"50ms\"\n\n[strategies.odd]\nplanner = {:?}\n\n\
              [service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{invalid_queue}\"\nprefetch = 4",
-            built_planner("misbehaving").display().to_string()
+            test_planner("misbehaving").display().to_string()
         ),
     );
     let config = hourglass::config::Config::parse(std::path::Path::new("e2e.toml"), format!("default_strategy = \"main\"\n{text}")).expect("test config");

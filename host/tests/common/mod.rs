@@ -1,14 +1,11 @@
 //! Helpers shared by the host's integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-
 use hourglass::planner::{LoadedPlanner, PlannerLimits, PlannerRuntime, PlannerSource};
 
-/// A planner component built by `host/build.rs` (examples and test planners).
-pub fn wasm(name: &str) -> PathBuf {
-    PathBuf::from(env!("HOURGLASS_PLANNER_WASM_DIR")).join(format!("{}.wasm", name.replace('-', "_")))
-}
+/// A test planner's component (`tests/planners/*`, `examples/backoff-planner`), built on first use.
+#[allow(unused_imports)] // Not every test loads one.
+pub use hourglass_planner_build::test_planner;
 
 pub fn runtime() -> PlannerRuntime {
     PlannerRuntime::new(PlannerLimits::default(), None).expect("engine")

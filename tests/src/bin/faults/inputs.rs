@@ -43,7 +43,8 @@ pub struct Bench {
 impl Bench {
     pub async fn start(stem: &str) -> anyhow::Result<Bench> {
         let vhost = tokio::task::spawn_blocking(move || PrivateVhost::create("faults-inputs")).await?;
-        let nothing = hourglass_e2e::chaos::host::binary().parent().unwrap().parent().unwrap().join("wasm-planners/wasm32-wasip2/planner/misbehaving.wasm");
+        // Blocking: the first use builds it.
+        let nothing = tokio::task::spawn_blocking(|| hourglass_e2e::test_planner("misbehaving")).await?;
         let work = unique("work");
         let more = format!(
             "[service]\nredelivery_input = \"{}\"\n\n\
