@@ -79,6 +79,12 @@ pub enum ServiceError {
     /// A probe sent through a mechanism the strategies rely on came out wrong.
     #[error("the broker does not behave as the configured strategies need: {0}")]
     BrokerMechanism(String),
+    #[error("verifying the topology: {0}")]
+    Verify(#[from] crate::broker::rabbitmq::verify::VerifyError),
+    /// A blocking step of start-up or reload (loading planners) panicked or was cancelled.
+    #[error("a start-up task was lost: {0}")]
+    TaskLost(#[from] tokio::task::JoinError),
+    /// A config this service cannot run with, or a request it cannot carry out; the message names the file and key.
     #[error("{0}")]
     Other(String),
 }
@@ -263,8 +269,7 @@ impl Service {
             let strategies = Strategies::load(&config)?;
             Ok((config, strategies))
         })
-        .await
-        .map_err(|e| ServiceError::Other(e.to_string()))??;
+        .await??;
         let old = self.scheduler.config();
         let mut needs_restart = Vec::new();
         if config.broker != old.broker {

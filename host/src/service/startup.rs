@@ -28,7 +28,7 @@ impl Service {
     /// is wrong), and readings of the broker's clock go into it.
     pub async fn start_with_clock(config: Config, clock: Arc<Clock>) -> Result<Arc<Service>, ServiceError> {
         let loaded = config.clone();
-        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded)).await.map_err(|e| ServiceError::Other(e.to_string()))??;
+        let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded)).await??;
         check_broker_family(&config.broker, &config, &strategies)?;
         let (broker, side) = broker_side::connect(&config).await?;
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
@@ -133,7 +133,7 @@ pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError>
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
     let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Other(e.to_string()))?;
+    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await?;
     if report.drifts.is_empty() {
         return Ok(());
     }

@@ -236,8 +236,7 @@ impl RabbitMqSide {
                 }
                 Ok(())
             })
-            .await
-            .map_err(|e| ServiceError::Other(e.to_string()))?
+            .await?
             .map_err(|(queue, e)| named(&queue, &e))?;
         }
         for entry in handler.entries() {
