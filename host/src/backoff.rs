@@ -25,7 +25,7 @@ impl Backoff {
     }
 
     /// How long to wait before the next attempt.
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         self.waits.next().expect("no limit on attempts")
     }
 

@@ -11,16 +11,16 @@ use serde::Serialize;
 use thiserror::Error;
 
 /// AMQP names, routing keys and header keys are short strings: at most 255 bytes.
-pub const AMQP_MAX_NAME: usize = 255;
+pub(crate) const AMQP_MAX_NAME: usize = 255;
 /// RabbitMQ refuses TTLs and expiries above ten years.
 pub const AMQP_MAX_TTL_MS: i64 = hourglass_planner_sdk::AMQP_MAX_TTL_MS as i64;
 pub const SQS_MAX_QUEUE_NAME: usize = 80;
-pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
-pub const SQS_MAX_MESSAGE_ATTRIBUTES: usize = 10;
+pub(crate) const SQS_MAX_DELAY_SECONDS: u32 = 900;
+pub(crate) const SQS_MAX_MESSAGE_ATTRIBUTES: usize = 10;
 /// Message group and deduplication ids.
-pub const SQS_MAX_ID: usize = 128;
+pub(crate) const SQS_MAX_ID: usize = 128;
 /// SQS bills every 64 KiB of a request's payload as one request.
-pub const SQS_BILLED_BYTES: usize = 64 * 1024;
+pub(crate) const SQS_BILLED_BYTES: usize = 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -31,14 +31,14 @@ pub enum FieldValue {
 }
 
 impl FieldValue {
-    pub fn as_text(&self) -> Option<&str> {
+    pub(crate) fn as_text(&self) -> Option<&str> {
         match self {
             FieldValue::Text(s) => Some(s),
             _ => None,
         }
     }
 
-    pub fn as_int(&self) -> Option<i64> {
+    pub(crate) fn as_int(&self) -> Option<i64> {
         match self {
             FieldValue::Int(i) => Some(*i),
             _ => None,
@@ -162,7 +162,7 @@ impl Command {
         }
     }
 
-    pub fn is_sqs(&self) -> bool {
+    pub(crate) fn is_sqs(&self) -> bool {
         matches!(self, Command::SqsEnsureQueue { .. } | Command::SqsSend { .. })
     }
 }

@@ -186,12 +186,12 @@ pub enum DeadLetterSetup {
 
 impl RedeliveryConfig {
     /// The strategy carrying the delays, given the config's default strategy.
-    pub fn strategy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
+    pub(crate) fn strategy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
         self.strategy.as_deref().unwrap_or(default_strategy)
     }
 
     /// The strategy whose planner decides, given the config's default strategy.
-    pub fn policy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
+    pub(crate) fn policy_or<'a>(&'a self, default_strategy: &'a str) -> &'a str {
         self.policy.as_deref().unwrap_or(self.strategy_or(default_strategy))
     }
 
@@ -288,27 +288,27 @@ impl CancelConfig {
         format!("{}.{strategy}", self.release_prefix.as_deref().unwrap_or("hourglass.release"))
     }
     /// On SQS: the release queue with SQS's characters (`.` becomes `-`; SQS names take letters, digits, `-` and `_`).
-    pub fn sqs_release_queue(&self, strategy: &str) -> String {
+    pub(crate) fn sqs_release_queue(&self, strategy: &str) -> String {
         sqs_safe(&self.release_queue(strategy))
     }
     /// On SQS: the FIFO fates queue every host shares, named after `log` (default `hourglass-cancellations.fifo`).
-    pub fn sqs_fates_queue(&self) -> String {
+    pub(crate) fn sqs_fates_queue(&self) -> String {
         let log = self.log();
         format!("{}.fifo", sqs_safe(log.strip_suffix(".fifo").unwrap_or(log)))
     }
     pub fn retention_ms(&self) -> u64 {
         self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())
     }
-    pub fn remember_delivered_ms(&self) -> u64 {
+    pub(crate) fn remember_delivered_ms(&self) -> u64 {
         self.remember_delivered.map_or(600_000, |d| d.ms())
     }
-    pub fn answer_timeout_ms(&self) -> u64 {
+    pub(crate) fn answer_timeout_ms(&self) -> u64 {
         self.answer_timeout.map_or(10_000, |d| d.ms())
     }
 }
 
 /// A name with the characters SQS refuses in queue names replaced by `-`.
-pub fn sqs_safe(name: &str) -> String {
+pub(crate) fn sqs_safe(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
 }
 
@@ -332,7 +332,7 @@ impl Default for SqsIngressConfig {
 
 impl SqsIngressConfig {
     /// The handler's settings: SQS hands out at most ten messages at a time.
-    pub fn as_ingress(&self) -> IngressConfig {
+    pub(crate) fn as_ingress(&self) -> IngressConfig {
         IngressConfig { enabled: self.enabled, queue: self.queue.clone(), invalid_queue: self.invalid_queue.clone(), prefetch: 10 }
     }
 }
@@ -563,7 +563,7 @@ pub struct StrategyLimits {
 
 impl StrategyConfig {
     /// The sandbox limits its planner runs under: its own, else `defaults` (`[planners]`).
-    pub fn planner_limits(&self, defaults: PlannerLimits) -> PlannerLimits {
+    pub(crate) fn planner_limits(&self, defaults: PlannerLimits) -> PlannerLimits {
         let ms = |own: Option<u64>, default: Duration| own.map_or(default, Duration::from_millis);
         PlannerLimits {
             call_timeout: ms(self.limits.call_timeout, defaults.call_timeout),
@@ -861,18 +861,18 @@ impl Config {
 
     /// Where to point for a planner cache directory that is refused: its
     /// setting, when the file has one (it may come from the environment).
-    pub fn cache_dir_location(&self) -> Location {
+    pub(crate) fn cache_dir_location(&self) -> Location {
         self.location(self.cache_dir_span.start)
     }
 
     /// Where a strategy's `planner` value is.
-    pub fn planner_location(&self, strategy: &StrategyConfig) -> Location {
+    pub(crate) fn planner_location(&self, strategy: &StrategyConfig) -> Location {
         self.location(strategy.planner_span.start)
     }
 
     /// Where to point for a planner's complaint about its table: the key it
     /// names (`levels: …` or "unknown field `levls`"), else the table itself.
-    pub fn table_error_location(&self, strategy: &StrategyConfig, message: &str) -> Location {
+    pub(crate) fn table_error_location(&self, strategy: &StrategyConfig, message: &str) -> Location {
         let named = strategy.key_spans.iter().find(|(key, _)| {
             message.starts_with(&format!("{key}:"))
                 || message.starts_with(&format!("{key}."))

@@ -4,7 +4,7 @@
 //! set them (see [`is_reserved`]).
 
 /// The prefix of every header hourglass sets.
-pub const PREFIX: &str = "hourglass-";
+pub(crate) const PREFIX: &str = "hourglass-";
 
 // On every delayed message.
 /// The requested delay in ms, so a consumer can see it.
@@ -23,11 +23,11 @@ pub const TARGET_HEADER: &str = "hourglass-target";
 /// read at the AMQP ingress, instead of [`DESTINATION_HEADER`].
 pub const EXCHANGE_HEADER: &str = "hourglass-exchange";
 /// With [`EXCHANGE_HEADER`]: the routing key it is published with (empty if absent).
-pub const ROUTING_KEY_HEADER: &str = "hourglass-routing-key";
+pub(crate) const ROUTING_KEY_HEADER: &str = "hourglass-routing-key";
 
 /// On messages of cancellable strategies: the id the message was scheduled
 /// under (what `DELETE /v1/messages/{id}` names).
-pub const ID_HEADER: &str = "hourglass-id";
+pub(crate) const ID_HEADER: &str = "hourglass-id";
 
 /// On parked messages: why they could not go on.
 pub const PARKED_REASON_HEADER: &str = "hourglass-parked-reason";
@@ -55,14 +55,14 @@ pub const FAILURE_REASON_HEADER: &str = "hourglass-failure-reason";
 /// On error-queue messages: why hourglass stopped redelivering.
 pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
 /// On error-queue and unknown messages: the queue the message failed on.
-pub const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
+pub(crate) const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
 
 /// Where a plan's extra routing keys travel (`Command::Publish::bcc`); set only by the host.
-pub const BCC_HEADER: &str = "BCC";
+pub(crate) const BCC_HEADER: &str = "BCC";
 
 /// Headers that make the broker copy a message to the queues they name
 /// (sender-selected distribution), and close the channel when malformed.
-pub fn is_routing_header(name: &str) -> bool {
+pub(crate) fn is_routing_header(name: &str) -> bool {
     name.eq_ignore_ascii_case("CC") || name.eq_ignore_ascii_case("BCC")
 }
 

@@ -54,7 +54,7 @@ impl HeaderValue {
     }
 
     /// The value as text, if it is a string of either kind.
-    pub fn as_text(&self) -> Option<String> {
+    pub(crate) fn as_text(&self) -> Option<String> {
         match self {
             HeaderValue::ShortText(s) => Some(s.clone()),
             HeaderValue::Text(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
@@ -63,7 +63,7 @@ impl HeaderValue {
     }
 
     /// The value as a whole number, if it is an integer of any width.
-    pub fn as_whole_number(&self) -> Option<i128> {
+    pub(crate) fn as_whole_number(&self) -> Option<i128> {
         Some(match *self {
             HeaderValue::I8(v) => v as i128,
             HeaderValue::U8(v) => v as i128,

@@ -66,10 +66,10 @@ struct ConnectionLabel {
 }
 
 /// The label value for anything not named in the config.
-pub const OTHER_LABEL: &str = "other";
+pub(crate) const OTHER_LABEL: &str = "other";
 
 /// Open channels per connection, read when the metrics are read.
-pub type ChannelCounts = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>;
+pub(crate) type ChannelCounts = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>;
 
 /// The names a strategy or destination label may take.
 #[derive(Default)]
@@ -321,22 +321,22 @@ impl Metrics {
     }
 
     /// Messages the broker confirmed, over every strategy and destination.
-    pub fn scheduled_total(&self) -> u64 {
+    pub(crate) fn scheduled_total(&self) -> u64 {
         sum(&self.scheduled, self.routes())
     }
 
     /// Messages that could not be scheduled, over every strategy and destination.
-    pub fn failed_total(&self) -> u64 {
+    pub(crate) fn failed_total(&self) -> u64 {
         sum(&self.failed, self.routes())
     }
 
     /// Canary probes that arrived before their due time, over every strategy.
-    pub fn early_total(&self) -> u64 {
+    pub(crate) fn early_total(&self) -> u64 {
         sum(&self.early, self.labels_ever().0.into_iter().map(|strategy| Strategy { strategy }))
     }
 
     /// Ingress messages with `outcome` (forwarded, invalid, requeued).
-    pub fn ingress_count(&self, outcome: &str) -> u64 {
+    pub(crate) fn ingress_count(&self, outcome: &str) -> u64 {
         sum(&self.ingress, [Outcome { outcome: outcome.into() }])
     }
 
@@ -358,13 +358,13 @@ impl Metrics {
 
     /// Messages in one of `strategy`'s queues, as last read from the broker.
     /// The queue names come from the strategy's static topology: a bounded set.
-    pub fn set_pending(&self, strategy: &str, level: &str, messages: u64) {
+    pub(crate) fn set_pending(&self, strategy: &str, level: &str, messages: u64) {
         let strategy = self.route(strategy, "").strategy;
         self.pending.get_or_create(&Level { strategy, level: level.into() }).set(messages as i64);
     }
 
     /// A canary probe arrived `late` after its due time.
-    pub fn observe_lateness(&self, strategy: &str, late: Duration) {
+    pub(crate) fn observe_lateness(&self, strategy: &str, late: Duration) {
         let strategy = self.route(strategy, "").strategy;
         self.lateness.get_or_create(&Strategy { strategy: strategy.clone() }).observe(late.as_secs_f64());
         let mut recent = self.recent_lateness.lock().unwrap_or_else(|p| p.into_inner());
@@ -385,7 +385,7 @@ impl Metrics {
     }
 
     /// A canary probe arrived before its due time.
-    pub fn delivered_early(&self, strategy: &str) {
+    pub(crate) fn delivered_early(&self, strategy: &str) {
         let strategy = self.route(strategy, "").strategy;
         self.early.get_or_create(&Strategy { strategy }).inc();
     }
@@ -408,17 +408,17 @@ impl Metrics {
     }
 
     /// A supervised background task was restarted.
-    pub fn task_restarted(&self, task: &str) {
+    pub(crate) fn task_restarted(&self, task: &str) {
         self.task_restarts.get_or_create(&TaskLabel { task: task.into() }).inc();
     }
 
     /// Messages in `strategy`'s parking queues, as last read from the broker.
-    pub fn set_parked(&self, strategy: &str, messages: u64) {
+    pub(crate) fn set_parked(&self, strategy: &str, messages: u64) {
         self.parked.get_or_create(&Strategy { strategy: strategy.into() }).set(messages as i64);
     }
 
     /// Reports open AMQP channels per connection, read at each scrape.
-    pub fn watch_open_channels(&self, counts: ChannelCounts) {
+    pub(crate) fn watch_open_channels(&self, counts: ChannelCounts) {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).channels.push(counts);
     }
 
@@ -426,16 +426,16 @@ impl Metrics {
         self.rejected.get_or_create(&Field { field: field.into() }).inc();
     }
 
-    pub fn observe_schedule(&self, took: Duration) {
+    pub(crate) fn observe_schedule(&self, took: Duration) {
         self.schedule_seconds.observe(took.as_secs_f64());
     }
 
-    pub fn observe_planner_call(&self, strategy: &str, took: Duration) {
+    pub(crate) fn observe_planner_call(&self, strategy: &str, took: Duration) {
         let strategy = self.route(strategy, "").strategy;
         self.planner_call_seconds.get_or_create(&Strategy { strategy }).observe(took.as_secs_f64());
     }
 
-    pub fn observe_confirm(&self, took: Duration) {
+    pub(crate) fn observe_confirm(&self, took: Duration) {
         self.confirm_seconds.observe(took.as_secs_f64());
     }
 
@@ -443,11 +443,11 @@ impl Metrics {
         self.ingress.get_or_create(&Outcome { outcome: outcome.into() }).inc();
     }
 
-    pub fn ingress_started(&self) {
+    pub(crate) fn ingress_started(&self) {
         self.ingress_in_flight.inc();
     }
 
-    pub fn ingress_finished(&self) {
+    pub(crate) fn ingress_finished(&self) {
         self.ingress_in_flight.dec();
     }
 
@@ -460,17 +460,17 @@ impl Metrics {
     }
 
     /// Reports `clock`'s offset from the broker's clock at each scrape.
-    pub fn watch_clock(&self, clock: Arc<crate::clock::Clock>) {
+    pub(crate) fn watch_clock(&self, clock: Arc<crate::clock::Clock>) {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).clock = Some(clock);
     }
 
     /// Reports an SQS executor's request counts.
-    pub fn watch_sqs(&self, counts: Arc<RequestCounts>) {
+    pub(crate) fn watch_sqs(&self, counts: Arc<RequestCounts>) {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).sqs.push(counts);
     }
 
     /// Reports a pump's cycles.
-    pub fn watch_pump(&self, queue: &str, counters: Arc<PumpCounters>) {
+    pub(crate) fn watch_pump(&self, queue: &str, counters: Arc<PumpCounters>) {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).pumps.push((queue.to_string(), counters));
     }
 

@@ -58,7 +58,7 @@ pub fn orphan_queue(parking_queue: &str) -> String {
 /// exchanges put what they cannot route), with its owner: the queues a
 /// serving host takes messages from as they are parked (`service::unpark`).
 /// A queue two strategies share (one prefix) keeps the first by name as its owner.
-pub fn strategy_parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
+pub(crate) fn strategy_parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
     let mut queues = Vec::new();
     for (strategy, parking) in scheduler.parking_queues() {
         queues.extend(parking.into_iter().map(|queue| ParkingQueue::parked(config, queue, &strategy)));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// `work`'s output, or `None` when `stop` changes first (a long poll in hand is dropped).
-pub async fn unless_stopped<T>(stop: &mut watch::Receiver<bool>, work: impl Future<Output = T>) -> Option<T> {
+pub(crate) async fn unless_stopped<T>(stop: &mut watch::Receiver<bool>, work: impl Future<Output = T>) -> Option<T> {
     tokio::select! {
         output = work => Some(output),
         _ = stop.changed() => None,
@@ -16,7 +16,7 @@ pub async fn unless_stopped<T>(stop: &mut watch::Receiver<bool>, work: impl Futu
 }
 
 /// Sleeps `pause`; `false` when `stop` changed meanwhile.
-pub async fn pause_unless_stopped(stop: &mut watch::Receiver<bool>, pause: Duration) -> bool {
+pub(crate) async fn pause_unless_stopped(stop: &mut watch::Receiver<bool>, pause: Duration) -> bool {
     unless_stopped(stop, tokio::time::sleep(pause)).await.is_some()
 }
 

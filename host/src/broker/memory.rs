@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::clock::unix_now_ms;
-use crate::command::{Command, FieldValue};
+use crate::command::{Command, DueMessage, FieldValue};
 use crate::headers::DUE_AT_HEADER;
 use crate::sim::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
 
@@ -118,9 +118,40 @@ impl MemoryExecutor {
         state
     }
 
-    /// Messages due on pumped queues; the caller hands each to its planner.
-    pub fn take_due(&self) -> Vec<DueSqsMessage> {
-        std::mem::take(&mut self.now().due)
+    /// Messages due on pumped queues, each with the question its planner
+    /// answers (times on the wall clock, as SQS gives them); the caller hands
+    /// each to its planner and [`Self::carry_out`] does what it answered.
+    pub(crate) fn take_due(&self) -> Vec<(DueMessage, DueSqsMessage)> {
+        let mut state = self.now();
+        let (epoch_ms, now_ms) = (state.epoch_ms, state.simulator.now_ms());
+        std::mem::take(&mut state.due)
+            .into_iter()
+            .map(|due| {
+                let question = DueMessage {
+                    queue: due.queue.clone(),
+                    message_id: due.message.id.clone(),
+                    attributes: due.message.sqs_attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    sent_timestamp_ms: epoch_ms + due.sent_timestamp_ms,
+                    first_receive_timestamp_ms: epoch_ms + due.first_receive_timestamp_ms,
+                    receive_count: due.receive_count,
+                    host_now_ms: epoch_ms + now_ms,
+                };
+                (question, due)
+            })
+            .collect()
+    }
+
+    /// Sends a due message on with the commands its planner answered.
+    pub(crate) fn carry_out(&self, commands: &[Command], due: DueSqsMessage) -> Result<(), ExecutorError> {
+        let mut state = self.now();
+        let sent = commands.iter().try_for_each(|c| state.simulator.execute(c, due.message.clone())).map_err(to_executor_error);
+        if sent.is_err() {
+            state.bodies.remove(&due.message.id);
+        }
+        state.settle();
+        drop(state);
+        self.sent.notify_one();
+        sent
     }
 
     /// A destination queue whose arrivals are kept for [`Self::delivered`].

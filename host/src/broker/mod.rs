@@ -106,7 +106,7 @@ pub trait Executor {
 }
 
 /// The environment variable that overrides the AMQP URL unless `url_env` names another.
-pub const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
+pub(crate) const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
 
 /// Any configured broker, as one executor.
 // One per process, never moved around: boxing the large variant buys nothing.
@@ -155,7 +155,11 @@ pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
 }
 
 /// Opens the RabbitMQ a `broker.kind = "rabbitmq"` config names.
-pub async fn connect_rabbitmq(url: &Option<String>, url_env: &Option<String>, publish_channels: Option<usize>) -> Result<Arc<RabbitMqExecutor>, ExecutorError> {
+pub(crate) async fn connect_rabbitmq(
+    url: &Option<String>,
+    url_env: &Option<String>,
+    publish_channels: Option<usize>,
+) -> Result<Arc<RabbitMqExecutor>, ExecutorError> {
     let url = amqp_url(url.as_deref(), url_env.as_deref());
     Ok(Arc::new(RabbitMqExecutor::connect_with(&url, publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS)).await?))
 }

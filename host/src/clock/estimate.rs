@@ -61,7 +61,7 @@ impl Reading {
     /// past the second named when the answer leaves. The lower end is hard
     /// (a `Date` is never ahead of the clock it was read from); the upper end
     /// only as good as that allowance.
-    pub fn http_date(date_s: u64, staleness_ms: u64, sent: u64, received: u64) -> Reading {
+    pub(crate) fn http_date(date_s: u64, staleness_ms: u64, sent: u64, received: u64) -> Reading {
         let date_ms = (date_s * 1_000) as i64;
         Reading { lo: date_ms - (received as i64 + 1), hi: date_ms + staleness_ms as i64 - sent as i64, at: received }
     }

@@ -30,7 +30,7 @@ pub fn unix_now_ms() -> u64 {
 
 /// An HTTP `Date` header (`Fri, 27 Nov 2026 10:31:11 GMT`, RFC 9110's
 /// IMF-fixdate) as Unix seconds.
-pub fn parse_http_date_s(text: &str) -> Option<u64> {
+pub(crate) fn parse_http_date_s(text: &str) -> Option<u64> {
     let at = time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc2822).ok()?;
     u64::try_from(at.unix_timestamp()).ok()
 }
@@ -59,7 +59,7 @@ pub trait WallClock: Send + Sync {
 }
 
 /// The system's wall clock.
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl WallClock for SystemClock {
     fn now_ms(&self) -> u64 {
@@ -111,7 +111,7 @@ pub struct Offset {
 
 impl Offset {
     /// Whether the host's clock is off by more than [`WARN_OFFSET_MS`], beyond the readings' error.
-    pub fn is_skewed(&self) -> bool {
+    pub(crate) fn is_skewed(&self) -> bool {
         self.offset_ms.unsigned_abs().saturating_sub(self.error_ms) > WARN_OFFSET_MS
     }
 }
@@ -210,7 +210,7 @@ impl Clock {
     }
 
     /// Whether the broker's clock has been read.
-    pub fn is_measured(&self) -> bool {
+    pub(crate) fn is_measured(&self) -> bool {
         self.estimate().newest().is_some()
     }
 

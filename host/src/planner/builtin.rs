@@ -1,11 +1,11 @@
 //! The planners that ship inside the binary (built by `host/build.rs`).
 
-pub const BINARY_LEVELS: &str = "binary-levels";
-pub const HOLD_QUEUES: &str = "hold-queues";
-pub const FIXED_INTERVALS: &str = "fixed-intervals";
-pub const SQS_CYCLES: &str = "sqs-cycles";
+pub(crate) const BINARY_LEVELS: &str = "binary-levels";
+pub(crate) const HOLD_QUEUES: &str = "hold-queues";
+pub(crate) const FIXED_INTERVALS: &str = "fixed-intervals";
+pub(crate) const SQS_CYCLES: &str = "sqs-cycles";
 
-pub const NAMES: [&str; 4] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES];
+pub(crate) const NAMES: [&str; 4] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES];
 
 /// The component bytes of a built-in planner, by name.
 pub fn component(name: &str) -> Option<&'static [u8]> {

@@ -14,7 +14,7 @@ const MAX_BCC_KEYS: usize = 40;
 
 /// Converts and validates one planner command. The error says what is wrong;
 /// the caller adds which planner said it.
-pub fn command_from_planner(command: wit::Command) -> Result<Command, InvalidCommand> {
+pub(crate) fn command_from_planner(command: wit::Command) -> Result<Command, InvalidCommand> {
     let command = match command {
         wit::Command::DeclareExchange(e) => {
             check_name("exchange", &e.name, false)?;

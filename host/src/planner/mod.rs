@@ -1,8 +1,8 @@
 //! Planners: WebAssembly components run in a sandbox.
 //!
 //! * [`PlannerRuntime`] loads planners on the process's one wasmtime engine
-//!   (with the one epoch ticker that bounds every call; see
-//!   [`engines_created`]), through the on-disk cache of compiled components.
+//!   (with the one epoch ticker that bounds every call), through the on-disk
+//!   cache of compiled components.
 //! * [`LoadedPlanner`] is one strategy's configured planner: a pool of
 //!   instances, so calls run in parallel. Every call goes through it (or
 //!   through a [`PlannerInstance`] checked out of it) and comes back
@@ -37,12 +37,14 @@ mod runtime;
 mod upgrade;
 
 pub use crate::command::{DueAction, DueMessage};
-pub use contract::ContractMismatch;
+pub(crate) use contract::ContractMismatch;
 pub use epoch::epoch_ticker_asleep;
 pub use instance::{
     BrokerFamily, ConfigKey, DelayRange, Granularity, LoadedPlanner, Plan, PlanRequest, PlannerInfo, PlannerInstance, PlannerLimits, RedeliveryDecision,
 };
-pub use runtime::{PlannerRuntime, PlannerSource, engines_created};
+#[cfg(feature = "testing")]
+pub use runtime::engines_created;
+pub use runtime::{PlannerRuntime, PlannerSource};
 
 use std::time::Duration;
 

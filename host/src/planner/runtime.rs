@@ -80,6 +80,7 @@ fn shared_engine() -> Result<Engine, PlannerError> {
 }
 
 /// How many wasmtime engines this process has made: one, once any planner is loaded.
+#[cfg(feature = "testing")]
 pub fn engines_created() -> usize {
     ENGINES_CREATED.load(Ordering::SeqCst)
 }
@@ -154,7 +155,7 @@ impl PlannerRuntime {
     }
 
     /// [`load`](Self::load) under limits of the strategy's own.
-    pub fn load_limited(&self, source: &PlannerSource, config_json: String, limits: PlannerLimits) -> Result<LoadedPlanner, PlannerError> {
+    pub(crate) fn load_limited(&self, source: &PlannerSource, config_json: String, limits: PlannerLimits) -> Result<LoadedPlanner, PlannerError> {
         let component = self.compile(source)?;
         let label = source.label();
         let wrong_contract = |e: wasmtime::Error| PlannerError::WrongContract { planner: label.clone(), source: ContractMismatch::Imports(e) };

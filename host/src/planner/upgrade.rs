@@ -75,11 +75,11 @@ fn attributes(attributes: Vec<old::SqsAttribute>) -> Vec<now::SqsAttribute> {
     attributes.into_iter().map(|a| now::SqsAttribute { name: a.name, value: a.value }).collect()
 }
 
-pub fn delay_plan(plan: old::DelayPlan) -> now::DelayPlan {
+pub(crate) fn delay_plan(plan: old::DelayPlan) -> now::DelayPlan {
     now::DelayPlan { commands: commands(plan.commands), delivers_after_ms: plan.delivers_after_ms }
 }
 
-pub fn due_action(action: old::DueAction) -> now::DueAction {
+pub(crate) fn due_action(action: old::DueAction) -> now::DueAction {
     match action {
         old::DueAction::Recycle(c) => now::DueAction::Recycle(commands(c)),
         old::DueAction::HandOver(c) => now::DueAction::HandOver(commands(c)),
@@ -112,7 +112,7 @@ pub fn delay_range(range: old::DelayRange) -> now::DelayRange {
     }
 }
 
-pub fn redelivery_decision(decision: old::RedeliveryDecision) -> now::RedeliveryDecision {
+pub(crate) fn redelivery_decision(decision: old::RedeliveryDecision) -> now::RedeliveryDecision {
     match decision {
         old::RedeliveryDecision::RetryAfterMs(ms) => now::RedeliveryDecision::RetryAfterMs(ms),
         old::RedeliveryDecision::GiveUp(why) => now::RedeliveryDecision::GiveUp(why),
@@ -120,7 +120,7 @@ pub fn redelivery_decision(decision: old::RedeliveryDecision) -> now::Redelivery
 }
 
 /// The inputs go the other way: same fields, the old types.
-pub fn due_message(message: &now::DueMessage) -> old::DueMessage {
+pub(crate) fn due_message(message: &now::DueMessage) -> old::DueMessage {
     old::DueMessage {
         queue: message.queue.clone(),
         message_id: message.message_id.clone(),
@@ -132,6 +132,6 @@ pub fn due_message(message: &now::DueMessage) -> old::DueMessage {
     }
 }
 
-pub fn redelivery_request(request: &now::RedeliveryRequest) -> old::RedeliveryRequest {
+pub(crate) fn redelivery_request(request: &now::RedeliveryRequest) -> old::RedeliveryRequest {
     old::RedeliveryRequest { queue: request.queue.clone(), attempt: request.attempt, seed: request.seed, reason: request.reason.clone() }
 }

@@ -155,7 +155,7 @@ impl Target<'_> {
 
 /// A queue a pump must drain: it appeared in a destination's setup.
 #[derive(Clone, Debug)]
-pub struct PumpedQueue {
+pub(crate) struct PumpedQueue {
     pub strategy: String,
     pub queue: String,
     /// The config whose planner the pump should load.
@@ -171,13 +171,13 @@ pub fn release_queue_declaration(name: &str) -> Command {
 
 /// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
 /// so a message waiting there for a host outlives any outage.
-pub fn sqs_release_queue_declaration(name: &str) -> Command {
+pub(crate) fn sqs_release_queue_declaration(name: &str) -> Command {
     let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
     Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
 }
 
 /// One of hourglass's own queues (ingress, invalid, redelivery, canary), durable, of `queue_type`.
-pub fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
+pub(crate) fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
     let arguments: FieldTable = match queue_type {
         OwnQueueType::Quorum => [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
         OwnQueueType::Classic => FieldTable::default(),
@@ -186,7 +186,7 @@ pub fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
 }
 
 /// What to do when one of hourglass's own queues exists with another type.
-pub const OWN_QUEUE_HINT: &str = "a queue declared before as classic needs service.queue_type = \"classic\"";
+pub(crate) const OWN_QUEUE_HINT: &str = "a queue declared before as classic needs service.queue_type = \"classic\"";
 
 /// The queues and exchanges hourglass itself uses: the service's own queues,
 /// the release queues and every object of every strategy's static topology.
@@ -304,7 +304,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Counts due times on `clock` (default: the system's, until readings of the broker's clock arrive).
-    pub fn set_clock(&mut self, clock: Arc<Clock>) {
+    pub(crate) fn set_clock(&mut self, clock: Arc<Clock>) {
         self.metrics.watch_clock(clock.clone());
         self.clock = clock;
     }
@@ -317,7 +317,7 @@ impl<E: Executor> Scheduler<E> {
 
     /// `false`: never declare topology or destination setup (the operator
     /// manages them); destinations are still checked to exist.
-    pub fn set_declaring(&mut self, declaring: bool) {
+    pub(crate) fn set_declaring(&mut self, declaring: bool) {
         self.declaring = declaring;
     }
 
@@ -330,7 +330,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Every pumped queue a destination setup declares from now on is sent here.
-    pub fn report_pumped_queues(&self, to: mpsc::UnboundedSender<PumpedQueue>) {
+    pub(crate) fn report_pumped_queues(&self, to: mpsc::UnboundedSender<PumpedQueue>) {
         let _ = self.pumped_queues.set(to);
     }
 
@@ -380,7 +380,7 @@ impl<E: Executor> Scheduler<E> {
     /// and release queue, in one list: what the broker probes
     /// ([`crate::broker::rabbitmq::probe::mechanisms_used`]) and the capacity
     /// check ([`crate::broker::rabbitmq::capacity::check_capacity`]) weigh.
-    pub fn all_declarations(&self) -> Vec<Command> {
+    pub(crate) fn all_declarations(&self) -> Vec<Command> {
         let config = self.config();
         self.strategy_names()
             .into_iter()
@@ -398,7 +398,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Whether `strategy`'s topology is on the broker now (declared since the last reconnect).
-    pub async fn topology_applied(&self, strategy: &str) -> bool {
+    pub(crate) async fn topology_applied(&self, strategy: &str) -> bool {
         let generation = self.generation();
         let prepared = generation.prepared.lock().await;
         prepared.reconnects == self.executor.reconnects() && prepared.topology.contains(strategy)
@@ -419,7 +419,7 @@ impl<E: Executor> Scheduler<E> {
     /// Per strategy that declares waiting queues per message (hold-queues),
     /// the exchanges those queues dead-letter into: a broker listing finds
     /// them by it. Strategies with static queues only are left out.
-    pub fn per_message_queue_targets(&self) -> BTreeMap<String, Vec<String>> {
+    pub(crate) fn per_message_queue_targets(&self) -> BTreeMap<String, Vec<String>> {
         self.strategy_names()
             .into_iter()
             .filter_map(|strategy| {
@@ -462,7 +462,7 @@ impl<E: Executor> Scheduler<E> {
         self.generation().config.default_strategy.clone()
     }
 
-    pub fn strategy_names(&self) -> Vec<String> {
+    pub(crate) fn strategy_names(&self) -> Vec<String> {
         self.generation().names.clone()
     }
 
@@ -471,7 +471,7 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// The plan a message would get, without sending anything.
-    pub fn plan_only(&self, strategy: &str, request: &PlanRequest) -> Result<Plan, ScheduleError> {
+    pub(crate) fn plan_only(&self, strategy: &str, request: &PlanRequest) -> Result<Plan, ScheduleError> {
         self.call_checked(strategy, |planner| planner.plan(request))
     }
 

@@ -36,7 +36,6 @@ pub enum StrategyFault {
 pub struct Strategies {
     planners: BTreeMap<String, LoadedPlanner>,
     runtime: PlannerRuntime,
-    default: String,
 }
 
 /// Where to point for a planner runtime that cannot be made: the cache
@@ -68,7 +67,7 @@ impl Strategies {
             })?;
             planners.insert(strategy.name.clone(), planner);
         }
-        Ok(Strategies { planners, runtime, default: config.default_strategy.clone() })
+        Ok(Strategies { planners, runtime })
     }
 
     /// One strategy's planner loaded on its own, for a task of its own (a pump).
@@ -93,10 +92,6 @@ impl Strategies {
 
     pub fn runtime(&self) -> &PlannerRuntime {
         &self.runtime
-    }
-
-    pub fn default_name(&self) -> &str {
-        &self.default
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

@@ -20,7 +20,7 @@ use super::ScheduleRequest;
 /// All headers and properties of one message, encoded. RabbitMQ's default
 /// `frame_max` is 131,072 bytes and every property must fit in one frame;
 /// half of it leaves room for hourglass's own headers and the planner's.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Why a request is refused, and which field of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Invalid {
 /// Headers set by the broker when it dead-letters a message. A client never
 /// sets them; a kept `x-death` can make RabbitMQ 3.x drop the message as a
 /// dead-letter cycle.
-pub fn is_death_record(name: &str) -> bool {
+pub(crate) fn is_death_record(name: &str) -> bool {
     name == "x-death" || name.starts_with("x-first-death-") || name.starts_with("x-last-death-")
 }
 
@@ -87,7 +87,7 @@ pub fn check_destination(destination: &str, reserved: &HashSet<String>) -> Resul
 
 /// An exchange destination is a valid AMQP name, none of hourglass's own
 /// objects and not the default exchange (a queue destination says that).
-pub fn check_exchange(exchange: &str, reserved: &HashSet<String>) -> Result<(), Invalid> {
+pub(crate) fn check_exchange(exchange: &str, reserved: &HashSet<String>) -> Result<(), Invalid> {
     check_name("exchange", exchange)?;
     if exchange.starts_with("amq.default") {
         return Err(invalid("exchange", "the default exchange routes by queue name: give the queue as the destination instead"));

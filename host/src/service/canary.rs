@@ -43,7 +43,7 @@ impl Canary {
     /// and every `every`, until `stop` turns true. A strategy whose planner
     /// refuses the delay is left out; any other failure is logged and tried
     /// again next time: the canary never holds anything up.
-    pub async fn send_probes(scheduler: Arc<Scheduler<Broker>>, config: CanaryConfig, mut stop: tokio::sync::watch::Receiver<bool>) {
+    pub(crate) async fn send_probes(scheduler: Arc<Scheduler<Broker>>, config: CanaryConfig, mut stop: tokio::sync::watch::Receiver<bool>) {
         let every = Duration::from_millis(config.every.ms());
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

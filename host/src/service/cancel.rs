@@ -219,7 +219,7 @@ impl CancelLog {
     }
 
     /// Whether the reader is attached to the stream.
-    pub fn is_reading(&self) -> bool {
+    pub(crate) fn is_reading(&self) -> bool {
         self.attached.load(Ordering::Relaxed)
     }
 

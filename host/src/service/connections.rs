@@ -38,9 +38,9 @@ pub struct Limits {
 
 impl Limits {
     /// Well under the usual 1,024 file descriptors, leaving room for the broker's connections.
-    pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
-    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 512;
+    pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 }
 
 impl Default for Limits {

@@ -28,7 +28,7 @@ use crate::service::cancel::{Answer, CancelError, CancelLog};
 use crate::service::sqs_cancel::SqsCancel;
 
 /// Largest message body accepted, after base64 decoding.
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// A JSON error naming what was wrong.
 struct ApiError {

@@ -299,13 +299,13 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
 }
 
 /// The delayed-message plugin's header: the delay in milliseconds.
-pub const X_DELAY_HEADER: &str = "x-delay";
+pub(crate) const X_DELAY_HEADER: &str = "x-delay";
 
 /// What a delayed exchange declares: itself, a fanout exchange bound to the
 /// ingress queue (every routing key reaches it), and `deliver_to` with the
 /// exchange's `type`. A delayed exchange that exists as the plugin's
 /// `x-delayed-message` is refused by the broker, by name, until it is deleted.
-pub fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
+pub(crate) fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
     let declare = |name: &str, kind: ExchangeKind| Command::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() };
     vec![
         declare(name, ExchangeKind::Fanout),

@@ -52,7 +52,7 @@ pub mod unpark;
 
 pub use crate::metrics::Metrics;
 pub use broker_side::pump_settings;
-pub use http::{MAX_BODY_BYTES, router, run};
+pub use http::{router, run};
 
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::{Broker, Executor, ExecutorError};
@@ -91,7 +91,7 @@ pub enum ServiceError {
 
 impl ServiceError {
     /// The broker could not be reached (or refused for now): asking again later may succeed.
-    pub fn broker_unavailable(&self) -> bool {
+    pub(crate) fn broker_unavailable(&self) -> bool {
         matches!(self, ServiceError::Broker(ExecutorError::Unavailable(_)) | ServiceError::Schedule(ScheduleError::Broker(ExecutorError::Unavailable(_))))
     }
 }
@@ -211,7 +211,7 @@ impl Service {
     }
 
     /// The cancellation log, when a strategy has `cancellable = true`.
-    pub fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
+    pub(crate) fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
         self.background.cancel.get()
     }
 

@@ -145,7 +145,7 @@ pub fn management_for(config: &Config) -> Option<Arc<Management>> {
 
 /// The management API of the RabbitMQ at `amqp` (`management_url`, else the
 /// AMQP host on port 15672).
-pub fn management_api(amqp: &str, management_url: Option<&str>) -> Option<Arc<Management>> {
+pub(crate) fn management_api(amqp: &str, management_url: Option<&str>) -> Option<Arc<Management>> {
     let base = manage::management_url(amqp, management_url)?;
     Management::new(&base, manage::vhost_of(amqp)).ok().map(Arc::new)
 }

@@ -122,11 +122,11 @@ impl Redelivery {
         format!("{}.unknown", self.input)
     }
 
-    pub fn strategy_of(&self, entry: &RedeliveryConfig) -> String {
+    pub(crate) fn strategy_of(&self, entry: &RedeliveryConfig) -> String {
         entry.strategy_or(&self.default_strategy).to_string()
     }
 
-    pub fn policy_of(&self, entry: &RedeliveryConfig) -> String {
+    pub(crate) fn policy_of(&self, entry: &RedeliveryConfig) -> String {
         entry.policy_or(&self.default_strategy).to_string()
     }
 
@@ -233,7 +233,7 @@ impl Redelivery {
     }
 
     /// Sets the broker policy that gives an existing queue its dead-letter exchange.
-    pub fn apply_broker_policy(&self, management: &Management, queue: &str) -> Result<(), ManagementError> {
+    pub(crate) fn apply_broker_policy(&self, management: &Management, queue: &str) -> Result<(), ManagementError> {
         let policy = serde_json::json!({
             "pattern": format!("^{}$", regex_escape(queue)),
             "definition": { "dead-letter-exchange": self.input },

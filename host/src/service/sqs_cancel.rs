@@ -81,20 +81,16 @@ impl SqsCancel {
         &self.fates
     }
 
-    pub fn reply_queue(&self) -> &str {
-        self.replies.name()
-    }
-
     /// The longest delay a cancellable strategy takes (`service.cancel.retention`).
     pub fn retention_ms(&self) -> u64 {
         self.retention_ms
     }
 
-    pub fn is_listening(&self) -> bool {
+    pub(crate) fn is_listening(&self) -> bool {
         self.listening.load(Ordering::Relaxed)
     }
 
-    pub fn is_deciding(&self) -> bool {
+    pub(crate) fn is_deciding(&self) -> bool {
         self.deciding.load(Ordering::Relaxed)
     }
 
@@ -198,7 +194,7 @@ impl SqsCancel {
 }
 
 /// Sends a claim a reschedule moved later round its strategy again, with its id.
-pub struct SchedulerReplan(pub Arc<Scheduler<Broker>>);
+pub(crate) struct SchedulerReplan(pub Arc<Scheduler<Broker>>);
 
 impl Replan for SchedulerReplan {
     async fn replan(&self, strategy: Option<&str>, claim: &Delivery, due_at_ms: u64) -> Result<(), ReplanError> {

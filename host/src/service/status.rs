@@ -11,7 +11,7 @@ use super::Service;
 use crate::render;
 
 /// Seconds between the page's own reloads.
-pub const REFRESH_SECONDS: u32 = 5;
+pub(crate) const REFRESH_SECONDS: u32 = 5;
 
 /// The page, as it stands now.
 pub async fn page(service: &Service) -> String {

@@ -30,7 +30,7 @@ const HEALTHY_RUN: Duration = Duration::from_secs(60);
 const SLOW_STOP: Duration = Duration::from_secs(2);
 
 /// Whether a running task is doing its job (a consumer attached to its queue, say).
-pub type Probe = Box<dyn Fn() -> bool + Send + Sync>;
+pub(crate) type Probe = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Why a task is not up.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -63,7 +63,7 @@ impl Task {
 
 /// Why a supervised task stopped: any error, its text shown on `/readyz` as
 /// the task's reason (a `String` or `&str` converts with `.into()`).
-pub type TaskError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type TaskError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The supervised tasks of one service.
 pub struct Supervisor {

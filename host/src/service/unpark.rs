@@ -40,7 +40,7 @@ const REDECLARE_EVERY: Duration = Duration::from_secs(5);
 
 /// What happened to one message, for the metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unparked {
+pub(crate) enum Unparked {
     Forwarded,
     Released,
     Rescheduled,
@@ -60,7 +60,7 @@ impl Unparked {
     }
 }
 
-pub struct Unpark {
+pub(crate) struct Unpark {
     parking: ParkingQueue,
     orphans: String,
     prefetch: u16,

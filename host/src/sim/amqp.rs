@@ -94,7 +94,7 @@ enum EventKind {
 
 /// How long RabbitMQ waits before retrying an at-least-once dead-letter that
 /// found no route (measured ~173 s; the broker's default is 180 s).
-pub const HELD_RETRY_MS: u64 = 180_000;
+pub(crate) const HELD_RETRY_MS: u64 = 180_000;
 
 /// The outcome of a publish: who got it, and what reached nobody.
 pub struct Routed {
@@ -103,13 +103,13 @@ pub struct Routed {
 }
 
 #[derive(Default)]
-pub struct Fired {
+pub(crate) struct Fired {
     pub arrivals: Vec<Arrival>,
     pub lost: Vec<Lost>,
 }
 
 #[derive(Default)]
-pub struct AmqpBroker {
+pub(crate) struct AmqpBroker {
     exchanges: BTreeMap<String, Exchange>,
     queues: BTreeMap<String, Queue>,
     // Candidate events; stale ones are skipped when they surface.
@@ -125,7 +125,7 @@ fn text_argument(arguments: &FieldTable, key: &str) -> Option<String> {
 }
 
 /// AMQP topic matching: `*` is one word, `#` is zero or more.
-pub fn topic_matches(pattern: &str, key: &str) -> bool {
+pub(crate) fn topic_matches(pattern: &str, key: &str) -> bool {
     fn matches(pattern: &[&str], key: &[&str]) -> bool {
         match pattern.split_first() {
             None => key.is_empty(),
@@ -188,7 +188,7 @@ impl AmqpBroker {
     }
 
     /// The queue a message waits in (or is held by), if it waits anywhere.
-    pub fn queue_holding(&self, message_id: &str) -> Option<&str> {
+    pub(crate) fn queue_holding(&self, message_id: &str) -> Option<&str> {
         self.queues.iter().find(|(_, q)| q.messages.iter().chain(&q.held).any(|m| m.message.id == message_id)).map(|(name, _)| name.as_str())
     }
 
@@ -398,7 +398,7 @@ impl AmqpBroker {
         }
     }
 
-    pub fn next_event_ms(&self) -> Option<u64> {
+    pub(crate) fn next_event_ms(&self) -> Option<u64> {
         // The heap top is current after every mutation (see `prune`), so peeking is enough.
         match self.events.peek() {
             Some(Reverse(top)) if self.is_current(top) => Some(top.0),
@@ -408,7 +408,7 @@ impl AmqpBroker {
     }
 
     /// Handles the earliest event.
-    pub fn fire(&mut self, now: u64) -> Fired {
+    pub(crate) fn fire(&mut self, now: u64) -> Fired {
         self.prune();
         let mut fired = Fired::default();
         let Some(Reverse((at, kind, name))) = self.events.pop() else { return fired };

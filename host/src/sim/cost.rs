@@ -19,7 +19,7 @@ use super::{Hop, HopStep};
 use crate::command::SQS_BILLED_BYTES;
 
 /// Messages SQS carries in one batch request.
-pub const SQS_BATCH: u64 = 10;
+pub(crate) const SQS_BATCH: u64 = 10;
 /// A `SendMessageBatch` carries at most this many bytes in all.
 const SQS_MAX_BATCH_BYTES: u64 = 256 * 1024;
 /// The busy queue of the estimate: this many messages due together…
@@ -59,7 +59,7 @@ impl SqsCost {
 }
 
 /// How many messages of `message_bytes` one bundle holds.
-pub fn messages_per_bundle(message_bytes: u64) -> u64 {
+pub(crate) fn messages_per_bundle(message_bytes: u64) -> u64 {
     (SQS_BILLED_BYTES as u64 / (message_bytes + BUNDLED_OVERHEAD_BYTES)).max(1)
 }
 

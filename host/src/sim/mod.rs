@@ -24,8 +24,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use thiserror::Error;
 
-pub use amqp::Death;
-pub use sqs::DueSqsMessage;
+pub(crate) use amqp::Death;
+pub(crate) use sqs::DueSqsMessage;
 
 use crate::command::{Command, FieldTable};
 
@@ -150,7 +150,7 @@ impl Simulator {
         &self.arrivals
     }
 
-    pub fn take_arrivals(&mut self) -> Vec<Arrival> {
+    pub(crate) fn take_arrivals(&mut self) -> Vec<Arrival> {
         std::mem::take(&mut self.arrivals)
     }
 
@@ -158,12 +158,12 @@ impl Simulator {
         &self.lost
     }
 
-    pub fn take_lost(&mut self) -> Vec<Lost> {
+    pub(crate) fn take_lost(&mut self) -> Vec<Lost> {
         std::mem::take(&mut self.lost)
     }
 
     /// A consumer's queue: messages that reach it count as arrived.
-    pub fn declare_destination_queue(&mut self, name: &str) {
+    pub(crate) fn declare_destination_queue(&mut self, name: &str) {
         self.amqp.declare_destination(name, self.now_ms);
     }
 
@@ -177,7 +177,7 @@ impl Simulator {
 
     /// The AMQP queue a message waits in, if it waits in one (a parking queue, a
     /// level, or held by an at-least-once queue whose dead-letter found no route).
-    pub fn queue_holding(&self, message_id: &str) -> Option<&str> {
+    pub(crate) fn queue_holding(&self, message_id: &str) -> Option<&str> {
         self.amqp.queue_holding(message_id)
     }
 
@@ -187,7 +187,7 @@ impl Simulator {
     }
 
     /// A consumer's SQS queue: messages count as arrived when they become visible.
-    pub fn declare_destination_sqs_queue(&mut self, name: &str) {
+    pub(crate) fn declare_destination_sqs_queue(&mut self, name: &str) {
         self.sqs.declare_destination(name);
     }
 
@@ -203,7 +203,7 @@ impl Simulator {
     /// Runs one command for `message`: a publish or send carries it; any other
     /// command is applied as is. Taking the message by value spares a copy of
     /// its route on every hop of a long-cycling message.
-    pub fn execute(&mut self, command: &Command, mut message: SimMessage) -> Result<(), SimError> {
+    pub(crate) fn execute(&mut self, command: &Command, mut message: SimMessage) -> Result<(), SimError> {
         match command {
             Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } => {
                 message.routing_key = routing_key.clone();
@@ -235,13 +235,13 @@ impl Simulator {
     }
 
     /// When the next scheduled event happens, if any.
-    pub fn next_event_ms(&self) -> Option<u64> {
+    pub(crate) fn next_event_ms(&self) -> Option<u64> {
         [self.amqp.next_event_ms(), self.sqs.next_event_ms()].into_iter().flatten().min()
     }
 
     /// Moves the clock to `at_ms`, handling every broker event up to then.
     /// Messages falling due on pumped queues are returned for the caller.
-    pub fn advance_to(&mut self, at_ms: u64) -> Vec<DueSqsMessage> {
+    pub(crate) fn advance_to(&mut self, at_ms: u64) -> Vec<DueSqsMessage> {
         let mut due = Vec::new();
         while self.next_event_ms().is_some_and(|t| t <= at_ms) {
             if let Step::Due(message) = self.step() {

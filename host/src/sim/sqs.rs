@@ -40,14 +40,14 @@ pub struct DueSqsMessage {
     pub receive_count: u32,
 }
 
-pub enum Fired {
+pub(crate) enum Fired {
     Arrived(Arrival),
     Due(DueSqsMessage),
     Nothing,
 }
 
 #[derive(Default)]
-pub struct SqsBroker {
+pub(crate) struct SqsBroker {
     queues: BTreeMap<String, SqsQueue>,
     visible: BinaryHeap<Reverse<(u64, u64, String)>>,
     sequence: u64,
@@ -128,11 +128,11 @@ impl SqsBroker {
         Ok(())
     }
 
-    pub fn next_event_ms(&self) -> Option<u64> {
+    pub(crate) fn next_event_ms(&self) -> Option<u64> {
         self.visible.peek().map(|Reverse((at, _, _))| *at)
     }
 
-    pub fn fire(&mut self, now: u64) -> Fired {
+    pub(crate) fn fire(&mut self, now: u64) -> Fired {
         let Some(Reverse((_, sequence, name))) = self.visible.pop() else { return Fired::Nothing };
         let Some(queue) = self.queues.get_mut(&name) else { return Fired::Nothing };
         let (destination, pumped) = (queue.destination, queue.pumped);

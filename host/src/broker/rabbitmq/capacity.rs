@@ -42,7 +42,7 @@ const RESERVED_PER_REPLICA: u64 = 2;
 /// Members of a new quorum queue: RabbitMQ's default initial group size, at most the cluster's nodes.
 const DEFAULT_QUORUM_MEMBERS: u64 = 3;
 /// RabbitMQ 4.0's delivery limit for quorum queues without one of their own.
-pub const DEFAULT_DELIVERY_LIMIT_4X: u64 = 20;
+pub(crate) const DEFAULT_DELIVERY_LIMIT_4X: u64 = 20;
 
 #[derive(Debug, Error)]
 pub enum CapacityError {

@@ -26,9 +26,9 @@ use super::link::{Link, Slot};
 /// 64 channels drained the ingress within noise of each other
 /// (BENCHMARKS.md, "Ingress drain"); fewer channels are fewer broker processes.
 /// RabbitMQ allows 2,047 channels per connection.
-pub const DEFAULT_PUBLISH_CHANNELS: usize = 16;
+pub(crate) const DEFAULT_PUBLISH_CHANNELS: usize = 16;
 /// How long a publish may wait for a free channel.
-pub const LEASE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How many channels the executor holds open now.
 #[derive(Clone, Default)]
@@ -210,7 +210,7 @@ impl ControlGuard<'_> {
     }
 
     /// Closes the channel after this operation (its state is unknown: it timed out).
-    pub fn abandon(&mut self) {
+    pub(crate) fn abandon(&mut self) {
         self.keep = false;
     }
 }

@@ -15,17 +15,17 @@ use crate::message::{Delivery, HeaderValue, Headers, Properties};
 /// A name or value over AMQP's 255-byte short-string limit; `what` says which.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{what} is {len} bytes; AMQP allows at most 255")]
-pub struct TooLongForAmqp {
+pub(crate) struct TooLongForAmqp {
     pub what: String,
     pub len: usize,
 }
 
 /// An AMQP short string, or an error naming `what` when it is over 255 bytes.
-pub fn short_string(what: &str, text: &str) -> Result<ShortString, TooLongForAmqp> {
+pub(crate) fn short_string(what: &str, text: &str) -> Result<ShortString, TooLongForAmqp> {
     ShortString::try_new(text).map_err(|_| TooLongForAmqp { what: what.to_string(), len: text.len() })
 }
 
-pub fn to_amqp_value(value: &HeaderValue) -> Result<AMQPValue, TooLongForAmqp> {
+pub(crate) fn to_amqp_value(value: &HeaderValue) -> Result<AMQPValue, TooLongForAmqp> {
     Ok(match value {
         HeaderValue::Bool(v) => AMQPValue::Boolean(*v),
         HeaderValue::I8(v) => AMQPValue::ShortShortInt(*v),
@@ -48,7 +48,7 @@ pub fn to_amqp_value(value: &HeaderValue) -> Result<AMQPValue, TooLongForAmqp> {
     })
 }
 
-pub fn from_amqp_value(value: &AMQPValue) -> HeaderValue {
+pub(crate) fn from_amqp_value(value: &AMQPValue) -> HeaderValue {
     match value {
         AMQPValue::Boolean(v) => HeaderValue::Bool(*v),
         AMQPValue::ShortShortInt(v) => HeaderValue::I8(*v),
@@ -71,7 +71,7 @@ pub fn from_amqp_value(value: &AMQPValue) -> HeaderValue {
     }
 }
 
-pub fn to_amqp_headers(headers: &Headers) -> Result<AmqpTable, TooLongForAmqp> {
+pub(crate) fn to_amqp_headers(headers: &Headers) -> Result<AmqpTable, TooLongForAmqp> {
     let mut table = AmqpTable::default();
     for (name, value) in headers {
         table.insert(short_string(&format!("header name {:?}…", truncated(name)), name)?, to_amqp_value(value)?);
@@ -79,13 +79,13 @@ pub fn to_amqp_headers(headers: &Headers) -> Result<AmqpTable, TooLongForAmqp> {
     Ok(table)
 }
 
-pub fn from_amqp_headers(table: &AmqpTable) -> Headers {
+pub(crate) fn from_amqp_headers(table: &AmqpTable) -> Headers {
     table.inner().iter().map(|(k, v)| (k.as_str().to_string(), from_amqp_value(v))).collect()
 }
 
 /// Declare arguments and hourglass's own headers. Planner output is checked
 /// on the way in (names ≤ 255 bytes), so this cannot fail for it.
-pub fn to_amqp_table(table: &FieldTable) -> AmqpTable {
+pub(crate) fn to_amqp_table(table: &FieldTable) -> AmqpTable {
     let mut out = AmqpTable::default();
     for (key, value) in table {
         let value = match value {
@@ -101,7 +101,7 @@ pub fn to_amqp_table(table: &FieldTable) -> AmqpTable {
 }
 
 /// The AMQP properties for a neutral message: persistent, no expiration.
-pub fn to_amqp_properties(properties: &Properties) -> Result<BasicProperties, TooLongForAmqp> {
+pub(crate) fn to_amqp_properties(properties: &Properties) -> Result<BasicProperties, TooLongForAmqp> {
     let mut out = BasicProperties::default().with_delivery_mode(2).with_headers(to_amqp_headers(&properties.headers)?);
     let short = |what: &str, value: &Option<String>| value.as_deref().map(|v| short_string(what, v)).transpose();
     if let Some(v) = short("content_type", &properties.content_type)? {
@@ -139,7 +139,7 @@ pub fn to_amqp_properties(properties: &Properties) -> Result<BasicProperties, To
 
 /// A delivery's properties as hourglass carries them; `expiration`,
 /// `delivery-mode` and `cluster-id` are dropped (see [`crate::message`]).
-pub fn from_amqp_properties(properties: &BasicProperties) -> Properties {
+pub(crate) fn from_amqp_properties(properties: &BasicProperties) -> Properties {
     let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_string());
     Properties {
         content_type: text(properties.content_type()),
@@ -157,7 +157,7 @@ pub fn from_amqp_properties(properties: &BasicProperties) -> Properties {
 }
 
 /// A delivery from `queue` as handlers see it.
-pub fn from_amqp_delivery(queue: &str, delivery: &lapin::message::Delivery) -> Delivery {
+pub(crate) fn from_amqp_delivery(queue: &str, delivery: &lapin::message::Delivery) -> Delivery {
     Delivery {
         queue: queue.to_string(),
         body: delivery.data.clone(),

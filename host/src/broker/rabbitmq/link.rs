@@ -38,7 +38,7 @@ pub const PARTING_TIMEOUT: Duration = Duration::from_secs(1);
 const LOST_LOOK_EVERY: Duration = Duration::from_millis(50);
 /// A link is replaced after this many broker-closed channels (each one a
 /// channel number lapin will not use again; RabbitMQ allows 2,047 per connection).
-pub const WEAR_LIMIT: usize = 1_000;
+pub(crate) const WEAR_LIMIT: usize = 1_000;
 
 /// The first step of the backoff between reconnects (links and consumers alike).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
@@ -46,7 +46,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// The waits between attempts to reconnect to RabbitMQ.
-pub fn reconnect_backoff() -> Backoff {
+pub(crate) fn reconnect_backoff() -> Backoff {
     Backoff::new(FIRST_RETRY, MAX_RETRY)
 }
 
@@ -92,7 +92,7 @@ impl Link {
     }
 
     /// Records a channel the broker closed (its number is lost for good).
-    pub fn burn(&self) {
+    pub(crate) fn burn(&self) {
         self.burnt.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -232,7 +232,7 @@ impl Slot {
     }
 
     /// Whether [`Self::link`] would open a connection: the current one is lost or worn out.
-    pub fn needs_connecting(&self) -> bool {
+    pub(crate) fn needs_connecting(&self) -> bool {
         !self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|link| link.usable())
     }
 

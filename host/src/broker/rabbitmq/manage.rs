@@ -19,7 +19,7 @@ pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String
 
 /// The management API's base URL (`http://user:pass@host:15672`) derived from
 /// an AMQP URL: one per node, comma-separated, when it lists several.
-pub fn default_management_url(amqp_url: &str) -> Option<String> {
+pub(crate) fn default_management_url(amqp_url: &str) -> Option<String> {
     let mut bases: Vec<String> = Vec::new();
     for node in super::nodes::each(amqp_url) {
         let Ok(uri) = node.parse::<AMQPUri>() else { continue };
@@ -53,7 +53,7 @@ pub fn encode(segment: &str) -> String {
 /// the second. Measured on RabbitMQ 3.10: the header lagged the clock by 0.83
 /// to 1.83 s. Only the upper end of a reading rests on this; the lower end
 /// (what keeps due times from being early) holds whatever the lag.
-pub const DATE_STALENESS_MS: u64 = 2_000;
+pub(crate) const DATE_STALENESS_MS: u64 = 2_000;
 
 /// The management API of one or more nodes (`management_url` may list
 /// several, comma-separated): each request goes to the node that answered
@@ -138,7 +138,7 @@ impl Management {
     /// A reading of the broker's clock: the `Date` header of an answer to
     /// `GET /api/whoami` (any status will do, a refusal carries it too),
     /// timed on the monotonic clock.
-    pub fn clock_reading(&self) -> Result<Reading, ManagementError> {
+    pub(crate) fn clock_reading(&self) -> Result<Reading, ManagementError> {
         let sent = std::cell::Cell::new(0);
         let (url, response) = self.send("whoami", |url, authorization| {
             // Each endpoint tried is timed afresh: the one that answers is the one timed.
@@ -154,7 +154,7 @@ impl Management {
     /// `GET path` from every endpoint, not only the first that answers, each
     /// answer beside its endpoint's base URL: for what a node reports of
     /// itself alone (the delayed-message plugin's count of its own messages).
-    pub fn get_each(&self, path: &str) -> Vec<(String, Result<Option<Value>, ManagementError>)> {
+    pub(crate) fn get_each(&self, path: &str) -> Vec<(String, Result<Option<Value>, ManagementError>)> {
         self.endpoints
             .iter()
             .map(|endpoint| {
@@ -185,7 +185,7 @@ impl Management {
     /// The vhost's queues that dead-letter into one of `exchanges`, with their
     /// messages and TTL: the queues a strategy declares per message (hold
     /// queues), which its static topology cannot list.
-    pub fn queues_dead_lettering_to(&self, exchanges: &[String]) -> Result<Vec<(String, u64, Option<u64>)>, ManagementError> {
+    pub(crate) fn queues_dead_lettering_to(&self, exchanges: &[String]) -> Result<Vec<(String, u64, Option<u64>)>, ManagementError> {
         let listed = self.get(&format!("queues/{}?columns=name,messages,arguments", encode(&self.vhost)))?.unwrap_or_default();
         let mut found: Vec<(String, u64, Option<u64>)> = listed
             .as_array()
@@ -208,19 +208,10 @@ impl Management {
     }
 
     /// Creates or replaces the policy `name` (`PUT /api/policies/{vhost}/{name}`).
-    pub fn put_policy(&self, name: &str, policy: &Value) -> Result<(), ManagementError> {
+    pub(crate) fn put_policy(&self, name: &str, policy: &Value) -> Result<(), ManagementError> {
         let (url, response) =
             self.send(&self.policy_path(name), |url, authorization| self.agent.put(url).header("Authorization", authorization).send_json(policy))?;
         succeeded(&url, response)
-    }
-
-    /// Removes the policy `name`; a policy that is not there is no error.
-    pub fn delete_policy(&self, name: &str) -> Result<(), ManagementError> {
-        let (url, response) = self.send(&self.policy_path(name), |url, authorization| self.agent.delete(url).header("Authorization", authorization).call())?;
-        match response.status().as_u16() {
-            404 => Ok(()),
-            _ => succeeded(&url, response),
-        }
     }
 }
 

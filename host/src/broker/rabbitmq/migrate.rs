@@ -16,10 +16,10 @@ use crate::broker::{Executor, ExecutorError};
 use crate::command::{AMQP_MAX_NAME, Command, ExchangeKind, FieldTable, FieldValue};
 
 /// The exchange type the plugin registers.
-pub const PLUGIN_TYPE: &str = "x-delayed-message";
+pub(crate) const PLUGIN_TYPE: &str = "x-delayed-message";
 /// `deliver_to` when none is given: `<NAME>.due`, a new exchange that only
 /// due messages reach, so no other publisher's traffic mixes in.
-pub const DEFAULT_DELIVER_TO_SUFFIX: &str = ".due";
+pub(crate) const DEFAULT_DELIVER_TO_SUFFIX: &str = ".due";
 
 #[derive(Debug, Error)]
 pub enum MigrateError {
@@ -113,7 +113,7 @@ pub struct DelayedCount {
 
 impl DelayedCount {
     /// Why the plugin's exchange cannot be said to hold nothing; `None` when every node of the cluster reported 0.
-    pub fn not_empty(&self) -> Option<String> {
+    pub(crate) fn not_empty(&self) -> Option<String> {
         let held: Vec<String> = self.nodes.iter().filter_map(|n| n.messages_delayed.filter(|c| *c > 0).map(|c| format!("{c} on {}", n.node))).collect();
         if !held.is_empty() {
             return Some(format!("the plugin still holds delayed messages: {}", held.join(", ")));

@@ -34,7 +34,6 @@ pub mod stream;
 pub mod take;
 pub mod verify;
 
-pub use channels::DEFAULT_PUBLISH_CHANNELS;
-pub use convert::to_amqp_table;
+pub(crate) use channels::DEFAULT_PUBLISH_CHANNELS;
 pub use nodes::redact;
 pub use publish::{DEFAULT_URL, RabbitMqExecutor};

@@ -71,7 +71,7 @@ pub fn redact(urls: &str) -> String {
 /// `urls` with every node asking for frames of at most `frame_max` bytes
 /// (AMQP negotiates the smaller of the client's and the broker's), unless a
 /// node's URL already sets `frame_max`.
-pub fn with_frame_max(urls: &str, frame_max: u32) -> String {
+pub(crate) fn with_frame_max(urls: &str, frame_max: u32) -> String {
     each(urls)
         .map(|url| match (url.contains("frame_max="), url.contains('?')) {
             (true, _) => url.to_string(),

@@ -11,7 +11,7 @@ use crate::broker::ExecutorError;
 
 /// Why a passive declare failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PassiveFailure {
+pub(crate) enum PassiveFailure {
     /// No queue or exchange by that name.
     Missing,
     /// It may well exist, but the broker cannot answer for it now: its home
@@ -29,7 +29,7 @@ pub enum PassiveFailure {
 const UNREACHABLE_WORDINGS: &[&str] =
     &["home node", "down or inaccessible", "crashed", "failed to restart", "stopped", "timeout", "timed out", "may be stopping", "being demoted"];
 
-pub fn classify(err: &lapin::Error) -> PassiveFailure {
+pub(crate) fn classify(err: &lapin::Error) -> PassiveFailure {
     let lapin::ErrorKind::ProtocolError(amqp) = err.kind() else { return PassiveFailure::Unavailable };
     match amqp.kind() {
         // A connection-level error (CONNECTION_FORCED when the broker stops) is "not now", not "never".
@@ -53,7 +53,7 @@ fn names_unreachable(text: &str) -> bool {
 
 /// The answer to a failed passive check of `subject` (`destination queue
 /// "orders"`, say): `missing` says what not existing means for the caller.
-pub fn check_failed(subject: &str, url: &str, err: &lapin::Error, missing: &str) -> ExecutorError {
+pub(crate) fn check_failed(subject: &str, url: &str, err: &lapin::Error, missing: &str) -> ExecutorError {
     match classify(err) {
         PassiveFailure::Missing => ExecutorError::Refused(format!("{subject} does not exist on RabbitMQ at {url}{missing} ({err})")),
         PassiveFailure::Unavailable => {

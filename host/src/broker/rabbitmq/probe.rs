@@ -47,7 +47,7 @@ use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};
 
 /// Every probe's names start with this.
-pub const PROBE_PREFIX: &str = "hourglass.probe";
+pub(crate) const PROBE_PREFIX: &str = "hourglass.probe";
 /// How long a probe message may take from its publish to its arrival. On
 /// RabbitMQ 3.10 it takes the TTL plus a few milliseconds.
 pub const ARRIVAL_DEADLINE: Duration = Duration::from_secs(5);

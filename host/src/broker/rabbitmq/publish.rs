@@ -59,7 +59,7 @@ const KNOWN_EXCHANGES: usize = 4_096;
 /// RabbitMQ's 128 KiB default, 1 MiB at this. Declares, binds and passive
 /// checks are method frames far smaller; the publishing connection keeps the
 /// broker's limit, since a producer's content header may use all of it.
-pub const CONTROL_FRAME_MAX: u32 = 16 * 1024;
+pub(crate) const CONTROL_FRAME_MAX: u32 = 16 * 1024;
 /// The most a declaration's or binding's argument table may encode to: with
 /// its names (up to 255 bytes each) it must fit in one control frame.
 const MAX_ARGUMENT_BYTES: usize = CONTROL_FRAME_MAX as usize - 1_024;

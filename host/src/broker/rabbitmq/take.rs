@@ -74,7 +74,7 @@ impl Taker {
     }
 
     /// Back where it was, as it was.
-    pub async fn give_back(&self, taken: Taken) -> Result<(), ExecutorError> {
+    pub(crate) async fn give_back(&self, taken: Taken) -> Result<(), ExecutorError> {
         taken.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.map(|_| ()).map_err(|e| self.lost(e))
     }
 

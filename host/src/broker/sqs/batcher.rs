@@ -22,17 +22,17 @@ use tokio::time::Instant;
 use crate::broker::ExecutorError;
 
 /// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
-pub const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
+pub(crate) const SQS_MAX_MESSAGE_BYTES: usize = 262_144;
 /// Entries in one `SendMessageBatch` at the most.
-pub const SQS_MAX_BATCH_ENTRIES: usize = 10;
+pub(crate) const SQS_MAX_BATCH_ENTRIES: usize = 10;
 
 /// Whether a batch of `entries` entries and `bytes` bytes can take one of `next` bytes.
-pub fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
+pub(crate) fn fits_in_batch(entries: usize, bytes: usize, next: usize) -> bool {
     entries < SQS_MAX_BATCH_ENTRIES && bytes + next <= SQS_MAX_MESSAGE_BYTES
 }
 
 /// How long a worker waits for more sends after the first, unless configured.
-pub const DEFAULT_WINDOW: Duration = Duration::from_millis(2);
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_millis(2);
 
 /// The window `broker.send_batch_window` asks for, or the default.
 pub fn window(configured: Option<hourglass_planner_sdk::DurationMs>) -> Duration {
@@ -47,10 +47,10 @@ const QUEUED_SENDS: usize = 1_024;
 /// The longest a caller waits for SQS's answer, queueing included, as long as
 /// RabbitMQ's publisher confirm may take: an HTTP client is answered 503 before
 /// its connection's idle timeout (60 s by default) would cut it off unanswered.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One `SendMessageBatch` request: SQS itself, or a fake in tests.
-pub trait SendBatch: Send + Sync + 'static {
+pub(crate) trait SendBatch: Send + Sync + 'static {
     /// Sends entries, whose ids are unique within the request, to one queue.
     /// Returns the entries SQS did not accept; `Err` when the request itself failed.
     fn send_batch(
@@ -76,7 +76,7 @@ fn lock(workers: &Workers) -> MutexGuard<'_, HashMap<String, mpsc::Sender<Job>>>
     workers.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub struct Batcher<S> {
+pub(crate) struct Batcher<S> {
     sender: Arc<S>,
     window: Duration,
     workers: Arc<Workers>,

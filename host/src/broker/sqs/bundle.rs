@@ -28,7 +28,7 @@ use crate::command::SQS_BILLED_BYTES;
 /// The attribute that marks a bundle, with how many messages it holds.
 pub const BUNDLE_ATTRIBUTE: &str = "hourglass-bundle";
 /// SQS bills every 64 KiB of a message as one request: a bundle stays within one.
-pub const MAX_BUNDLE_BYTES: usize = SQS_BILLED_BYTES;
+pub(crate) const MAX_BUNDLE_BYTES: usize = SQS_BILLED_BYTES;
 /// The bundle body's format, so a later one can be told apart.
 const FORMAT: u32 = 1;
 
@@ -83,14 +83,14 @@ struct Body {
 
 impl Bundled {
     /// The message `entry` would have sent alone, known to its planner as `id`.
-    pub fn of_entry(id: &str, entry: &SendMessageBatchRequestEntry) -> Bundled {
+    pub(crate) fn of_entry(id: &str, entry: &SendMessageBatchRequestEntry) -> Bundled {
         let attributes = entry.message_attributes().into_iter().flatten().map(|(name, value)| (name.clone(), Attribute::of(value))).collect();
         Bundled { id: id.to_string(), attributes, body: entry.message_body().to_string() }
     }
 
     /// Its attributes as SQS's, as they were before bundling; those that
     /// cannot be turned back are left out and the first of them named.
-    pub fn sqs_attributes(&self) -> (HashMap<String, MessageAttributeValue>, Option<BundleError>) {
+    pub(crate) fn sqs_attributes(&self) -> (HashMap<String, MessageAttributeValue>, Option<BundleError>) {
         let mut attributes = HashMap::with_capacity(self.attributes.len());
         let mut damaged = None;
         for (name, value) in &self.attributes {

@@ -42,7 +42,7 @@ pub const MAX_PANICS: u32 = 3;
 const REQUEUE_PAUSE_SECONDS: i32 = 1;
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-pub struct SqsConsumer<H> {
+pub(crate) struct SqsConsumer<H> {
     executor: Arc<SqsExecutor>,
     handler: Arc<H>,
     wait_seconds: i32,

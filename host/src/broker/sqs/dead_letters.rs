@@ -22,7 +22,7 @@ pub fn dead_letter_queue(queue: &str) -> String {
 }
 
 /// Whether a queue's `RedrivePolicy` sends to the dead-letter queue hourglass gives it.
-pub fn redrives_to_own_dead_letters(queue: &str, policy: &str) -> bool {
+pub(crate) fn redrives_to_own_dead_letters(queue: &str, policy: &str) -> bool {
     let target = serde_json::from_str::<serde_json::Value>(policy).ok().and_then(|p| p["deadLetterTargetArn"].as_str().map(str::to_string));
     target.is_some_and(|arn| arn.rsplit(':').next() == Some(dead_letter_queue(queue).as_str()))
 }

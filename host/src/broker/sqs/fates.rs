@@ -52,19 +52,19 @@ pub const FATE_ATTRIBUTE: &str = "hourglass-fate";
 /// SQS queue name), at most: a message of a cancellable strategy keeps this
 /// much and one attribute free from its first send, or its claim would be
 /// refused forever.
-pub const CLAIM_BYTES: usize = 128;
+pub(crate) const CLAIM_BYTES: usize = 128;
 
 /// How long a head is first held before it is received again to answer what
 /// queued behind it; doubled on each receive up to [`LONGEST_HOLD`].
-pub const FIRST_HOLD: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_HOLD: Duration = Duration::from_secs(5);
 /// How long a reschedule at the head is held around its new due time, when its claim is about to come.
-pub const MEETING_HOLD: Duration = Duration::from_secs(1);
+pub(crate) const MEETING_HOLD: Duration = Duration::from_secs(1);
 /// The longest a head is held: a second cancel of a cancelled message waits at most this long for its answer.
 pub const LONGEST_HOLD: Duration = Duration::from_secs(15 * 60);
 
 /// The message group of message `id`: the id itself when SQS takes it as a
 /// group id (at most 128 printable ASCII characters), else a digest of it.
-pub fn group_of(id: &str) -> String {
+pub(crate) fn group_of(id: &str) -> String {
     if !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_graphic()) {
         return id.to_string();
     }
@@ -176,7 +176,7 @@ enum State {
 }
 
 /// How long a head is held on its `receive_count`-th receive.
-pub fn hold_for(receive_count: u32) -> Duration {
+pub(crate) fn hold_for(receive_count: u32) -> Duration {
     let doublings = receive_count.saturating_sub(1).min(16);
     (FIRST_HOLD * 2u32.pow(doublings)).min(LONGEST_HOLD)
 }

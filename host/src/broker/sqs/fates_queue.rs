@@ -47,7 +47,7 @@ impl FatesError {
 }
 
 /// Why a replan failed: the scheduler's error, whatever it is.
-pub type ReplanError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type ReplanError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Sends a claim that was not cancelled round its strategy again, due at `due_at_ms`.
 pub trait Replan: Send + Sync {
@@ -86,7 +86,7 @@ pub struct Reply {
 }
 
 /// The label an answer travels under in a [`Reply`].
-pub fn answer_label(answer: Answer) -> &'static str {
+pub(crate) fn answer_label(answer: Answer) -> &'static str {
     match answer {
         Answer::Cancelled => "cancelled",
         Answer::AlreadyCancelled => "already_cancelled",
@@ -99,7 +99,7 @@ pub fn answer_label(answer: Answer) -> &'static str {
 }
 
 /// The answer a [`Reply`] carries.
-pub fn answer_of(label: &str) -> Option<Answer> {
+pub(crate) fn answer_of(label: &str) -> Option<Answer> {
     Some(match label {
         "cancelled" => Answer::Cancelled,
         "already_cancelled" => Answer::AlreadyCancelled,
@@ -125,7 +125,7 @@ pub struct FatesQueue {
 
 /// The fates queue's attributes: FIFO, one group per message id, kept as
 /// long as SQS keeps anything (a cancel must outlive every claim behind it).
-pub fn fates_queue_attributes() -> BTreeMap<String, String> {
+pub(crate) fn fates_queue_attributes() -> BTreeMap<String, String> {
     [("FifoQueue", "true"), ("DeduplicationScope", "messageGroup"), ("FifoThroughputLimit", "perMessageGroupId"), ("MessageRetentionPeriod", "1209600")]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

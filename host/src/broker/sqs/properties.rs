@@ -29,16 +29,16 @@ use crate::message::{HeaderValue, Headers, Properties};
 /// The content type, as its own attribute.
 pub const CONTENT_TYPE_ATTRIBUTE: &str = "content-type";
 /// Every other property, as one JSON attribute.
-pub const PROPERTIES_ATTRIBUTE: &str = "hourglass-properties";
+pub(crate) const PROPERTIES_ATTRIBUTE: &str = "hourglass-properties";
 const PROPERTIES_DATA_TYPE: &str = "String.json";
 
 /// Whether an attribute carries properties (the pump keeps those apart from the planner's view).
-pub fn is_property_attribute(name: &str) -> bool {
+pub(crate) fn is_property_attribute(name: &str) -> bool {
     name == CONTENT_TYPE_ATTRIBUTE || name == PROPERTIES_ATTRIBUTE
 }
 
 /// The attributes that carry `properties`: none, one or two.
-pub fn to_attributes(properties: &Properties) -> Result<HashMap<String, MessageAttributeValue>, ExecutorError> {
+pub(crate) fn to_attributes(properties: &Properties) -> Result<HashMap<String, MessageAttributeValue>, ExecutorError> {
     let mut attributes = HashMap::new();
     if let Some(content_type) = &properties.content_type {
         attributes.insert(CONTENT_TYPE_ATTRIBUTE.to_string(), attribute("String", content_type.clone())?);

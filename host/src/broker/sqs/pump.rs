@@ -59,6 +59,7 @@ use super::send::{PropertyAttributes, SqsExecutor, count};
 pub enum Interrupt {
     None,
     /// Sent onward, then died before deleting.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     AfterSendBeforeDelete,
 }
 
@@ -302,7 +303,7 @@ impl Pump {
     }
 
     /// Reads SQS's clock into `clock` (the service's), and asks it the time.
-    pub fn clocked(mut self, clock: Arc<Clock>) -> Self {
+    pub(crate) fn clocked(mut self, clock: Arc<Clock>) -> Self {
         self.clock = clock;
         self
     }
@@ -321,7 +322,9 @@ impl Pump {
         &self.queue
     }
 
-    /// One receive (long poll) and everything it brought. Returns how many messages came.
+    /// One receive (long poll) and everything it brought, stopped where
+    /// `interrupt` says. Returns how many messages came.
+    #[cfg(feature = "testing")]
     pub async fn pump_once(&mut self, interrupt: Interrupt) -> Result<usize, ExecutorError> {
         let received = self.receive().await?;
         self.process(&received, interrupt).await

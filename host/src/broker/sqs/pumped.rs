@@ -22,7 +22,7 @@ use super::send::{SqsExecutor, count, unavailable};
 use crate::broker::ExecutorError;
 
 /// The tag naming the strategy whose planner pumps a queue.
-pub const PUMPED_BY_TAG: &str = "hourglass-pumped-by";
+pub(crate) const PUMPED_BY_TAG: &str = "hourglass-pumped-by";
 /// The message attribute that says why a message was parked in a dead-letter queue.
 pub const PARKED_REASON_ATTRIBUTE: &str = "hourglass-parked-reason";
 /// Dead letters are kept as long as SQS allows: someone has to look at them.
@@ -53,7 +53,7 @@ impl Default for PumpSettings {
 /// What the listing remembers between rounds: queues already reported, and
 /// untagged ones with when they were looked at.
 #[derive(Debug, Default)]
-pub struct Discovery {
+pub(crate) struct Discovery {
     reported: std::collections::HashSet<String>,
     untagged: HashMap<String, Instant>,
 }
@@ -68,7 +68,7 @@ pub struct PreparedQueue {
 
 impl SqsExecutor {
     /// Tags `queue` as pumped by `strategy`, so listing finds it after a restart.
-    pub async fn tag_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
+    pub(crate) async fn tag_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
         let url = self.url(queue).await?.ok_or_else(|| ExecutorError::Refused(format!("pumped SQS queue {queue:?} does not exist")))?;
         count(&self.requests.tag_queue);
         self.client().tag_queue().queue_url(url).tags(PUMPED_BY_TAG, strategy).send().await.map_err(|e| unavailable(format!("TagQueue {queue}"), e))?;
@@ -151,7 +151,7 @@ impl SqsExecutor {
 
     /// Lists the account's queues and returns the pumped ones not reported
     /// before, with the strategy each is tagged for.
-    pub async fn discover_pumped(&self, discovery: &mut Discovery) -> Result<Vec<(String, String)>, ExecutorError> {
+    pub(crate) async fn discover_pumped(&self, discovery: &mut Discovery) -> Result<Vec<(String, String)>, ExecutorError> {
         let mut urls = Vec::new();
         let mut next_token = None;
         loop {

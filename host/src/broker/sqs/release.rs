@@ -26,7 +26,7 @@ use crate::stop::{pause_unless_stopped, unless_stopped};
 
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-pub struct SqsRelease {
+pub(crate) struct SqsRelease {
     executor: Arc<SqsExecutor>,
     strategy: String,
     queue: String,
@@ -45,7 +45,7 @@ impl SqsRelease {
     }
 
     /// Whether the last receive reached the queue.
-    pub fn is_receiving(&self) -> bool {
+    pub(crate) fn is_receiving(&self) -> bool {
         self.receiving.load(Ordering::Relaxed)
     }
 

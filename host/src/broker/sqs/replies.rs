@@ -19,14 +19,14 @@ const REPLY_RETENTION_SECONDS: &str = "60";
 /// SQS queue names are at most 80 characters: the stem keeps room for `-replies-` and the suffix.
 const LONGEST_STEM: usize = 50;
 
-pub struct ReplyQueue {
+pub(crate) struct ReplyQueue {
     executor: Arc<SqsExecutor>,
     queue: String,
     url: String,
 }
 
 /// The replies one receive brought, and what deletes them once handed over.
-pub struct ReceivedReplies {
+pub(crate) struct ReceivedReplies {
     pub replies: Vec<Reply>,
     deletes: Vec<DeleteMessageBatchRequestEntry>,
 }

@@ -20,8 +20,6 @@ use crate::metrics::RequestCounts;
 
 /// Queue attributes `ensure_queue` sets when they differ instead of refusing the queue.
 const SETTABLE_ATTRIBUTES: [&str; 2] = ["DeduplicationScope", "FifoThroughputLimit"];
-/// The delay queue keeps messages at least this long (4 days).
-pub const MIN_RETENTION_SECONDS: u64 = 4 * 86_400;
 /// Room a message sent to a pumped queue keeps below SQS's size limit: its
 /// planner's state grows on later visits (`sqs-cycles` adds the first send's
 /// time and a longer cycle count, about 35 bytes), and a message accepted
@@ -109,7 +107,7 @@ pub(super) fn unavailable(what: impl std::fmt::Display, err: impl std::error::Er
 }
 
 /// The attributes a message's properties travel in (see [`super::properties`]).
-pub type PropertyAttributes = HashMap<String, MessageAttributeValue>;
+pub(crate) type PropertyAttributes = HashMap<String, MessageAttributeValue>;
 
 /// Message attributes for a send: the message's properties, the envelope's
 /// headers, then the command's, checked against SQS's limit of ten.
@@ -148,7 +146,7 @@ fn attribute(data_type: &str, value: String) -> Result<MessageAttributeValue, Ex
 }
 
 /// Body plus attributes, as SQS counts them against its size limit.
-pub fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> usize {
+pub(crate) fn message_size(body: &str, attributes: &HashMap<String, MessageAttributeValue>) -> usize {
     let value = |v: &MessageAttributeValue| v.string_value().map_or(0, str::len) + v.binary_value().map_or(0, |b| b.as_ref().len());
     body.len() + attributes.iter().map(|(k, v)| k.len() + v.data_type().len() + value(v)).sum::<usize>()
 }
@@ -354,7 +352,7 @@ impl SqsExecutor {
     }
 
     /// A batch entry for one send, checked against SQS's limits; returns it with its size.
-    pub fn batch_entry(
+    pub(crate) fn batch_entry(
         &self,
         id: &str,
         command: &Command,
@@ -367,7 +365,7 @@ impl SqsExecutor {
 
     /// One receive of up to ten messages from `queue` at `url`, with every
     /// message and system attribute, long-polling `wait_seconds`.
-    pub async fn receive_ten(&self, queue: &str, url: &str, wait_seconds: i32) -> Result<Vec<Message>, ExecutorError> {
+    pub(crate) async fn receive_ten(&self, queue: &str, url: &str, wait_seconds: i32) -> Result<Vec<Message>, ExecutorError> {
         count(&self.requests.receive_message);
         let output = self
             .client
@@ -387,7 +385,7 @@ impl SqsExecutor {
     /// Returns the entries that did not go, by id, each with why: `Refused`
     /// when SQS blames the entry or the queue does not exist (or no longer
     /// does: the entries not yet sent then), `Unavailable` when it may pass.
-    pub async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Vec<(String, ExecutorError)> {
+    pub(crate) async fn send_batches(&self, queue: &str, entries: Vec<(SendMessageBatchRequestEntry, usize)>) -> Vec<(String, ExecutorError)> {
         let ids = |entries: &[(SendMessageBatchRequestEntry, usize)]| entries.iter().map(|(e, _)| e.id().to_string()).collect::<Vec<_>>();
         let url = match self.existing_url(queue).await {
             Ok(url) => url,
