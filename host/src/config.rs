@@ -452,7 +452,7 @@ impl ServiceConfig {
 
     pub fn token(&self) -> Option<String> {
         let variable = self.token_env.as_deref().unwrap_or("HOURGLASS_TOKEN");
-        std::env::var(variable).ok().filter(|t| !t.is_empty()).or_else(|| self.token.clone())
+        environment_text(variable).or_else(|| self.token.clone())
     }
 }
 
@@ -897,12 +897,24 @@ fn location_in(path: &Path, text: &str, offset: usize) -> Location {
     Location { path: path.to_path_buf(), line, column }
 }
 
+/// An environment variable that overrides a setting: set and not empty. One
+/// rule for every override (an empty variable is as good as unset), so
+/// `FOO= hourglass serve` never swaps a configured value for nothing.
+pub fn environment(variable: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(variable).filter(|value| !value.is_empty())
+}
+
+/// [`environment`] as text (a value that is not UTF-8 is no URL or token).
+pub fn environment_text(variable: &str) -> Option<String> {
+    environment(variable).and_then(|value| value.into_string().ok())
+}
+
 /// `$HOURGLASS_CACHE_DIR`, else the user's cache directory.
 pub fn default_cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("HOURGLASS_CACHE_DIR") {
+    if let Some(dir) = environment("HOURGLASS_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    let base = environment("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| environment("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
     Some(base.join("hourglass"))
 }
 

@@ -142,7 +142,7 @@ impl From<Arc<SqsExecutor>> for Broker {
 /// `HOURGLASS_AMQP_URL`), else `url`, else guest on localhost.
 pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
     let variable = url_env.unwrap_or(AMQP_URL_ENV);
-    std::env::var(variable).ok().filter(|v| !v.is_empty()).or_else(|| url.map(str::to_string)).unwrap_or_else(|| DEFAULT_URL.to_string())
+    crate::config::environment_text(variable).or_else(|| url.map(str::to_string)).unwrap_or_else(|| DEFAULT_URL.to_string())
 }
 
 /// Opens the broker `config` names.
