@@ -124,30 +124,23 @@ impl MemoryExecutor {
     pub(crate) fn take_due(&self) -> Vec<(DueMessage, DueSqsMessage)> {
         let mut state = self.now();
         let (epoch_ms, now_ms) = (state.epoch_ms, state.simulator.now_ms());
-        std::mem::take(&mut state.due)
-            .into_iter()
-            .map(|due| {
-                let question = DueMessage {
-                    queue: due.queue.clone(),
-                    message_id: due.message.id.clone(),
-                    attributes: due.message.sqs_attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-                    sent_timestamp_ms: epoch_ms + due.sent_timestamp_ms,
-                    first_receive_timestamp_ms: epoch_ms + due.first_receive_timestamp_ms,
-                    receive_count: due.receive_count,
-                    host_now_ms: epoch_ms + now_ms,
-                };
-                (question, due)
-            })
-            .collect()
+        std::mem::take(&mut state.due).into_iter().map(|due| (due.question(epoch_ms, now_ms), due)).collect()
     }
 
     /// Sends a due message on with the commands its planner answered.
     pub(crate) fn carry_out(&self, commands: &[Command], due: DueSqsMessage) -> Result<(), ExecutorError> {
-        let mut state = self.now();
-        let sent = commands.iter().try_for_each(|c| state.simulator.execute(c, due.message.clone())).map_err(to_executor_error);
+        self.execute(self.now(), commands, &due.message)
+    }
+
+    /// Runs `commands` on `message`, whose body is kept in `state`: a message
+    /// they fail for keeps no body. Wakes the clock, as what was sent may fall
+    /// due sooner than what it waits for.
+    fn execute(&self, mut state: std::sync::MutexGuard<'_, MemoryState>, commands: &[Command], message: &SimMessage) -> Result<(), ExecutorError> {
+        let sent = commands.iter().try_for_each(|c| state.simulator.execute(c, message.clone())).map_err(to_executor_error);
         if sent.is_err() {
-            state.bodies.remove(&due.message.id);
+            state.bodies.remove(&message.id);
         }
+        // A delay of none arrives within the send.
         state.settle();
         drop(state);
         self.sent.notify_one();
@@ -211,17 +204,8 @@ impl Executor for MemoryExecutor {
 
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let mut state = self.now();
-        let message = SimMessage::new(&envelope.id, envelope.headers.clone());
         state.bodies.insert(envelope.id.clone(), envelope.body.clone());
-        let sent = commands.iter().try_for_each(|c| state.simulator.execute(c, message.clone())).map_err(to_executor_error);
-        if sent.is_err() {
-            state.bodies.remove(&envelope.id);
-        }
-        // A delay of none arrives within the send.
-        state.settle();
-        drop(state);
-        self.sent.notify_one();
-        sent
+        self.execute(state, commands, &SimMessage::new(&envelope.id, envelope.headers.clone()))
     }
 }
 

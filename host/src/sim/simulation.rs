@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
-use crate::planner::{BrokerFamily, DueAction, DueMessage, LoadedPlanner, PlanRequest, PlannerError};
+use crate::planner::{BrokerFamily, DueAction, LoadedPlanner, PlanRequest, PlannerError};
 use crate::sim::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
 
 /// A simulation gives up on a message after this many broker events, so a
@@ -210,15 +210,7 @@ impl<'p> Simulation<'p> {
     /// The error names the message it concerns.
     fn handle_due(&mut self, due: crate::sim::DueSqsMessage) -> Result<(), (String, String)> {
         let id = due.message.id.clone();
-        let request = DueMessage {
-            queue: due.queue.clone(),
-            message_id: id.clone(),
-            attributes: due.message.sqs_attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            sent_timestamp_ms: due.sent_timestamp_ms,
-            first_receive_timestamp_ms: due.first_receive_timestamp_ms,
-            receive_count: due.receive_count,
-            host_now_ms: self.simulator.now_ms(),
-        };
+        let request = due.question(0, self.simulator.now_ms());
         let action = self.planner.handle_due(&request).map_err(|e| (id.clone(), e.to_string()))?;
         let (name, commands) = match action {
             DueAction::Recycle(commands) => ("recycle", commands),

@@ -4,6 +4,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use super::{Arrival, Hop, HopStep, SimError, SimMessage};
+use crate::command::DueMessage;
 
 /// SQS forgets a deduplication id after five minutes.
 const DEDUP_WINDOW_MS: u64 = 5 * 60_000;
@@ -38,6 +39,22 @@ pub struct DueSqsMessage {
     pub sent_timestamp_ms: u64,
     pub first_receive_timestamp_ms: u64,
     pub receive_count: u32,
+}
+
+impl DueSqsMessage {
+    /// What its planner is asked about it, its times counted from `epoch_ms`
+    /// (the simulator's clock starts at 0) and `now_ms` the simulator's now.
+    pub(crate) fn question(&self, epoch_ms: u64, now_ms: u64) -> DueMessage {
+        DueMessage {
+            queue: self.queue.clone(),
+            message_id: self.message.id.clone(),
+            attributes: self.message.sqs_attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            sent_timestamp_ms: epoch_ms + self.sent_timestamp_ms,
+            first_receive_timestamp_ms: epoch_ms + self.first_receive_timestamp_ms,
+            receive_count: self.receive_count,
+            host_now_ms: epoch_ms + now_ms,
+        }
+    }
 }
 
 pub(crate) enum Fired {

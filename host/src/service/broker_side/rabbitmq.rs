@@ -37,8 +37,9 @@ struct RabbitMqSide {
     publisher: Arc<RabbitMqExecutor>,
     amqp: String,
     management_url: Option<String>,
-    /// Where the broker's clock is read, when the management API is reachable by URL.
-    clock_api: Option<Arc<Management>>,
+    /// The management API, when reachable by URL: where the broker's clock is
+    /// read and the queues a strategy makes per message are counted.
+    management: Option<Arc<Management>>,
 }
 
 pub(super) async fn connect(
@@ -49,15 +50,15 @@ pub(super) async fn connect(
 ) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
     let publisher = connect_rabbitmq(url, url_env, publish_channels).await?;
     let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let clock_api = pending::management_api(&amqp, management_url.as_deref());
-    let side = RabbitMqSide { publisher: publisher.clone(), amqp, management_url: management_url.clone(), clock_api };
+    let management = pending::management_api(&amqp, management_url.as_deref());
+    let side = RabbitMqSide { publisher: publisher.clone(), amqp, management_url: management_url.clone(), management };
     Ok((publisher.into(), Arc::new(side)))
 }
 
 impl BrokerSide for RabbitMqSide {
     fn before_work<'a>(&'a self, scheduler: &'a Scheduler<Broker>) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            match &self.clock_api {
+            match &self.management {
                 Some(api) => clock_check::first(api, scheduler.clock()).await,
                 None => tracing::warn!(
                     "no management API to read the broker's clock from: deliver_at and other due times are counted on this host's clock, which must be right (NTP)"
@@ -91,7 +92,7 @@ impl BrokerSide for RabbitMqSide {
 
             self.watch(service);
             self.keep_connected(service);
-            if let Some(api) = &self.clock_api {
+            if let Some(api) = &self.management {
                 clock_check::supervise(service, api.clone());
             }
             let background = &service.background;
@@ -136,7 +137,7 @@ impl BrokerSide for RabbitMqSide {
             // Only a strategy's static waiting queues can read as unknown here:
             // per-message queues come counted from the management API.
             redeclare_deleted: true,
-            management: pending::management_api(&self.amqp, self.management_url.as_deref()),
+            management: self.management.clone(),
         })
     }
 }
