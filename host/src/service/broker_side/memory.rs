@@ -75,7 +75,13 @@ async fn pump(executor: Arc<MemoryExecutor>, mut reported: mpsc::UnboundedReceiv
                 continue;
             };
             if !planners.contains_key(&pumped.strategy) {
-                match Strategies::load_one(&pumped.config, &pumped.strategy) {
+                // Loading may compile the component: off the async workers, as SQS's pumps load theirs.
+                let (config, strategy) = (pumped.config.clone(), pumped.strategy.clone());
+                match tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+                {
                     Ok(planner) => planners.insert(pumped.strategy.clone(), planner),
                     Err(err) => {
                         tracing::error!(queue = %question.queue, strategy = %pumped.strategy, error = %err, "loading the pump's planner failed; trying again");
