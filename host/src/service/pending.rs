@@ -154,7 +154,7 @@ pub(crate) fn management_api(amqp: &str, management_url: Option<&str>) -> Option
 /// last reading, until the service stops.
 pub(super) fn spawn_poll(service: &Arc<Service>, reading: DepthReading) {
     let every = service.depth_poll.unwrap_or(reading.every);
-    let (polled, mut stop, reading) = (service.clone(), service.background.stop.subscribe(), Arc::new(reading));
+    let (polled, mut stop) = (service.clone(), service.background.stop.subscribe());
     service.spawn(tokio::spawn(async move {
         loop {
             // A reading may wait on a broker that does not answer (a reconnect
