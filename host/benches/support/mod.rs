@@ -55,21 +55,27 @@ impl BenchBroker {
     }
 }
 
-/// Deletes the queues and exchanges of strategy `main`'s static topology,
-/// its parking queue's orphans and its release queue (a serving host declares
-/// both), and the config's delayed exchanges with their `deliver_to`.
+/// Deletes the queues and exchanges of every strategy's static topology,
+/// their parking queues' orphans and their release queues (a serving host
+/// declares both), the canary's queue, and the config's delayed exchanges
+/// with their `deliver_to`.
 pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
     let mut strategies = Strategies::load(config).unwrap();
-    let topology = strategies.get_mut("main").unwrap().topology().unwrap();
-    let release = config.service.cancel.release_queue("main");
-    let mut queues: Vec<String> = hourglass::command::parking_queues(&topology).iter().map(|q| hourglass::parked::orphan_queue(q)).collect();
-    queues.extend([format!("{release}.parked"), release]);
+    let names: Vec<String> = strategies.names().map(str::to_string).collect();
+    // Only a running canary's queue: a disabled one keeps the default name, which is not the run's.
+    let mut queues: Vec<String> = config.service.canary.enabled.then(|| config.service.canary.queue.clone()).into_iter().collect();
     let mut exchanges: Vec<String> = config.exchanges.iter().flat_map(|(name, e)| [name.clone(), e.deliver_to.clone()]).collect();
-    for command in topology {
-        match command {
-            Command::DeclareQueue { name, .. } => queues.push(name),
-            Command::DeclareExchange { name, .. } => exchanges.push(name),
-            _ => {}
+    for name in names {
+        let topology = strategies.get_mut(&name).unwrap().topology().unwrap();
+        let release = config.service.cancel.release_queue(&name);
+        queues.extend(hourglass::command::parking_queues(&topology).iter().map(|q| hourglass::parked::orphan_queue(q)));
+        queues.extend([format!("{release}.parked"), release]);
+        for command in topology {
+            match command {
+                Command::DeclareQueue { name, .. } => queues.push(name),
+                Command::DeclareExchange { name, .. } => exchanges.push(name),
+                _ => {}
+            }
         }
     }
     for queue in queues {
@@ -96,6 +102,12 @@ impl Served {
         let server = tokio::spawn(hourglass::service::run(listener, service.clone(), async move {
             stopped.await.ok();
         }));
+        // Measured from a running host (its consumers attached), as a producer meets it in production.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !service.readiness().await.ready {
+            assert!(std::time::Instant::now() < deadline, "the service was not ready within a minute: {:?}", service.readiness().await);
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         Served { service, stop, server }
     }
 
@@ -187,8 +199,23 @@ pub async fn declare_queue(channel: &lapin::Channel, name: &str, quorum: bool) {
 /// Publishes one persistent message to the ingress queue `queue`, for
 /// `destination` after `delay_ms`, as any producer would; the confirm is the caller's to await.
 pub async fn publish_to_ingress(channel: &lapin::Channel, queue: &str, destination: &str, delay_ms: u64, body: &[u8]) -> lapin::PublisherConfirm {
+    publish_to_ingress_through(channel, queue, destination, None, delay_ms, body).await
+}
+
+/// [`publish_to_ingress`], through `strategy` (`hourglass-strategy`) when one is named.
+pub async fn publish_to_ingress_through(
+    channel: &lapin::Channel,
+    queue: &str,
+    destination: &str,
+    strategy: Option<&str>,
+    delay_ms: u64,
+    body: &[u8],
+) -> lapin::PublisherConfirm {
     use lapin::types::{AMQPValue, LongString, ShortString};
     let mut headers = FieldTable::default();
+    if let Some(strategy) = strategy {
+        headers.insert(ShortString::from("hourglass-strategy"), AMQPValue::LongString(LongString::from(strategy)));
+    }
     headers.insert(ShortString::from("hourglass-destination"), AMQPValue::LongString(LongString::from(destination)));
     headers.insert(ShortString::from("hourglass-delay"), AMQPValue::LongString(LongString::from(format!("{delay_ms}ms"))));
     let properties = lapin::BasicProperties::default().with_delivery_mode(2).with_headers(headers);

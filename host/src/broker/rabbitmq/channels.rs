@@ -107,6 +107,17 @@ impl PublishPool {
         &self.slot
     }
 
+    /// Opens every channel of the pool ahead of the first publishes, so a
+    /// burst right after start does not wait on channel opens (two round trips
+    /// each: open and confirm.select). Channels that cannot open now are
+    /// opened on first use, as always.
+    pub async fn warm(&self) {
+        let leases = futures_util::future::join_all((0..self.size).map(|_| self.lease())).await;
+        for lease in leases.into_iter().flatten() {
+            lease.release();
+        }
+    }
+
     /// A channel of its own for one batch: an idle one on the current
     /// connection, else a new one. Fails fast while the broker is blocked or
     /// unreachable.

@@ -132,6 +132,12 @@ impl RabbitMqExecutor {
         })
     }
 
+    /// Opens the publish channels now, not on the first publishes (a service
+    /// does this at start, so a burst that comes at once does not wait on them).
+    pub async fn warm_publish_channels(&self) {
+        self.publishing.warm().await;
+    }
+
     /// Whether the broker can take messages now: both connections up and
     /// publishing not blocked. Only reads their state, so it answers at once
     /// (a readiness probe has about a second); [`Self::keep_connected`] reconnects.

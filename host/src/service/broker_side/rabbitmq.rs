@@ -72,6 +72,8 @@ impl BrokerSide for RabbitMqSide {
             let scheduler = &service.scheduler;
             let declaring = service.topology == TopologyAtStart::Apply;
             check_the_brokers_mechanisms(scheduler, &self.amqp, self.management_url.as_deref()).await?;
+            // Before any consumer takes a message: the first ones then find their channels open.
+            self.publisher.warm_publish_channels().await;
             // Every consumer declares its queues before any starts.
             let ingress = match config.service.ingress.enabled {
                 true => Some(self.consumer(Ingress::new(config.service.ingress.clone(), scheduler.clone()), declaring).await?),
