@@ -188,6 +188,57 @@ impl Setup {
     }
 }
 
+/// A TCP proxy to the local SQS server that holds each connection `delay`
+/// before passing it on. The server closes every connection after its answer,
+/// so each request takes at least `delay`, as against a distant SQS.
+async fn slow_endpoint(delay: Duration) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let upstream = endpoint().trim_start_matches("http://").trim_end_matches('/').to_string();
+    let proxy = tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (format!("http://{address}"), proxy)
+}
+
+/// The groups a receive brings are carried out side by side, each in its own
+/// order. With every request taking a second, ten claims are forwarded, fenced
+/// and made visible again in about the four requests each needs in turn (4.1 s
+/// measured); one group after another took at least 31 (the receive, then
+/// three for each group), and a claim that came meanwhile waited for them all.
+/// Half of that is the bound: the rest is room for a slow local server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_of_a_receive_are_carried_out_side_by_side() {
+    const LATENCY: Duration = Duration::from_secs(1);
+    let s = setup("side").await;
+    let direct = s.host().await;
+    for n in 0..10 {
+        s.claim(&direct, &uuid::Uuid::new_v4().to_string(), &format!("side-{n}")).await;
+    }
+    let (url, proxy) = slow_endpoint(LATENCY).await;
+    let slow = Arc::new(SqsExecutor::connect(None, Some(&url), Duration::from_millis(2)).await.unwrap());
+    let host = FatesQueue::open(slow.clone(), &s.fates, REMEMBER_MS, Clock::system(), false).await.unwrap();
+    // A running host has looked its destinations up already.
+    slow.url(&s.destination).await.unwrap().expect("the destination exists");
+
+    let started = Instant::now();
+    let done = host.process_once(1, &NoReplan).await.unwrap();
+    let took = started.elapsed();
+    proxy.abort();
+    eprintln!("ten groups carried out in {took:?} with {LATENCY:?} a request");
+    assert_eq!((done.received, done.forwarded, done.unsettled), (10, 10, 0), "{done:?}");
+    assert!(took < LATENCY * 16, "took {took:?}; one group after another is 31 requests of {LATENCY:?}");
+    assert_eq!(s.arrived().await.len(), 10);
+}
+
 /// A claim whose destination is gone cannot be settled; the receive that
 /// brought it still succeeds (so the task does not read as down), and the
 /// claims beside it arrive.

@@ -31,9 +31,15 @@
 //! everything between them came after the release (409) and the claim is
 //! deleted, leaving the marker at the head. Safety needs only the head rule;
 //! progress needs a receive to return the head together with what follows it,
-//! which SQS attempts for FIFO groups and the local server always does. A
-//! claim received again without its fence is forwarded again (a duplicate,
-//! never a loss).
+//! which SQS attempts for FIFO groups without promising it, and the local
+//! server does only while fewer than ten older entries are in the way. So a
+//! claim received again without its fence is held, not forwarded again:
+//! always when this host forwarded it, and once when SQS counted a receive of
+//! it that was not this host's (another host may have forwarded it). One this
+//! host received before and did not forward (its round failed) goes on at
+//! once, and one that comes back a third time without its fence is forwarded
+//! again: a duplicate only when its forwarder died before the fence or the
+//! fence stayed out of reach, never a loss, never early.
 //!
 //! This module is the pure rule; the queue's I/O carries out its [`Decision`].
 
@@ -133,6 +139,9 @@ pub struct Seen {
     pub receive_count: u32,
     /// SQS's `SentTimestamp`.
     pub sent_ms: u64,
+    /// How many of the receives SQS counted before this one were this host's
+    /// (of a claim; it remembers them for a while).
+    pub received_here: u32,
     /// A claim this host forwarded and fenced itself (it remembers them for a while).
     pub forwarded_here: bool,
 }
@@ -263,11 +272,13 @@ pub fn decide(seen: &[Seen], now_ms: u64, remember_ms: u64) -> Decision {
         // group's together): forwarding it again would be a duplicate. Held,
         // so other groups' entries come forward and it comes back with its fence.
         State::Claimed if seen[head].forwarded_here => decision.hold = Some((head, hold_for(seen[head].receive_count))),
-        // Received once before, without its fence in this receive: most likely
-        // forwarded by another host, whose fence is out of reach. Held once so
-        // it comes back with it; forwarded only if it comes back without it
-        // again (its forwarder died before the fence: late, never lost).
-        State::Claimed if seen[head].receive_count == 2 => decision.hold = Some((head, FIRST_HOLD)),
+        // Received once before, not by this host, and without its fence in this
+        // receive: most likely forwarded by another host, whose fence is out of
+        // reach. Held once so it comes back with it; forwarded only if it comes
+        // back without it again (its forwarder died before the fence: late,
+        // never lost). Received before by this host and not forwarded (its
+        // round failed), nobody else has seen it: it goes on now.
+        State::Claimed if seen[head].receive_count == 2 && seen[head].received_here == 0 => decision.hold = Some((head, FIRST_HOLD)),
         State::Claimed => {
             // Nothing ahead cancelled it, and its fence is not in hand: forward it
             // (again, if its fence was sent but not received with it), fence it,
@@ -317,16 +328,22 @@ mod tests {
     const REMEMBER: u64 = 600_000;
 
     fn cancel(n: u32) -> Seen {
-        Seen { entry: Entry::Cancel { token: "t".into(), reply: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
+        Seen { entry: Entry::Cancel { token: "t".into(), reply: None }, receive_count: n, sent_ms: NOW - 1, received_here: 0, forwarded_here: false }
     }
     fn reschedule(due_at_ms: u64, n: u32) -> Seen {
-        Seen { entry: Entry::Reschedule { token: "t".into(), due_at_ms, reply: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
+        Seen {
+            entry: Entry::Reschedule { token: "t".into(), due_at_ms, reply: None },
+            receive_count: n,
+            sent_ms: NOW - 1,
+            received_here: 0,
+            forwarded_here: false,
+        }
     }
     fn claim(n: u32) -> Seen {
-        Seen { entry: Entry::Claim { strategy: None }, receive_count: n, sent_ms: NOW - 1, forwarded_here: false }
+        Seen { entry: Entry::Claim { strategy: None }, receive_count: n, sent_ms: NOW - 1, received_here: 0, forwarded_here: false }
     }
     fn released(n: u32, sent_ms: u64) -> Seen {
-        Seen { entry: Entry::Released, receive_count: n, sent_ms, forwarded_here: false }
+        Seen { entry: Entry::Released, receive_count: n, sent_ms, received_here: 0, forwarded_here: false }
     }
 
     #[test]
@@ -364,9 +381,25 @@ mod tests {
         assert_eq!((twice.forward, twice.fence), (vec![0], true));
     }
 
+    /// SQS's receive count says whether anyone received a claim before; only
+    /// a receive this host did not make says someone else may have forwarded it.
+    #[test]
+    fn a_claim_this_host_received_before_and_did_not_forward_goes_on_at_once_not_held() {
+        // Its first round here failed before the forward (the destination was
+        // gone, SQS refused): back after its visibility timeout, seen only here.
+        let retried = decide(&[Seen { received_here: 1, ..claim(2) }], NOW, REMEMBER);
+        assert_eq!((retried.forward, retried.fence, retried.reveal, retried.hold), (vec![0], true, vec![0], None));
+        // SQS counted a receive this host did not make: another host's, which may have forwarded it.
+        let elsewhere = decide(&[claim(2)], NOW, REMEMBER);
+        assert_eq!((elsewhere.forward, elsewhere.hold), (vec![], Some((0, FIRST_HOLD))));
+        // Held here once after another host's receive: the third receive forwards it, as before.
+        let third = decide(&[Seen { received_here: 1, ..claim(3) }], NOW, REMEMBER);
+        assert_eq!((third.forward, third.fence), (vec![0], true));
+    }
+
     #[test]
     fn a_claim_this_host_fenced_is_not_forwarded_again_when_its_fence_is_out_of_reach() {
-        let mine = Seen { forwarded_here: true, ..claim(2) };
+        let mine = Seen { received_here: 1, forwarded_here: true, ..claim(2) };
         let d = decide(&[mine.clone(), cancel(1)], NOW, REMEMBER);
         assert_eq!(d.answers, vec![(1, Answer::AlreadyReleased)], "it was forwarded before the cancel was seen");
         assert!(d.forward.is_empty() && !d.fence && d.reveal.is_empty(), "{d:?}");

@@ -1,17 +1,24 @@
 //! The fates queue on SQS: appends entries to a message's group and carries
 //! out what [`super::fates::decide`] makes of each group a receive brings.
 //!
-//! Steps run one request at a time, in the decision's order (answers and
-//! sends, then deletes newest first, then holds and reveals; the first steps
-//! of every group in a receive before the others' rest): a host killed
-//! between any two leaves entries that come back after their visibility
-//! timeout and are decided again from the same head.
+//! Each group's steps run one request at a time, in the decision's order
+//! (answers and sends, then the fence, then deletes newest first, then holds
+//! and reveals); the groups of one receive run side by side, as no step of one
+//! depends on another's. A host killed between any two steps leaves entries
+//! that come back after their visibility timeout and are decided again from
+//! the same head.
+//!
+//! A host remembers the claims it received, by SQS message id: how many of
+//! SQS's receives of each were its own, and whether it forwarded and fenced it
+//! (for an hour, at most 100,000). SQS's receive count alone cannot tell this
+//! host's receives from another host's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
+use futures_util::future::join_all;
 use thiserror::Error;
 
 use super::consume::to_delivery;
@@ -78,6 +85,17 @@ pub struct Processed {
     pub unsettled: usize,
 }
 
+impl Processed {
+    /// Adds what one group's steps did (all but `received`, which is the receive's).
+    fn add(&mut self, group: Processed) {
+        self.forwarded += group.forwarded;
+        self.dropped += group.dropped;
+        self.replanned += group.replanned;
+        self.answered += group.answered;
+        self.unsettled += group.unsettled;
+    }
+}
+
 /// One reply to an asker: the token it sent and the answer.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Reply {
@@ -109,13 +127,65 @@ pub(crate) fn answer_of(label: &str) -> Option<Answer> {
     })
 }
 
-/// Claims remembered as forwarded here before the old ones are swept.
-const REMEMBER_FORWARDED: usize = 100_000;
-/// How long a claim is remembered as forwarded here.
-const FORWARDED_KEPT: Duration = Duration::from_secs(3_600);
+/// The most claims a host remembers; past it the oldest are forgotten first.
+const CLAIMS_REMEMBERED: usize = 100_000;
+/// How long a host remembers a claim it received (a claim is deleted within
+/// minutes once seen with its fence).
+const CLAIM_KEPT: Duration = Duration::from_secs(3_600);
+
+/// What this host did with one claim, by its SQS message id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ClaimHere {
+    /// How many of SQS's receives of it were this host's.
+    receives: u32,
+    /// Whether this host forwarded and fenced it.
+    forwarded: bool,
+}
+
+/// The claims this host received, bounded in count and age. A claim forgotten
+/// costs at most what the rule does for a claim never seen here: a hold, or
+/// (when its fence stays out of reach) a second forward.
+#[derive(Debug, Default)]
+struct ClaimMemory {
+    claims: HashMap<String, ClaimHere>,
+    /// Ids by when they were first received here, oldest first.
+    order: VecDeque<(Instant, String)>,
+}
+
+impl ClaimMemory {
+    /// Counts a receive of claim `id` at `now`; returns what this host knew of it before.
+    fn received(&mut self, id: &str, now: Instant) -> ClaimHere {
+        self.forget_before(now);
+        if !self.claims.contains_key(id) {
+            self.order.push_back((now, id.to_string()));
+        }
+        let here = self.claims.entry(id.to_string()).or_default();
+        let before = *here;
+        here.receives += 1;
+        before
+    }
+
+    fn forwarded(&mut self, id: &str, now: Instant) {
+        self.forget_before(now);
+        if !self.claims.contains_key(id) {
+            self.order.push_back((now, id.to_string()));
+        }
+        self.claims.entry(id.to_string()).or_default().forwarded = true;
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        while let Some((at, id)) = self.order.front() {
+            if now.duration_since(*at) < CLAIM_KEPT && self.claims.len() < CLAIMS_REMEMBERED {
+                break;
+            }
+            self.claims.remove(id);
+            self.order.pop_front();
+        }
+    }
+}
 
 pub struct FatesQueue {
-    forwarded: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    claims: std::sync::Mutex<ClaimMemory>,
     executor: Arc<SqsExecutor>,
     queue: String,
     url: String,
@@ -140,26 +210,15 @@ impl FatesQueue {
         } else {
             executor.url(queue).await?.ok_or_else(|| FatesError::Missing(queue.to_string()))?
         };
-        Ok(FatesQueue { forwarded: Default::default(), executor, queue: queue.to_string(), url, remember_ms, clock })
+        Ok(FatesQueue { claims: Default::default(), executor, queue: queue.to_string(), url, remember_ms, clock })
     }
 
     pub fn queue(&self) -> &str {
         &self.queue
     }
 
-    fn forwarded_here(&self, claim: &str) -> bool {
-        self.forwarded.lock().unwrap_or_else(|p| p.into_inner()).contains_key(claim)
-    }
-
-    /// A claim this host forwarded and fenced, by its SQS message id: kept a
-    /// while (a claim is deleted within minutes once seen with its fence).
-    fn remember_forwarded(&self, claim: &str) {
-        let mut forwarded = self.forwarded.lock().unwrap_or_else(|p| p.into_inner());
-        let now = std::time::Instant::now();
-        if forwarded.len() >= REMEMBER_FORWARDED {
-            forwarded.retain(|_, at| now.duration_since(*at) < FORWARDED_KEPT);
-        }
-        forwarded.insert(claim.to_string(), now);
+    fn claims(&self) -> std::sync::MutexGuard<'_, ClaimMemory> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn sqs<E: std::error::Error + Send + Sync + 'static>(&self, what: &'static str) -> impl FnOnce(E) -> FatesError + '_ {
@@ -219,32 +278,35 @@ impl FatesQueue {
             }
         }
         let decided: Vec<_> = groups.iter().filter_map(|(group, members)| Some((group, members, self.decide(group, members)?))).collect();
-        // First what the messages wait for (answers, forwards, replans) in every
-        // group, then each group's fence, deletes and holds: a forward does not
-        // wait for the other groups' tidying. Each group's steps keep their order.
+        // Each group's steps run in their order, one request at a time; the
+        // groups run side by side, as no step of one depends on another's. (One
+        // group after another, a receive of ten groups took some thirty requests
+        // before the next receive, and claims that came meanwhile waited for them all.)
+        let outcomes = join_all(decided.iter().map(|(group, members, (seen, decision))| async move {
+            let mut done = Processed::default();
+            let outcome = match self.deliver(members, seen, decision, replan, &mut done).await {
+                Ok(()) => self.tidy(group, members, decision, &mut done).await,
+                Err(err) => Err(err),
+            };
+            (group, done, outcome)
+        }))
+        .await;
         // A group that fails is logged and comes back; it fails the receive only
         // when no group settled and SQS itself may be the cause (not one
         // message's own problem, such as its destination being gone).
         let mut passing_failure = None;
         let mut settled = 0;
-        let mut failed = |group: &str, err: FatesError, processed: &mut Processed| {
-            tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
-            processed.unsettled += 1;
-            if !err.is_the_message_s_own() {
-                passing_failure.get_or_insert(err);
-            }
-        };
-        let mut delivered = Vec::with_capacity(decided.len());
-        for (group, members, (seen, decision)) in &decided {
-            match self.deliver(members, seen, decision, replan, &mut processed).await {
-                Ok(()) => delivered.push((group, members, decision)),
-                Err(err) => failed(group, err, &mut processed),
-            }
-        }
-        for (group, members, decision) in delivered {
-            match self.tidy(group, members, decision, &mut processed).await {
+        for (group, done, outcome) in outcomes {
+            processed.add(done);
+            match outcome {
                 Ok(()) => settled += 1,
-                Err(err) => failed(group, err, &mut processed),
+                Err(err) => {
+                    tracing::warn!(queue = %self.queue, %group, error = %err, "a fates group was not settled; it comes back to be decided again");
+                    processed.unsettled += 1;
+                    if !err.is_the_message_s_own() {
+                        passing_failure.get_or_insert(err);
+                    }
+                }
             }
         }
         match passing_failure {
@@ -267,11 +329,16 @@ impl FatesQueue {
                 }
             };
             let number = |name| system(message, name).and_then(|v| v.parse().ok()).unwrap_or(0);
+            let here = match entry {
+                Entry::Claim { .. } => self.claims().received(message.message_id().unwrap_or_default(), Instant::now()),
+                _ => ClaimHere::default(),
+            };
             seen.push(Seen {
                 entry,
                 receive_count: number(MessageSystemAttributeName::ApproximateReceiveCount) as u32,
                 sent_ms: number(MessageSystemAttributeName::SentTimestamp),
-                forwarded_here: self.forwarded_here(message.message_id().unwrap_or_default()),
+                received_here: here.receives,
+                forwarded_here: here.forwarded,
             });
         }
         let decision = decide(&seen, self.clock.earliest_ms(), self.remember_ms);
@@ -324,7 +391,7 @@ impl FatesQueue {
         if decision.fence {
             let head = decision.reveal.first().map_or("", |index| members[*index].message_id().unwrap_or_default());
             self.append(group, &Entry::Released, &format!("released-{head}")).await?;
-            self.remember_forwarded(head);
+            self.claims().forwarded(head, Instant::now());
         }
         for index in &decision.delete {
             count(&self.executor.requests.delete_message_batch);
@@ -412,4 +479,28 @@ fn own_attributes(message: &Message) -> HashMap<String, MessageAttributeValue> {
 /// hourglass makes its own from SQS message ids and tokens, which fit.
 fn dedup_id(wanted: &str) -> String {
     wanted.chars().filter(char::is_ascii_graphic).take(128).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_counts_its_own_receives_of_a_claim_and_forgets_the_oldest_first() {
+        let mut memory = ClaimMemory::default();
+        let start = Instant::now();
+        assert_eq!(memory.received("a", start), ClaimHere::default(), "never seen here");
+        memory.forwarded("a", start);
+        assert_eq!(memory.received("a", start), ClaimHere { receives: 1, forwarded: true });
+        assert_eq!(memory.received("a", start).receives, 2);
+        let later = start + CLAIM_KEPT;
+        assert_eq!(memory.received("a", later), ClaimHere::default(), "forgotten after CLAIM_KEPT");
+        for n in 0..CLAIMS_REMEMBERED {
+            memory.received(&n.to_string(), later);
+        }
+        assert_eq!((memory.claims.len(), memory.order.len()), (CLAIMS_REMEMBERED, CLAIMS_REMEMBERED));
+        assert!(!memory.claims.contains_key("a"), "the oldest goes first");
+        let newest = (CLAIMS_REMEMBERED - 1).to_string();
+        assert_eq!(memory.received(&newest, later).receives, 1, "the newest is remembered");
+    }
 }
