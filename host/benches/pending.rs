@@ -28,6 +28,7 @@ use std::io::{BufRead, BufReader};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
@@ -73,17 +74,29 @@ impl Node {
         }
     }
 
-    /// `rabbitmqctl eval EXPRESSION` on the node: the printed Erlang term.
-    fn eval(&self, expression: &str) -> String {
+    /// `rabbitmqctl -q ARGS` on the node: its output.
+    fn ctl(&self, args: &[&str]) -> String {
         match self {
-            Node::Private(node) => node.ctl(&["eval", expression]).expect("rabbitmqctl eval on the bench's node"),
+            Node::Private(node) => node.ctl(args).expect("rabbitmqctl on the bench's node"),
             Node::Shared => {
-                let output =
-                    Command::new("runuser").args(["-u", "rabbitmq", "--", "rabbitmqctl", "-q", "eval", expression]).output().expect("runuser rabbitmqctl");
-                assert!(output.status.success(), "rabbitmqctl eval {expression}: {}", String::from_utf8_lossy(&output.stderr));
+                let output = Command::new("runuser").args(["-u", "rabbitmq", "--", "rabbitmqctl", "-q"]).args(args).output().expect("runuser rabbitmqctl");
+                assert!(output.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
                 String::from_utf8_lossy(&output.stdout).into_owned()
             }
         }
+    }
+
+    /// `rabbitmqctl eval EXPRESSION` on the node: the printed Erlang term.
+    fn eval(&self, expression: &str) -> String {
+        self.ctl(&["eval", expression])
+    }
+
+    /// Messages, and their bytes, that the queues named `prefix…` keep in memory
+    /// (`messages_ram`, `message_bytes_ram`): a classic queue pages the rest to disk.
+    fn in_memory(&self, prefix: &str) -> (u64, u64) {
+        let text = self.ctl(&["list_queues", "name", "messages_ram", "message_bytes_ram"]);
+        let rows = text.lines().map(|line| line.split_whitespace().collect::<Vec<_>>()).filter(|row| row.len() == 3 && row[0].starts_with(prefix));
+        rows.map(|row| (row[1].parse::<u64>().unwrap_or(0), row[2].parse::<u64>().unwrap_or(0))).fold((0, 0), |(m, b), (rm, rb)| (m + rm, b + rb))
     }
 
     /// What the memory alarm compares with its limit (`mem_used` in the
@@ -142,6 +155,8 @@ struct Disk {
 struct Reading {
     memory: NodeMemory,
     disk: Disk,
+    /// Messages and bytes the run's queues keep in memory.
+    in_memory: (u64, u64),
     host_rss: f64,
     /// How long the memory took to settle, and whether it did within `SETTLE_LIMIT`.
     waited: Duration,
@@ -232,8 +247,8 @@ impl HostMemory {
 
 /// Reads the node's memory every `SETTLE_EVERY` until it settles (or
 /// `SETTLE_LIMIT` passes), printing a line every half minute; then its
-/// breakdown and data directory.
-async fn settle(node: &std::sync::Arc<Node>, host: &mut HostMemory, loaded: bool, label: &str) -> Reading {
+/// breakdown, data directory and the messages the run's queues keep in memory.
+async fn settle(node: &Arc<Node>, prefix: &str, host: &mut HostMemory, loaded: bool, label: &str) -> Reading {
     let start = Instant::now();
     let mut recent: Vec<u64> = Vec::new();
     let settled = loop {
@@ -259,9 +274,9 @@ async fn settle(node: &std::sync::Arc<Node>, host: &mut HostMemory, loaded: bool
         }
         tokio::time::sleep(SETTLE_EVERY).await;
     };
-    let probe = node.clone();
-    let (memory, disk) = tokio::task::spawn_blocking(move || (probe.memory(), probe.disk())).await.unwrap();
-    Reading { memory, disk, host_rss: host.read(loaded), waited: start.elapsed(), settled }
+    let (probe, prefix) = (node.clone(), prefix.to_string());
+    let (memory, disk, in_memory) = tokio::task::spawn_blocking(move || (probe.memory(), probe.disk(), probe.in_memory(&prefix))).await.unwrap();
+    Reading { memory, disk, in_memory, host_rss: host.read(loaded), waited: start.elapsed(), settled }
 }
 
 /// What one run measures once the host serves: loading, lateness with them
@@ -269,8 +284,10 @@ async fn settle(node: &std::sync::Arc<Node>, host: &mut HostMemory, loaded: bool
 struct Run {
     messages: u64,
     quorum: bool,
-    node: std::sync::Arc<Node>,
+    node: Arc<Node>,
     base: String,
+    /// What the run's queues are named with.
+    prefix: String,
     channel: lapin::Channel,
     /// Where the sampled messages are consumed.
     sampled_channel: lapin::Channel,
@@ -290,7 +307,7 @@ impl Run {
             self.node.name(),
             load_average()
         );
-        let before = settle(&self.node, &mut self.host, false, "before loading").await;
+        let before = settle(&self.node, &self.prefix, &mut self.host, false, "before loading").await;
         println!(
             "before loading: node {:.0} MiB (settled {} after {:.0} s), data directory {:.1} MiB, host RSS {:.1} MiB; the machine's memory {:.1} GiB, high watermark {:.2} GiB",
             before.memory.used as f64 / MIB,
@@ -385,14 +402,14 @@ impl Run {
         // Phase 3: the node's memory with them pending, settled; for quorum
         // levels again after the write-ahead log rolls over, which moves the
         // entries it holds in memory (ETS) to the queues' segment files.
-        let pending = settle(&self.node, &mut self.host, true, "pending").await;
+        let pending = settle(&self.node, &self.prefix, &mut self.host, true, "pending").await;
         let mut readings = vec![("before loading", &before), ("pending, settled", &pending)];
         let rolled = match (&*self.node, self.quorum) {
             (Node::Private(_), true) => {
                 let node = self.node.clone();
                 let answer = tokio::task::spawn_blocking(move || node.eval("ra_log_wal:force_roll_over(ra_log_wal).")).await.unwrap();
                 println!("write-ahead log rolled over: {}", answer.trim());
-                Some(settle(&self.node, &mut self.host, true, "after the roll-over").await)
+                Some(settle(&self.node, &self.prefix, &mut self.host, true, "after the roll-over").await)
             }
             _ => None,
         };
@@ -425,6 +442,7 @@ fn report(messages: u64, readings: &[(&str, &Reading)], host: &HostMemory, wal_m
     row("settled after", &|r| format!("{:.0} s{}", r.waited.as_secs_f64(), if r.settled { "" } else { " (not settled)" }));
     row("data directory, MiB", &|r| format!("{:.0}", r.disk.all as f64 / MIB));
     row("  write-ahead log files, MiB", &|r| format!("{:.0}", r.disk.write_ahead_log as f64 / MIB));
+    row("messages in memory (list_queues messages_ram), MiB of them", &|r| format!("{} ({:.0})", r.in_memory.0, r.in_memory.1 as f64 / MIB));
     row("host RSS, MiB", &|r| format!("{:.1}", r.host_rss));
     row("memory per pending message, bytes", &|r| format!("{:.0}", per_message(r.memory.used, before.memory.used)));
     row("disk per pending message, bytes", &|r| format!("{:.0}", per_message(r.disk.all, before.disk.all)));
@@ -477,7 +495,7 @@ async fn main() {
         Ok("shared") => Node::Shared,
         _ => Node::Private(tokio::task::spawn_blocking(PrivateNode::start).await.unwrap().expect("a private RabbitMQ node starts")),
     };
-    let node = std::sync::Arc::new(node);
+    let node = Arc::new(node);
     let (url, management) = match &*node {
         Node::Private(private) => (private.url(), "management_url = \"http://127.0.0.1:1\"\n"),
         Node::Shared => (amqp_url(None, None), ""),
@@ -528,6 +546,7 @@ async fn main() {
             quorum,
             node: node.clone(),
             base,
+            prefix: format!("bench-pending-{run}"),
             channel: channel.clone(),
             sampled_channel: connection.create_channel().await.unwrap(),
             ingress: ingress.clone(),
@@ -551,7 +570,7 @@ async fn main() {
     // A reading interrupted by a signal may still hold the node for a moment.
     let mut node = node;
     let node = loop {
-        match std::sync::Arc::try_unwrap(node) {
+        match Arc::try_unwrap(node) {
             Ok(node) => break node,
             Err(shared) => node = shared,
         }
