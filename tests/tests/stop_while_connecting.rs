@@ -161,9 +161,10 @@ async fn service_through(blackhole: &Blackhole, stem: &str, cleanup: &Cleanup) -
 }
 
 /// A whole service cut off from its broker: the executor's keeper reconnects
-/// its two connections (it always stopped at once), while the ingress, the
-/// canary, the release consumer and the cancel-log reader connect on their
-/// own. Stopped then, it is down long before `shutdown_timeout`.
+/// its two connections (it always stopped at once), while the consumers
+/// (the first of them reconnecting the connection they share, the others
+/// waiting on it) and the cancel-log reader connect on their own. Stopped
+/// then, it is down long before `shutdown_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeout() {
     // Deletes what the service declares, also when the test fails.
@@ -182,8 +183,9 @@ async fn a_service_cut_off_from_its_broker_stops_long_before_its_shutdown_timeou
 }
 
 /// A whole service whose broker went silent with every connection open (the
-/// executor's two, the ingress, the canary, the release consumer, the
-/// parking queue's consumer and the cancel-log reader): no cancel nor close is answered. Stopped then, it is
+/// executor's two, the one its consumers share — the ingress, the canary,
+/// the release consumer and the parking queue's consumer, a channel each —
+/// and the cancel-log reader's): no cancel nor close is answered. Stopped then, it is
 /// down within [`SERVICE_STOPS_WITHIN_ON_A_STALLED_BROKER`]. Before, the
 /// reader's close never ended and the stop waited out `shutdown_timeout`
 /// (20 s), abandoning everyone's work in flight.
@@ -194,7 +196,7 @@ async fn a_service_whose_broker_stalls_stops_long_before_its_shutdown_timeout() 
     let served = service_through(&blackhole, "stalled", &cleanup).await;
 
     blackhole.stall();
-    until("the proxy stalling the service's seven connections", Duration::from_secs(5), async || blackhole.stalled() == 7).await;
+    until("the proxy stalling the service's four connections", Duration::from_secs(5), async || blackhole.stalled() == 4).await;
     let asked = Instant::now();
     tokio::time::timeout(SERVICE_STOPS_WITHIN_ON_A_STALLED_BROKER, served.stop())
         .await

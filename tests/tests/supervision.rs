@@ -1,8 +1,10 @@
 //! Supervision on a real RabbitMQ: when the ingress consumer loses its
 //! connection and cannot get it back, `/readyz` answers 503 naming "ingress";
 //! once it can, the consumer is back, `/readyz` is 200, and a message published
-//! to the ingress afterwards is delivered. Runs in a private vhost, so revoking
-//! the test user's permissions there touches nobody else.
+//! to the ingress afterwards is delivered. The consumers share one connection,
+//! and one whose queue is deleted under it comes back without disturbing the
+//! others. Runs in a private vhost, so revoking the test user's permissions
+//! (or deleting queues) there touches nobody else.
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +38,17 @@ async fn readyz(served: &Served) -> (u16, Value) {
 
 fn names_task(readiness: &Value, task: &str) -> bool {
     readiness["down"].as_array().is_some_and(|down| down.iter().any(|d| d["task"] == task))
+}
+
+/// Publishes `body` to the ingress `queue`, due to `destination` after `delay`, and waits for the confirm.
+async fn publish_to_ingress(connection: &lapin::Connection, queue: &str, destination: &str, delay: &str, body: &[u8]) {
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert(ShortString::from(DESTINATION_HEADER), long_string(destination));
+    headers.insert(ShortString::from(REQUESTED_DELAY_HEADER), long_string(delay));
+    let properties = BasicProperties::default().with_headers(headers);
+    channel.basic_publish("".into(), queue.into(), BasicPublishOptions::default(), body, properties).await.unwrap().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,18 +92,74 @@ async fn readyz_names_a_lost_ingress_until_it_is_back_and_ingress_then_forwards(
     until("a new connection consuming", Duration::from_secs(20), async || consumer_connection(&vhost.name, &ingress_queue).is_some_and(|c| c != consumer))
         .await;
 
-    let channel = connect_to(&vhost.url).await.create_channel().await.unwrap();
-    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-    let mut headers = FieldTable::default();
-    headers.insert(ShortString::from(DESTINATION_HEADER), long_string(&destination.name));
-    headers.insert(ShortString::from(REQUESTED_DELAY_HEADER), long_string("500ms"));
-    channel
-        .basic_publish("".into(), ingress_queue.as_str().into(), BasicPublishOptions::default(), b"after", BasicProperties::default().with_headers(headers))
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    publish_to_ingress(&connect_to(&vhost.url).await, &ingress_queue, &destination.name, "500ms", b"after").await;
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(received[0].delivery.data, b"after");
+    served.stop().await;
+}
+
+/// The consumer listed on `queue` in `vhost`: its connection's and its channel's names.
+fn consumer_channel(vhost: &str, queue: &str) -> Option<(String, String)> {
+    let consumers = management("GET", &format!("/api/consumers/{}", encode(vhost)), None);
+    consumers.as_array()?.iter().find(|c| c["queue"]["name"] == queue).and_then(|c| {
+        let details = &c["channel_details"];
+        Some((details["connection_name"].as_str()?.to_string(), details["name"].as_str()?.to_string()))
+    })
+}
+
+/// The service's consumers share one connection, a channel each. A queue
+/// deleted under its consumer (the broker cancels that consumer alone) is
+/// declared again and consumed on a new channel of the same connection, and
+/// the ingress beside it keeps its channel and forwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_others_be() {
+    let vhost = PrivateVhost::create("shared-consume");
+    let connection = connect_to(&vhost.url).await;
+    let ingress_queue = unique("shared-in");
+    let prefix = unique("shared");
+    let text = config_text_on(
+        &vhost.url,
+        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
+    );
+    let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
+    let release = config.service.cancel.release_queue("main");
+    let parked = format!("{prefix}.parked");
+    let mut destination = Destination::declare(&connection, "shared-dest").await;
+    let served = Served::start(Service::start(config).await.expect("service starts")).await;
+    until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
+
+    let queues = [ingress_queue.as_str(), release.as_str(), parked.as_str()];
+    until("the management API listing the three consumers", Duration::from_secs(20), async || {
+        queues.iter().all(|queue| consumer_channel(&vhost.name, queue).is_some())
+    })
+    .await;
+    let listed: Vec<(String, String)> = queues.iter().map(|queue| consumer_channel(&vhost.name, queue).unwrap()).collect();
+    assert!(listed.iter().all(|(connection, _)| *connection == listed[0].0), "one connection for every consumer: {listed:?}");
+    assert_eq!(listed.iter().map(|(_, channel)| channel).collect::<std::collections::HashSet<_>>().len(), 3, "a channel each: {listed:?}");
+    let (shared, ingress_channel) = listed[0].clone();
+
+    management("DELETE", &format!("/api/queues/{}/{}", encode(&vhost.name), encode(&parked)), None);
+    // Listed again means declared again (by its consumer, attaching anew); a
+    // queue created after the delete cannot count a stale consumer.
+    until("the parking queue declared and consumed again", Duration::from_secs(20), async || {
+        let queues = management("GET", &format!("/api/queues/{}", encode(&vhost.name)), None);
+        queues.as_array().is_some_and(|queues| queues.iter().any(|q| q["name"] == parked.as_str() && q["consumers"] == 1))
+    })
+    .await;
+    let consuming: Vec<Value> = management("GET", &format!("/api/vhosts/{}/connections", encode(&vhost.name)), None)
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["user_provided_name"].as_str().is_some_and(|name| name.starts_with("hourglass consume")))
+        .cloned()
+        .collect();
+    assert_eq!(consuming.len(), 1, "still one consuming connection: {consuming:?}");
+    assert_eq!(consumer_channel(&vhost.name, &ingress_queue), Some((shared.clone(), ingress_channel)), "the ingress kept its channel");
+
+    publish_to_ingress(&connection, &ingress_queue, &destination.name, "200ms", b"beside").await;
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"beside");
+    assert_eq!(readyz(&served).await.0, 200);
     served.stop().await;
 }

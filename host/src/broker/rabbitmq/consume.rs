@@ -1,8 +1,8 @@
 //! A queue consumer that survives the broker and its own handler: the shared
 //! loop under the AMQP ingress and the redelivery input.
 //!
-//! It connects, declares what its handler needs (as [`Command`]s), sets
-//! prefetch, and hands each delivery, converted to a neutral
+//! It declares what its handler needs (as [`Command`]s), opens a channel on
+//! its connection, sets prefetch, and hands each delivery, converted to a neutral
 //! [`Delivery`], to the handler with at most `prefetch` in flight. The
 //! handler answers with an [`Outcome`] and the consumer carries it out: ack
 //! (many finished deliveries in one, see [`super::acks`]), requeue, retry
@@ -12,17 +12,22 @@
 //! publish fails). Declares and moves go through the
 //! [`RabbitMqExecutor`] it is given, the service's own: its channels are
 //! leased per publish, so a channel the broker closes fails only that move,
-//! and no consumer pays for connections of its own (lapin holds 8 MiB of
-//! buffers per connection at RabbitMQ's default frame size).
+//! and no consumer pays for a publishing connection of its own (lapin holds
+//! 8 MiB of buffers per connection at RabbitMQ's default frame size). For the
+//! same reason the service's consumers share one connection, a channel each
+//! ([`Consumer::sharing`]): a channel the broker closes ends only its
+//! consumer, which opens another; a lost connection ends them all, and the
+//! first to try again reconnects while the others wait for it.
 //!
 //! A handler that panics does not stop the consumer: the message is requeued,
 //! and once the handler panicked [`MAX_PANICS`] times on the same message it
 //! is moved aside with the reason (to where [`Handler::poisoned`] says), so it
 //! never blocks the messages behind it.
 //!
-//! After a lost connection it reconnects with backoff; unacked messages are
-//! the broker's to deliver again. On stop it cancels the consumer, lets the
-//! handler finish the deliveries in hand, then closes; a stop that comes
+//! After a lost connection or channel it attaches again with backoff; unacked
+//! messages are the broker's to deliver again. On stop it cancels the
+//! consumer, lets the handler finish the deliveries in hand, then closes its
+//! channel (the connection closes with its last user); a stop that comes
 //! while it is still declaring or connecting ends that at once, and a cancel
 //! or close the broker does not answer is given up (see [`parting`]).
 
@@ -33,9 +38,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use lapin::Channel;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
-use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::watch;
 
 use crate::broker::{Envelope, Executor, ExecutorError};
@@ -47,8 +52,7 @@ use crate::recent::RecentCounts;
 
 use super::acks::Acks;
 use super::convert::from_amqp_delivery;
-use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting, reconnect_backoff};
-use super::nodes::{self, redact};
+use super::link::{CHANNEL_TIMEOUT, ChannelError, Link, Slot, parting, reconnect_backoff};
 use super::publish::RabbitMqExecutor;
 
 /// Why a consumer could not attach to its queue (it tries again after a pause).
@@ -56,8 +60,10 @@ use super::publish::RabbitMqExecutor;
 enum AttachError {
     #[error(transparent)]
     Declare(#[from] ExecutorError),
+    #[error(transparent)]
+    Connect(ExecutorError),
     #[error("RabbitMQ at {url}: {source}")]
-    Connect { url: String, source: nodes::ConnectError },
+    Channel { url: String, source: ChannelError },
     #[error("RabbitMQ at {url}: {source}")]
     Subscribe { url: String, source: lapin::Error },
     #[error("RabbitMQ at {url}: no consumer on {queue} within {CHANNEL_TIMEOUT:?}")]
@@ -76,7 +82,8 @@ pub const MAX_PANICS: u32 = 3;
 const PANICS_REMEMBERED: usize = 1_024;
 
 pub struct Consumer<H> {
-    url: String,
+    /// The connection it consumes on, perhaps shared with other consumers.
+    connection: Arc<Slot>,
     /// Declares the handler's queues and carries out its moves.
     publisher: Arc<RabbitMqExecutor>,
     handler: Arc<H>,
@@ -85,8 +92,16 @@ pub struct Consumer<H> {
 }
 
 impl<H: Handler> Consumer<H> {
+    /// A consumer on a connection of its own to `url`.
     pub fn new(url: &str, publisher: Arc<RabbitMqExecutor>, handler: Arc<H>) -> Arc<Consumer<H>> {
-        Arc::new(Consumer { url: url.to_string(), publisher, handler, consuming: AtomicBool::new(false), panics: Default::default() })
+        // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
+        let connection = Arc::new(Slot::lazy(url, format!("hourglass consume {}", handler.queue())));
+        Self::sharing(connection, publisher, handler)
+    }
+
+    /// A consumer on `connection`, which other consumers may share (a channel each).
+    pub fn sharing(connection: Arc<Slot>, publisher: Arc<RabbitMqExecutor>, handler: Arc<H>) -> Arc<Consumer<H>> {
+        Arc::new(Consumer { connection, publisher, handler, consuming: AtomicBool::new(false), panics: Default::default() })
     }
 
     pub fn handler(&self) -> &Arc<H> {
@@ -138,17 +153,18 @@ impl<H: Handler> Consumer<H> {
         let tag = format!("hourglass-{queue}");
         // Attaching may wait CONNECT_TIMEOUT per node on a broker that does not
         // answer; a stop meanwhile ends it at once. What was opened is dropped:
-        // lapin closes a dropped connection, and the broker requeues whatever a
-        // half-made consumer was given.
-        let (connection, channel, consumer, node) = tokio::select! {
+        // lapin closes a dropped channel (and a connection no one holds), and
+        // the broker requeues whatever a half-made consumer was given.
+        let (link, channel, consumer) = tokio::select! {
             attached = self.attach(&queue, &tag) => attached.map_err(|why| (false, why.to_string()))?,
             _ = stop.wait_for(|stopping| *stopping) => {
                 tracing::info!(%queue, "consumer stopped while attaching");
                 return Ok(());
             }
         };
+        let connection = link.connection();
         self.consuming.store(true, Ordering::Relaxed);
-        tracing::info!(%queue, %node, prefetch = self.handler.prefetch(), "consuming");
+        tracing::info!(%queue, node = %link.node, prefetch = self.handler.prefetch(), "consuming");
         let publisher = self.publisher.as_ref();
         let acks = &Acks::default();
         // Ends the deliveries when the stop's cancel goes unanswered (they end at the broker's cancel-ok otherwise).
@@ -169,42 +185,46 @@ impl<H: Handler> Consumer<H> {
         });
         tokio::pin!(processing);
         tokio::select! {
-            _ = &mut processing => return Err((true, format!("consumer on {queue} ended: connection or channel lost"))),
+            _ = &mut processing => {
+                // A channel the broker closed is a number lapin never uses again.
+                if link.connected() && !channel.status().connected() {
+                    link.burn();
+                }
+                return Err((true, format!("consumer on {queue} ended: connection or channel lost")));
+            }
             _ = stop.wait_for(|stopping| *stopping) => {}
         }
         // Stop taking new messages; the broker keeps the ones not yet delivered.
         // Unanswered (the connection lost or silent), nothing more is taken; the
         // broker requeues what it sent meanwhile when the connection goes.
-        if !parting(&connection, channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())).await {
+        if !parting(connection, channel.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())).await {
             give_up.send(()).ok();
         }
         processing.await;
         self.consuming.store(false, Ordering::Relaxed);
-        parting(&connection, connection.close(200, "hourglass stopping".into())).await;
+        parting(connection, channel.close(200, "hourglass stopping".into())).await;
         tracing::info!(%queue, "consumer stopped");
         Ok(())
     }
 
-    /// Declares the handler's queues, connects, and consumes `queue` as `tag`:
-    /// the connection, its channel, the deliveries, and the node reached.
-    async fn attach(&self, queue: &str, tag: &str) -> Result<(Connection, Channel, lapin::Consumer, String), AttachError> {
+    /// Declares the handler's queues, connects (or joins the shared
+    /// connection), and consumes `queue` as `tag` on a channel of its own:
+    /// the connection, the channel, and the deliveries.
+    async fn attach(&self, queue: &str, tag: &str) -> Result<(Arc<Link>, Channel, lapin::Consumer), AttachError> {
         self.declare().await?;
-        // Named for the broker's connection list, beside "hourglass publish …" and "hourglass control …".
-        let properties = ConnectionProperties::default().with_connection_name(format!("hourglass consume {queue}").into());
-        let (connection, node) =
-            nodes::connect(&self.url, properties, CONNECT_TIMEOUT).await.map_err(|source| AttachError::Connect { url: redact(&self.url), source })?;
+        let link = self.connection.link_waiting().await.map_err(AttachError::Connect)?;
+        let url = || link.node.clone();
+        let channel = link.open_channel(false).await.map_err(|source| AttachError::Channel { url: url(), source })?;
         let subscribe = async {
-            let channel = create_channel(&connection).await?;
             channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await?;
-            let consumer = channel.basic_consume(queue.into(), tag.into(), BasicConsumeOptions::default(), AmqpTable::default()).await?;
-            Ok::<_, lapin::Error>((channel, consumer))
+            channel.basic_consume(queue.into(), tag.into(), BasicConsumeOptions::default(), AmqpTable::default()).await
         };
         // A broker that accepted the connection can still go silent.
-        let (channel, consumer) = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
-            Ok(subscribed) => subscribed.map_err(|source| AttachError::Subscribe { url: redact(&self.url), source })?,
-            Err(_) => return Err(AttachError::SubscribeTimedOut { url: redact(&self.url), queue: queue.to_string() }),
+        let consumer = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
+            Ok(subscribed) => subscribed.map_err(|source| AttachError::Subscribe { url: url(), source })?,
+            Err(_) => return Err(AttachError::SubscribeTimedOut { url: url(), queue: queue.to_string() }),
         };
-        Ok((connection, channel, consumer, node))
+        Ok((link, channel, consumer))
     }
 
     /// One delivery: the handler's decision (a panic caught and counted; a

@@ -76,6 +76,11 @@ impl Link {
         Ok(Link { connection, burnt: AtomicUsize::new(0), wear_limit, number: 0, node })
     }
 
+    /// The lapin connection, for steps on the way out of it (see [`parting`]).
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
     pub fn connected(&self) -> bool {
         self.connection.status().connected()
     }
@@ -195,6 +200,13 @@ pub struct Slot {
     reconnects: AtomicU64,
 }
 
+/// What [`Slot::link_or`] does when another caller is connecting.
+#[derive(Clone, Copy)]
+enum Busy {
+    Refuse,
+    Wait,
+}
+
 /// The connecting caller's state: when it may try again, and how many links it opened.
 struct Connecting {
     backoff: Backoff,
@@ -214,6 +226,18 @@ impl Slot {
             connecting: tokio::sync::Mutex::new(Connecting { backoff: reconnect_backoff(), next_attempt: Instant::now(), opened: 1 }),
             reconnects: AtomicU64::new(0),
         })
+    }
+
+    /// A slot that connects on its first [`Self::link`], for connections
+    /// only some deployments need (the consumers').
+    pub fn lazy(url: &str, name: String) -> Slot {
+        Slot {
+            url: url.to_string(),
+            name,
+            current: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(Connecting { backoff: reconnect_backoff(), next_attempt: Instant::now(), opened: 0 }),
+            reconnects: AtomicU64::new(0),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -238,19 +262,34 @@ impl Slot {
 
     /// A usable link: the current one, or a new one if it was lost or worn out.
     pub async fn link(&self) -> Result<Arc<Link>, ExecutorError> {
+        self.link_or(Busy::Refuse).await
+    }
+
+    /// [`Self::link`], but a caller that finds another connecting waits for
+    /// its outcome instead of hearing "not now": for consumers attaching
+    /// together, which would otherwise all but one back off at start.
+    pub async fn link_waiting(&self) -> Result<Arc<Link>, ExecutorError> {
+        self.link_or(Busy::Wait).await
+    }
+
+    async fn link_or(&self, busy: Busy) -> Result<Arc<Link>, ExecutorError> {
         let current = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(link) = &current
             && link.usable()
         {
             return Ok(link.clone());
         }
-        // Single flight: whoever holds the lock connects; everyone else hears "not now".
-        let Ok(mut connecting) = self.connecting.try_lock() else {
+        // Single flight: whoever holds the lock connects; everyone else hears "not now" (or waits).
+        let mut connecting = match (self.connecting.try_lock(), busy) {
+            (Ok(connecting), _) => connecting,
+            (Err(_), Busy::Wait) => self.connecting.lock().await,
             // A link that is only worn out still works while its successor opens.
-            return match current {
-                Some(link) if link.connected() => Ok(link),
-                _ => Err(self.unavailable("reconnecting")),
-            };
+            (Err(_), Busy::Refuse) => {
+                return match current {
+                    Some(link) if link.connected() => Ok(link),
+                    _ => Err(self.unavailable("reconnecting")),
+                };
+            }
         };
         // Someone may have replaced it between our look and the lock.
         let current = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -263,6 +302,8 @@ impl Slot {
         if lost && Instant::now() < connecting.next_attempt {
             return Err(self.unavailable("connection lost; reconnecting"));
         }
+        // A lazy slot's first connection is no reconnect.
+        let first = connecting.opened == 0;
         // Boxed: connecting is rare, and its future is large; inline it would size every publish's.
         match Box::pin(Link::open(&self.url, &self.name)).await {
             Ok(mut link) => {
@@ -271,7 +312,9 @@ impl Slot {
                 connecting.backoff.reset();
                 let link = Arc::new(link);
                 *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(link.clone());
-                if lost {
+                if first {
+                    tracing::debug!(node = %link.node, connection = %self.name, "connected to RabbitMQ");
+                } else if lost {
                     self.reconnects.fetch_add(1, Ordering::AcqRel);
                     tracing::info!(node = %link.node, connection = %self.name, "reconnected to RabbitMQ");
                 } else {

@@ -1,7 +1,8 @@
 //! RabbitMQ's side of the service. Before work: the broker's clock read
 //! through the management API. At start: a probe of each mechanism the
 //! strategies rely on, then the consumers — ingress, redelivery, each
-//! strategy's release queue and parking queues, the canary — and the
+//! strategy's release queue and parking queues, the canary, on one shared
+//! connection (a channel each) — and the
 //! cancellation log when a strategy is cancellable; beside them the
 //! connection keeper, the clock check and the open-channel gauge.
 
@@ -13,6 +14,7 @@ use futures_util::future::BoxFuture;
 use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
 use crate::broker::rabbitmq::RabbitMqExecutor;
 use crate::broker::rabbitmq::consume::Consumer;
+use crate::broker::rabbitmq::link::Slot;
 use crate::broker::rabbitmq::manage::{self, Management};
 use crate::broker::rabbitmq::{capacity, probe};
 use crate::broker::{Broker, amqp_url, connect_rabbitmq};
@@ -36,6 +38,8 @@ struct RabbitMqSide {
     /// Shared with the scheduler: consumers set messages aside through it.
     publisher: Arc<RabbitMqExecutor>,
     amqp: String,
+    /// The one connection every consumer of the service takes a channel on.
+    consuming: Arc<Slot>,
     management_url: Option<String>,
     /// The management API, when reachable by URL: where the broker's clock is
     /// read and the queues a strategy makes per message are counted.
@@ -51,7 +55,10 @@ pub(super) async fn connect(
     let publisher = connect_rabbitmq(url, url_env, publish_channels).await?;
     let amqp = amqp_url(url.as_deref(), url_env.as_deref());
     let management = pending::management_api(&amqp, management_url.as_deref());
-    let side = RabbitMqSide { publisher: publisher.clone(), amqp, management_url: management_url.clone(), management };
+    // Named like the publisher's connections, with a suffix of its own to tell processes apart.
+    let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let consuming = Arc::new(Slot::lazy(&amqp, format!("hourglass consume {instance}")));
+    let side = RabbitMqSide { publisher: publisher.clone(), amqp, consuming, management_url: management_url.clone(), management };
     Ok((publisher.into(), Arc::new(side)))
 }
 
@@ -147,7 +154,7 @@ impl BrokerSide for RabbitMqSide {
 impl RabbitMqSide {
     /// A consumer of this broker for `handler`, its queues declared when `declaring`.
     async fn consumer<H: Handler>(&self, handler: Arc<H>, declaring: bool) -> Result<Arc<Consumer<H>>, ServiceError> {
-        let consumer = Consumer::new(&self.amqp, self.publisher.clone(), handler);
+        let consumer = Consumer::sharing(self.consuming.clone(), self.publisher.clone(), handler);
         if declaring {
             consumer.declare().await?;
         }
