@@ -15,8 +15,10 @@
 const KEYS = ["prefix", "base", "cap", "max_attempts", "jitter"];
 const UNITS_MS = { ms: 1n, s: 1_000n, m: 60_000n, h: 3_600_000n, d: 86_400_000n };
 
-// What `configure` read.
-let settings = { prefix: "jsbackoff", buckets: [], maxAttempts: 8, jitter: 0.2 };
+// What `configure` read. `names` are the exchanges plans publish to, registered
+// once (the host asks for them right after `configure`): the default exchange
+// at index 0, then each bucket's, so a plan names one by index, not by string.
+let settings = { prefix: "jsbackoff", buckets: [], names: [], maxAttempts: 8, jitter: 0.2 };
 
 /** `"1s"`, `"1500ms"`, `"2h 5m"` or whole milliseconds, as delay.toml writes durations. */
 function durationMs(value, key) {
@@ -80,8 +82,14 @@ export const planner = {
     if (!(jitter >= 0 && jitter <= 1)) throw `jitter: ${jitter} must be between 0.0 and 1.0`;
     const buckets = [base];
     while (buckets[buckets.length - 1] * 2n <= cap) buckets.push(buckets[buckets.length - 1] * 2n);
-    settings = { prefix: config.prefix ?? "jsbackoff", buckets, maxAttempts: config.max_attempts ?? 8, jitter };
+    const prefix = config.prefix ?? "jsbackoff";
+    const names = ["", ...buckets.map((ms) => `${prefix}.${ms}ms`)];
+    settings = { prefix, buckets, names, maxAttempts: config.max_attempts ?? 8, jitter };
     return { granularity: { tag: "listed", val: [0n, ...buckets] }, maxDelayMs: longest() };
+  },
+
+  names() {
+    return settings.names;
   },
 
   topology() {
@@ -104,14 +112,22 @@ export const planner = {
   },
 
   plan(request) {
+    // `exchange` is an index into `names`; the destination is this call's own, so text.
     const publish = (exchange) => ({
       tag: "publish",
-      val: { exchange, routingKey: request.destination, bcc: [], headers: [], expirationMs: undefined, mandatory: true },
+      val: {
+        exchange: { tag: "registered", val: exchange },
+        routingKey: { tag: "text", val: request.destination },
+        bcc: [],
+        headers: [],
+        expirationMs: undefined,
+        mandatory: true,
+      },
     });
-    if (request.delayMs === 0n) return { commands: [publish("")], deliversAfterMs: 0n };
-    const ms = settings.buckets.find((b) => b >= request.delayMs);
-    if (ms === undefined) throw `delay ${request.delayMs}ms is above the longest bucket ${longest()}ms`;
-    return { commands: [publish(bucket(ms))], deliversAfterMs: ms };
+    if (request.delayMs === 0n) return { commands: [publish(0)], deliversAfterMs: 0n };
+    const n = settings.buckets.findIndex((b) => b >= request.delayMs);
+    if (n === -1) throw `delay ${request.delayMs}ms is above the longest bucket ${longest()}ms`;
+    return { commands: [publish(n + 1)], deliversAfterMs: settings.buckets[n] };
   },
 
   handleDue(_message) {

@@ -51,9 +51,12 @@ def splitmix64(seed):
 
 class Settings:
     """What `configure` read. Module state, not the Planner's: componentize-py
-    makes a new Planner object for each call into the component."""
+    makes a new Planner object for each call into the component. `names` are
+    the exchanges plans publish to, registered once (the host asks for them
+    right after `configure`): the default exchange at index 0, then each
+    bucket's, so a plan names one by index instead of sending the string."""
 
-    prefix, buckets, max_attempts, jitter = "pybackoff", [], 8, 0.2
+    prefix, buckets, names, max_attempts, jitter = "pybackoff", [], [], 8, 0.2
 
 
 class Planner(exports.Planner):
@@ -84,10 +87,14 @@ class Planner(exports.Planner):
         Settings.buckets = [base]
         while Settings.buckets[-1] * 2 <= cap:
             Settings.buckets.append(Settings.buckets[-1] * 2)
+        Settings.names = [""] + [self.bucket(ms) for ms in Settings.buckets]
         return t.DelayRange(t.Granularity_Listed([0] + Settings.buckets), Settings.buckets[-1])
 
     def bucket(self, ms):
         return f"{Settings.prefix}.{ms}ms"
+
+    def names(self):
+        return Settings.names
 
     def topology(self):
         commands = []
@@ -103,12 +110,15 @@ class Planner(exports.Planner):
         return []
 
     def plan(self, request):
+        # The exchange by its index in `names`; the destination is this call's own, so text.
+        def publish(exchange):
+            return t.Command_Publish(t.Publish(t.Name_Registered(exchange), t.Name_Text(request.destination), [], [], None, True))
+
         if request.delay_ms == 0:
-            return t.DelayPlan([t.Command_Publish(t.Publish("", request.destination, [], [], None, True))], 0)
-        for ms in Settings.buckets:
+            return t.DelayPlan([publish(0)], 0)
+        for n, ms in enumerate(Settings.buckets):
             if ms >= request.delay_ms:
-                publish = t.Publish(self.bucket(ms), request.destination, [], [], None, True)
-                return t.DelayPlan([t.Command_Publish(publish)], ms)
+                return t.DelayPlan([publish(n + 1)], ms)
         raise Err(f"delay {request.delay_ms}ms is above the longest bucket {Settings.buckets[-1]}ms")
 
     def handle_due(self, message):

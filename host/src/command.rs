@@ -258,6 +258,8 @@ pub enum InvalidCommand {
     KeyTwice(String),
     #[error("publish carries {count} bcc routing keys; at most {max}")]
     TooManyBccKeys { count: usize, max: usize },
+    #[error("{what} names registered name {index}, but the planner registered {registered} (indices from 0)")]
+    UnregisteredName { what: &'static str, index: u32, registered: usize },
     #[error("publish expiration {0}ms is above the broker's 10-year maximum")]
     ExpirationTooLong(u64),
     #[error("SQS queue name {0:?} must be 1 to {SQS_MAX_QUEUE_NAME} characters")]

@@ -118,9 +118,9 @@ fn a_core_module_is_not_a_component() {
 }
 
 /// A component of some other world (here the smallest: an empty one) fits
-/// neither contract version the host knows, and the error says which it tried.
+/// no contract version the host knows, and the error says which it tried.
 #[test]
-fn a_component_fitting_neither_contract_version_is_refused_naming_both() {
+fn a_component_fitting_no_contract_version_is_refused_naming_each() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("other-world.wasm");
     // Magic, then the component model's version 0x0d and layer 1: a valid component exporting nothing.
@@ -128,7 +128,7 @@ fn a_component_fitting_neither_contract_version_is_refused_naming_both() {
     let err = common::runtime().load(&PlannerSource::File(path), "{}".into()).unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, PlannerError::WrongContract { .. }), "{text}");
-    assert!(text.contains("other-world.wasm") && text.contains("0.2.0") && text.contains("0.1.0"), "{text}");
+    assert!(text.contains("other-world.wasm") && ["0.3.0", "0.2.0", "0.1.0"].iter().all(|v| text.contains(&format!("as {v}:"))), "{text}");
 }
 
 #[test]
@@ -291,7 +291,37 @@ fn a_planner_built_against_contract_0_1_still_loads_and_plans() {
     assert!(matches!(&setup[..], [hourglass::command::Command::DeclareQueue { name, .. }] if name == "orders.wait"), "{setup:?}");
 }
 
-/// A 0.1.0 planner's panic is named by its message, as a 0.2.0 one's is.
+/// A planner built against 0.2.0 (every name a string) still loads, plans
+/// with its `bcc` keys kept, and answers in today's commands.
+#[test]
+fn a_planner_built_against_contract_0_2_still_loads_and_plans_with_bcc() {
+    use hourglass::command::Command;
+    let runtime = common::runtime();
+    let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-2")), "{}".into()).expect("a 0.2.0 planner loads");
+    assert_eq!(planner.info().name, "contract-0-2");
+    let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
+    assert_eq!(plan.delivers_after_ms, 2_000);
+    let [Command::Publish { exchange, routing_key, bcc, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    assert_eq!((exchange.as_str(), routing_key.as_str(), bcc.as_slice()), ("", "orders.wait", ["copy:m1".to_string()].as_slice()));
+    let setup = planner.destination_setup("orders").unwrap();
+    assert!(matches!(&setup[..], [Command::DeclareQueue { name, .. }] if name == "orders.wait"), "{setup:?}");
+    let err = runtime.load(&PlannerSource::File(common::test_planner("contract-0-2")), r#"{"panic": true}"#.into()).unwrap_err();
+    assert!(err.to_string().contains("asked to panic while configured"), "{err}");
+}
+
+/// A publish naming a registered name past the planner's list fails that
+/// call with an error naming the planner and the index; the next call works.
+#[test]
+fn an_unregistered_name_fails_the_call_naming_planner_and_index() {
+    let (_runtime, planner) = misbehaving(WIDE_BUDGET);
+    let err = planner.plan(&request("unregistered")).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, PlannerError::InvalidCommand { function: "plan", .. }), "{text}");
+    assert!(text.contains("misbehaving.wasm") && text.contains("registered name 4000000000"), "{text}");
+    assert_eq!(planner.plan(&request("fine")).unwrap().commands, vec![hourglass::command::Command::forward("", "fine")]);
+}
+
+/// A 0.1.0 planner's panic is named by its message, as a newer one's is.
 #[test]
 fn a_contract_0_1_planner_that_panics_is_named_with_its_message() {
     let runtime = common::runtime();

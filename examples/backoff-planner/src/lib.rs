@@ -25,6 +25,9 @@ pub struct Config {
 
 pub struct Backoff {
     buckets: Vec<u64>,
+    /// Each bucket's exchange, registered once (beside `buckets`): a plan
+    /// then names it by index instead of sending the string on every call.
+    bucket_keys: Vec<Key>,
     max_attempts: u32,
     jitter: f64,
 }
@@ -66,7 +69,8 @@ impl Planner for Backoff {
         while let Some(next) = buckets.last().and_then(|b| b.checked_mul(2)).filter(|&n| n <= cap) {
             buckets.push(next);
         }
-        Ok(Backoff { buckets, max_attempts: config.max_attempts.unwrap_or(8), jitter })
+        let bucket_keys = buckets.iter().map(|&b| Key::register(&bucket_name(b))).collect();
+        Ok(Backoff { buckets, bucket_keys, max_attempts: config.max_attempts.unwrap_or(8), jitter })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -90,14 +94,14 @@ impl Planner for Backoff {
         if request.delay_ms == 0 {
             return Ok(Plan { commands: vec![publish("", &request.destination, vec![])], delivers_after_ms: 0 });
         }
-        let bucket = self
+        let n = self
             .buckets
             .iter()
-            .copied()
-            .find(|&b| b >= request.delay_ms)
+            .position(|&b| b >= request.delay_ms)
             .ok_or_else(|| format!("delay {}ms is above the longest bucket {}ms", request.delay_ms, self.buckets.last().unwrap()))?;
-        let publish = publish(bucket_name(bucket), &request.destination, vec![]);
-        Ok(Plan { commands: vec![publish], delivers_after_ms: bucket })
+        // The destination is the request's own: it goes as text.
+        let publish = publish(self.bucket_keys[n], &request.destination, vec![]);
+        Ok(Plan { commands: vec![publish], delivers_after_ms: self.buckets[n] })
     }
 
     fn decide_redelivery(&self, request: &RedeliveryRequest) -> Result<RedeliveryDecision, String> {
@@ -126,7 +130,7 @@ mod tests {
     fn delays_round_up_to_a_power_of_two_bucket() {
         let plan = backoff().plan(&PlanRequest { destination: "q".into(), delay_ms: 2_500, message_id: "m".into(), routing_key: None }).unwrap();
         assert_eq!(plan.delivers_after_ms, 4_000);
-        assert_eq!(plan.commands, vec![publish("backoff.4000ms", "q", vec![])]);
+        assert_eq!(plan.commands, vec![publish(Key::register("backoff.4000ms"), "q", vec![])]);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use wasmtime::{Store, StoreLimits};
 
 use super::bindings::hourglass::planner::{diagnostics, types as wit};
 use super::bindings::v0_1::hourglass::planner::{diagnostics as diagnostics_v0_1, types as wit_v0_1};
-use super::bindings::{PlannerWorld, PlannerWorldPre, v0_1};
+use super::bindings::v0_2::hourglass::planner::{diagnostics as diagnostics_v0_2, types as wit_v0_2};
+use super::bindings::{PlannerWorld, PlannerWorldPre, v0_1, v0_2};
 use super::upgrade;
 
 /// The contract's `plan-request`, borrowing the host's strings: lowering
@@ -40,9 +41,16 @@ type PlanFunc<'a, P> = TypedFunc<(PlanRequestRef<'a>,), (Result<P, String>,)>;
 
 // The shared types interfaces have no functions; bindgen still asks for their traits.
 impl wit::Host for StoreState {}
+impl wit_v0_2::Host for StoreState {}
 impl wit_v0_1::Host for StoreState {}
 
 impl diagnostics::Host for StoreState {
+    fn report_panic(&mut self, message: String) {
+        self.panic_message = Some(message);
+    }
+}
+
+impl diagnostics_v0_2::Host for StoreState {
     fn report_panic(&mut self, message: String) {
         self.panic_message = Some(message);
     }
@@ -58,14 +66,15 @@ impl diagnostics_v0_1::Host for StoreState {
 pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     use wasmtime::component::HasSelf;
     PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)?;
+    v0_2::PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)?;
     v0_1::PlannerWorld::add_to_linker::<StoreState, HasSelf<StoreState>>(linker, |state| state)
 }
 
 /// Why a component is no planner of any contract version the host knows.
 #[derive(Debug, thiserror::Error)]
 pub enum ContractMismatch {
-    #[error("as 0.2.0: {current:#}; as 0.1.0: {old:#}")]
-    NeitherVersion { current: wasmtime::Error, old: wasmtime::Error },
+    #[error("as 0.3.0: {current:#}; as 0.2.0: {v0_2:#}; as 0.1.0: {v0_1:#}")]
+    NoVersion { current: wasmtime::Error, v0_2: wasmtime::Error, v0_1: wasmtime::Error },
     #[error("its plan does not have the contract's types: {0:#}")]
     PlanTypes(wasmtime::Error),
     /// Its imports cannot be linked (WASI beyond what a runtime needs to start, say).
@@ -76,27 +85,34 @@ pub enum ContractMismatch {
 /// A pre-linked planner and the contract version it implements.
 pub(crate) enum ContractPre {
     Current(PlannerWorldPre<StoreState>),
+    V0_2(v0_2::PlannerWorldPre<StoreState>),
     V0_1(v0_1::PlannerWorldPre<StoreState>),
 }
 
 impl ContractPre {
-    /// The newest version the component implements; the error says why neither fits.
+    /// The newest version the component implements; the error says why none fits.
     pub fn new(pre: InstancePre<StoreState>) -> Result<ContractPre, ContractMismatch> {
         let current = match PlannerWorldPre::new(pre.clone()) {
             Ok(current) => return Ok(ContractPre::Current(current)),
             Err(err) => err,
         };
-        v0_1::PlannerWorldPre::new(pre).map(ContractPre::V0_1).map_err(|old| ContractMismatch::NeitherVersion { current, old })
+        let v0_2 = match v0_2::PlannerWorldPre::new(pre.clone()) {
+            Ok(v0_2) => return Ok(ContractPre::V0_2(v0_2)),
+            Err(err) => err,
+        };
+        v0_1::PlannerWorldPre::new(pre).map(ContractPre::V0_1).map_err(|v0_1| ContractMismatch::NoVersion { current, v0_2, v0_1 })
     }
 
     /// An instance; its `plan` is type-checked once here against [`PlanRequestRef`].
     pub fn instantiate(&self, store: &mut Store<StoreState>) -> wasmtime::Result<Result<Contract, ContractMismatch>> {
         let world = match self {
             ContractPre::Current(pre) => World::Current(pre.instantiate(&mut *store)?),
+            ContractPre::V0_2(pre) => World::V0_2(pre.instantiate(&mut *store)?),
             ContractPre::V0_1(pre) => World::V0_1(pre.instantiate(&mut *store)?),
         };
         let checked = match &world {
             World::Current(world) => world.hourglass_planner_planner().func_plan().func().typed(&*store).map(|_: PlanFunc<'static, wit::DelayPlan>| ()),
+            World::V0_2(world) => world.hourglass_planner_planner().func_plan().func().typed(&*store).map(|_: PlanFunc<'static, wit_v0_2::DelayPlan>| ()),
             World::V0_1(world) => world.hourglass_planner_planner().func_plan().func().typed(&*store).map(|_: PlanFunc<'static, wit_v0_1::DelayPlan>| ()),
         };
         Ok(checked.map(|()| Contract { world }).map_err(ContractMismatch::PlanTypes))
@@ -112,6 +128,7 @@ pub(crate) struct Contract {
 
 enum World {
     Current(PlannerWorld),
+    V0_2(v0_2::PlannerWorld),
     V0_1(v0_1::PlannerWorld),
 }
 
@@ -123,33 +140,45 @@ impl Contract {
     pub fn describe(&self, store: &mut Store<StoreState>) -> wasmtime::Result<wit::PlannerInfo> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_describe(store),
-            World::V0_1(w) => w.hourglass_planner_planner().call_describe(store).map(upgrade::info),
+            World::V0_2(w) => w.hourglass_planner_planner().call_describe(store).map(upgrade::v0_2::info),
+            World::V0_1(w) => w.hourglass_planner_planner().call_describe(store).map(upgrade::v0_1::info),
         }
     }
 
     pub fn configure(&self, store: &mut Store<StoreState>, config_json: &str) -> Answer<wit::DelayRange> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_configure(store, config_json),
-            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_configure(store, config_json)?.map(upgrade::delay_range)),
+            World::V0_2(w) => Ok(w.hourglass_planner_planner().call_configure(store, config_json)?.map(upgrade::v0_2::delay_range)),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_configure(store, config_json)?.map(upgrade::v0_1::delay_range)),
+        }
+    }
+
+    /// The strings `name.registered` indexes: none before 0.3.0.
+    pub fn names(&self, store: &mut Store<StoreState>) -> wasmtime::Result<Vec<String>> {
+        match &self.world {
+            World::Current(w) => w.hourglass_planner_planner().call_names(store),
+            World::V0_2(_) | World::V0_1(_) => Ok(Vec::new()),
         }
     }
 
     pub fn topology(&self, store: &mut Store<StoreState>) -> Answer<Vec<wit::Command>> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_topology(store),
-            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_topology(store)?.map(upgrade::commands)),
+            World::V0_2(w) => Ok(w.hourglass_planner_planner().call_topology(store)?.map(upgrade::v0_2::commands)),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_topology(store)?.map(upgrade::v0_1::commands)),
         }
     }
 
     pub fn destination_setup(&self, store: &mut Store<StoreState>, destination: &str) -> Answer<Vec<wit::Command>> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_destination_setup(store, destination),
-            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_destination_setup(store, destination)?.map(upgrade::commands)),
+            World::V0_2(w) => Ok(w.hourglass_planner_planner().call_destination_setup(store, destination)?.map(upgrade::v0_2::commands)),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_destination_setup(store, destination)?.map(upgrade::v0_1::commands)),
         }
     }
 
     pub fn plan(&self, store: &mut Store<StoreState>, request: PlanRequestRef<'_>) -> Answer<wit::DelayPlan> {
-        // SAFETY (both arms): `ContractPre::instantiate` type-checked this
+        // SAFETY (every arm): `ContractPre::instantiate` type-checked this
         // instance's `plan` against these parameter and result types (the
         // lifetime aside, which the check does not depend on).
         match &self.world {
@@ -157,9 +186,13 @@ impl Contract {
                 let plan = unsafe { PlanFunc::<wit::DelayPlan>::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
                 plan.call(store, (request,)).map(|(result,)| result)
             }
+            World::V0_2(w) => {
+                let plan = unsafe { PlanFunc::<wit_v0_2::DelayPlan>::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
+                plan.call(store, (request,)).map(|(result,)| result.map(upgrade::v0_2::delay_plan))
+            }
             World::V0_1(w) => {
                 let plan = unsafe { PlanFunc::<wit_v0_1::DelayPlan>::new_unchecked(*w.hourglass_planner_planner().func_plan().func()) };
-                plan.call(store, (request,)).map(|(result,)| result.map(upgrade::delay_plan))
+                plan.call(store, (request,)).map(|(result,)| result.map(upgrade::v0_1::delay_plan))
             }
         }
     }
@@ -167,16 +200,22 @@ impl Contract {
     pub fn handle_due(&self, store: &mut Store<StoreState>, message: &wit::DueMessage) -> Answer<wit::DueAction> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_handle_due(store, message),
-            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_handle_due(store, &upgrade::due_message(message))?.map(upgrade::due_action)),
+            World::V0_2(w) => Ok(w.hourglass_planner_planner().call_handle_due(store, &upgrade::v0_2::due_message(message))?.map(upgrade::v0_2::due_action)),
+            World::V0_1(w) => Ok(w.hourglass_planner_planner().call_handle_due(store, &upgrade::v0_1::due_message(message))?.map(upgrade::v0_1::due_action)),
         }
     }
 
     pub fn decide_redelivery(&self, store: &mut Store<StoreState>, request: &wit::RedeliveryRequest) -> Answer<wit::RedeliveryDecision> {
         match &self.world {
             World::Current(w) => w.hourglass_planner_planner().call_decide_redelivery(store, request),
-            World::V0_1(w) => {
-                Ok(w.hourglass_planner_planner().call_decide_redelivery(store, &upgrade::redelivery_request(request))?.map(upgrade::redelivery_decision))
-            }
+            World::V0_2(w) => Ok(w
+                .hourglass_planner_planner()
+                .call_decide_redelivery(store, &upgrade::v0_2::redelivery_request(request))?
+                .map(upgrade::v0_2::redelivery_decision)),
+            World::V0_1(w) => Ok(w
+                .hourglass_planner_planner()
+                .call_decide_redelivery(store, &upgrade::v0_1::redelivery_request(request))?
+                .map(upgrade::v0_1::redelivery_decision)),
         }
     }
 }

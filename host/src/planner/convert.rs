@@ -12,9 +12,10 @@ use crate::command::{
 /// few enough that the header stays far below any frame size.
 const MAX_BCC_KEYS: usize = 40;
 
-/// Converts and validates one planner command. The error says what is wrong;
-/// the caller adds which planner said it.
-pub(crate) fn command_from_planner(command: wit::Command) -> Result<Command, InvalidCommand> {
+/// Converts and validates one planner command; `names` are the strings the
+/// planner registered, which `name.registered` indexes. The error says what
+/// is wrong; the caller adds which planner said it.
+pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> Result<Command, InvalidCommand> {
     let command = match command {
         wit::Command::DeclareExchange(e) => {
             check_name("exchange", &e.name, false)?;
@@ -49,28 +50,19 @@ pub(crate) fn command_from_planner(command: wit::Command) -> Result<Command, Inv
             Command::BindExchange { source: b.source, destination: b.destination, routing_key: b.routing_key, arguments: field_table(b.arguments)? }
         }
         wit::Command::Publish(p) => {
-            // The empty name is the default exchange.
-            check_name("exchange", &p.exchange, true)?;
-            check_name("routing key", &p.routing_key, true)?;
-            for key in &p.bcc {
-                check_name("bcc routing key", key, true)?;
-            }
             if p.bcc.len() > MAX_BCC_KEYS {
                 return Err(InvalidCommand::TooManyBccKeys { count: p.bcc.len(), max: MAX_BCC_KEYS });
             }
+            // The empty name is the default exchange.
+            let exchange = resolve("exchange", p.exchange, names)?;
+            let routing_key = resolve("routing key", p.routing_key, names)?;
+            let bcc = p.bcc.into_iter().map(|key| resolve("bcc routing key", key, names)).collect::<Result<Vec<_>, _>>()?;
             if let Some(ms) = p.expiration_ms
                 && ms > AMQP_MAX_TTL_MS as u64
             {
                 return Err(InvalidCommand::ExpirationTooLong(ms));
             }
-            Command::Publish {
-                exchange: p.exchange,
-                routing_key: p.routing_key,
-                bcc: p.bcc,
-                headers: field_table(p.headers)?,
-                expiration_ms: p.expiration_ms,
-                mandatory: p.mandatory,
-            }
+            Command::Publish { exchange, routing_key, bcc, headers: field_table(p.headers)?, expiration_ms: p.expiration_ms, mandatory: p.mandatory }
         }
         wit::Command::SqsEnsureQueue(q) => {
             check_sqs_queue_name(&q.name)?;
@@ -115,6 +107,17 @@ pub(crate) fn command_from_planner(command: wit::Command) -> Result<Command, Inv
     Ok(command)
 }
 
+/// A publish's exchange or key as a string, checked: a registered one is
+/// copied from the planner's list (its only cost per call), a text one moved.
+fn resolve(what: &'static str, name: wit::Name, names: &[String]) -> Result<String, InvalidCommand> {
+    let name = match name {
+        wit::Name::Registered(index) => names.get(index as usize).cloned().ok_or(InvalidCommand::UnregisteredName { what, index, registered: names.len() })?,
+        wit::Name::Text(text) => text,
+    };
+    check_name(what, &name, true)?;
+    Ok(name)
+}
+
 fn field_table(fields: Vec<wit::Field>) -> Result<FieldTable, InvalidCommand> {
     let mut table = FieldTable::new();
     for field in fields {
@@ -148,16 +151,20 @@ fn sqs_attributes(attributes: Vec<wit::SqsAttribute>) -> Result<BTreeMap<String,
 mod tests {
     use super::*;
 
+    fn command_from_planner_(command: wit::Command) -> Result<Command, InvalidCommand> {
+        command_from_planner(command, &[])
+    }
+
     fn send(queue: &str, delay_seconds: u32, group: Option<&str>) -> wit::Command {
         wit::Command::SqsSend(wit::SqsSend { queue: queue.into(), delay_seconds, attributes: vec![], group_id: group.map(Into::into), dedup_id: None })
     }
 
     #[test]
     fn sqs_limits_are_enforced() {
-        assert!(command_from_planner(send("q", 900, None)).is_ok());
-        assert!(command_from_planner(send("q", 901, None)).unwrap_err().to_string().contains("above SQS's 900"));
-        assert!(command_from_planner(send("q.fifo", 0, None)).unwrap_err().to_string().contains("group id"));
-        assert!(command_from_planner(send(&"q".repeat(81), 0, None)).unwrap_err().to_string().contains("1 to 80"));
+        assert!(command_from_planner_(send("q", 900, None)).is_ok());
+        assert!(command_from_planner_(send("q", 901, None)).unwrap_err().to_string().contains("above SQS's 900"));
+        assert!(command_from_planner_(send("q.fifo", 0, None)).unwrap_err().to_string().contains("group id"));
+        assert!(command_from_planner_(send(&"q".repeat(81), 0, None)).unwrap_err().to_string().contains("1 to 80"));
     }
 
     #[test]
@@ -169,8 +176,22 @@ mod tests {
                 arguments: vec![wit::Field { key: "x-message-ttl".into(), value: wit::Value::Int(ttl) }],
             })
         };
-        assert!(command_from_planner(queue("q", 5)).is_ok());
-        assert!(command_from_planner(queue("q", -1)).unwrap_err().to_string().contains("x-message-ttl = -1"));
-        assert!(command_from_planner(queue(&"q".repeat(256), 5)).unwrap_err().to_string().contains("AMQP allows 255"));
+        assert!(command_from_planner_(queue("q", 5)).is_ok());
+        assert!(command_from_planner_(queue("q", -1)).unwrap_err().to_string().contains("x-message-ttl = -1"));
+        assert!(command_from_planner_(queue(&"q".repeat(256), 5)).unwrap_err().to_string().contains("AMQP allows 255"));
+    }
+
+    #[test]
+    fn registered_names_resolve_and_an_index_past_them_is_named() {
+        let names = vec!["levels".to_string(), "bit:0".to_string()];
+        let publish = |exchange: wit::Name, bcc: Vec<wit::Name>| {
+            wit::Command::Publish(wit::Publish { exchange, routing_key: wit::Name::Registered(1), bcc, headers: vec![], expiration_ms: None, mandatory: true })
+        };
+        let command = command_from_planner(publish(wit::Name::Registered(0), vec![wit::Name::Text("to:orders".into())]), &names).unwrap();
+        let Command::Publish { exchange, routing_key, bcc, .. } = command else { panic!("a publish") };
+        assert_eq!((exchange.as_str(), routing_key.as_str(), bcc), ("levels", "bit:0", vec!["to:orders".to_string()]));
+        let err = command_from_planner(publish(wit::Name::Text(String::new()), vec![wit::Name::Registered(2)]), &names).unwrap_err();
+        assert_eq!(err.to_string(), "bcc routing key names registered name 2, but the planner registered 2 (indices from 0)");
+        assert!(command_from_planner(publish(wit::Name::Text("x".repeat(256)), vec![]), &names).unwrap_err().to_string().contains("AMQP allows 255"));
     }
 }

@@ -104,6 +104,9 @@ impl Default for PlannerLimits {
 struct Live {
     store: Store<StoreState>,
     contract: Contract,
+    /// The names this instance registered (`names`, asked once after
+    /// `configure`), which its commands' `name.registered` index.
+    names: Vec<String>,
 }
 
 /// A planner loaded and configured for one strategy: a small pool of
@@ -279,11 +282,17 @@ impl LoadedPlanner {
             .map_err(|source| PlannerError::WrongContract { planner: self.label.clone(), source })?;
         let configured = contract.configure(&mut store, &self.config_json);
         let panic = store.data_mut().panic_message.take();
-        match configured {
-            Ok(Ok(range)) => Ok((Live { store, contract }, convert_range(range))),
-            Ok(Err(message)) => Err(PlannerError::Config { planner: self.label.clone(), message }),
-            Err(err) => Err(self.trapped("configure", err, panic)),
-        }
+        let range = match configured {
+            Ok(Ok(range)) => convert_range(range),
+            Ok(Err(message)) => return Err(PlannerError::Config { planner: self.label.clone(), message }),
+            Err(err) => return Err(self.trapped("configure", err, panic)),
+        };
+        // Under the start budget still: registering names is part of starting.
+        let names = contract.names(&mut store).map_err(|err| {
+            let panic = store.data_mut().panic_message.take();
+            self.trapped("names", err, panic)
+        })?;
+        Ok((Live { store, contract, names }, range))
     }
 
     fn trapped(&self, function: &'static str, err: wasmtime::Error, panic: Option<String>) -> PlannerError {
@@ -291,7 +300,7 @@ impl LoadedPlanner {
         let reason = if let Some(message) = panic {
             format!("panicked: {message}")
         } else if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            let budget = if matches!(function, "instantiate" | "configure") { self.limits.start_timeout } else { self.limits.call_timeout };
+            let budget = if matches!(function, "instantiate" | "configure" | "names") { self.limits.start_timeout } else { self.limits.call_timeout };
             return PlannerError::Timeout { planner, function, budget };
         } else if format!("{err:?}").contains("forcing trap when growing memory") {
             format!("ran out of its memory limit of {} MiB (raise memory_limit_mib in [planners] or in its strategy's table)", self.limits.memory_bytes >> 20)
@@ -308,13 +317,16 @@ impl LoadedPlanner {
         PlannerError::Refused { planner: self.label.clone(), message }
     }
 
-    fn commands(&self, function: &'static str, commands: Vec<wit::Command>) -> Result<Vec<Command>, PlannerError> {
+    fn commands(&self, function: &'static str, commands: Vec<wit::Command>, names: &[String]) -> Result<Vec<Command>, PlannerError> {
         let invalid = |reason: String| PlannerError::InvalidOutput { planner: self.label.clone(), function, reason };
         commands
             .into_iter()
             .map(|c| {
-                let command =
-                    super::convert::command_from_planner(c).map_err(|source| PlannerError::InvalidCommand { planner: self.label.clone(), function, source })?;
+                let command = super::convert::command_from_planner(c, names).map_err(|source| PlannerError::InvalidCommand {
+                    planner: self.label.clone(),
+                    function,
+                    source,
+                })?;
                 let expected_sqs = self.info.family == BrokerFamily::Sqs;
                 if command.is_sqs() != expected_sqs {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));
@@ -379,16 +391,21 @@ impl PlannerInstance<'_> {
         }
     }
 
+    /// The live instance's registered names: a call that answered left it live.
+    fn names(&self) -> &[String] {
+        self.live.as_ref().map_or(&[], |live| &live.names)
+    }
+
     pub fn topology(&mut self) -> Result<Vec<Command>, PlannerError> {
         let result = self.call("topology", |c, s| c.topology(s))?;
         let commands = result.map_err(|m| self.planner.refused(m))?;
-        self.planner.commands("topology", commands)
+        self.planner.commands("topology", commands, self.names())
     }
 
     pub fn destination_setup(&mut self, destination: &str) -> Result<Vec<Command>, PlannerError> {
         let result = self.call("destination-setup", |c, s| c.destination_setup(s, destination))?;
         let commands = result.map_err(|m| self.planner.refused(m))?;
-        self.planner.commands("destination-setup", commands)
+        self.planner.commands("destination-setup", commands, self.names())
     }
 
     pub fn plan(&mut self, request: &PlanRequest) -> Result<Plan, PlannerError> {
@@ -407,7 +424,7 @@ impl PlannerInstance<'_> {
                 reason: format!("promised {}ms for a {}ms delay: planners may round up, never down", plan.delivers_after_ms, request.delay_ms),
             });
         }
-        Ok(Plan { commands: self.planner.commands("plan", plan.commands)?, delivers_after_ms: plan.delivers_after_ms })
+        Ok(Plan { commands: self.planner.commands("plan", plan.commands, self.names())?, delivers_after_ms: plan.delivers_after_ms })
     }
 
     pub fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, PlannerError> {
@@ -423,8 +440,8 @@ impl PlannerInstance<'_> {
         let result = self.call("handle-due", |c, s| c.handle_due(s, &wit_message))?;
         let planner = self.planner;
         Ok(match result.map_err(|m| planner.refused(m))? {
-            wit::DueAction::Recycle(c) => DueAction::Recycle(planner.commands("handle-due", c)?),
-            wit::DueAction::HandOver(c) => DueAction::HandOver(planner.commands("handle-due", c)?),
+            wit::DueAction::Recycle(c) => DueAction::Recycle(planner.commands("handle-due", c, self.names())?),
+            wit::DueAction::HandOver(c) => DueAction::HandOver(planner.commands("handle-due", c, self.names())?),
         })
     }
 

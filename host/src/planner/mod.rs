@@ -9,15 +9,24 @@
 //!   converted to host types and validated.
 //! * [`builtin`] holds the four planners embedded in the binary.
 
-/// The contract, `hourglass:planner@0.2.0`: what planners are built against.
+/// The contract, `hourglass:planner@0.3.0`: what planners are built against.
 pub mod bindings {
     wasmtime::component::bindgen!({
         world: "planner-world",
         path: "../wit",
     });
 
+    /// `hourglass:planner@0.2.0`, still loaded: its answers are upgraded to
+    /// 0.3.0's types as they leave the planner (see `upgrade`).
+    pub mod v0_2 {
+        wasmtime::component::bindgen!({
+            world: "planner-world",
+            path: "../wit/previous/planner@0.2.0.wit",
+        });
+    }
+
     /// `hourglass:planner@0.1.0`, still loaded: its answers are upgraded to
-    /// 0.2.0's types as they leave the planner (see `upgrade`).
+    /// 0.3.0's types as they leave the planner (see `upgrade`).
     pub mod v0_1 {
         wasmtime::component::bindgen!({
             world: "planner-world",
@@ -56,7 +65,7 @@ pub enum PlannerError {
     Read { planner: String, path: String, source: std::io::Error },
     #[error("planner {planner}: {path} is not a WebAssembly component: {reason}")]
     NotAComponent { planner: String, path: String, reason: String },
-    #[error("planner {planner} does not fit the contract hourglass:planner (0.2.0, or 0.1.0 before it): {source}")]
+    #[error("planner {planner} does not fit the contract hourglass:planner (0.3.0, or 0.2.0 or 0.1.0 before it): {source}")]
     WrongContract { planner: String, source: ContractMismatch },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },
@@ -86,7 +95,7 @@ pub enum PlannerError {
 
 /// The setting that bounds `function`'s time.
 fn budget_key(function: &str) -> &'static str {
-    if matches!(function, "instantiate" | "configure") { "start_timeout" } else { "call_timeout" }
+    if matches!(function, "instantiate" | "configure" | "names") { "start_timeout" } else { "call_timeout" }
 }
 
 impl PlannerError {

@@ -1,137 +1,177 @@
-//! Answers of a planner built against `hourglass:planner@0.1.0`, in 0.2.0's
-//! types, so everything past the call sees one contract. 0.2.0 only added
-//! `publish.bcc`: an old planner's publish routes on its one key.
+//! Answers of a planner built against an earlier contract (`hourglass:planner@0.2.0`
+//! or `@0.1.0`) in 0.3.0's types, so everything past the call sees one
+//! contract. The versions differ only in `publish`: 0.2.0 added `bcc`, and
+//! 0.3.0 names its exchange and keys with `name`, which an earlier planner's
+//! strings become as `name.text`. The host's inputs go the other way.
 
 use super::bindings::hourglass::planner::types as now;
-use super::bindings::v0_1::hourglass::planner::types as old;
 
-pub fn commands(commands: Vec<old::Command>) -> Vec<now::Command> {
-    commands.into_iter().map(command).collect()
+/// The conversions between `old` (in scope where it is expanded) and `now`,
+/// every type but `publish` alike in both.
+macro_rules! upgrade_from {
+    () => {
+        pub(crate) fn commands(commands: Vec<old::Command>) -> Vec<now::Command> {
+            commands.into_iter().map(command).collect()
+        }
+
+        fn command(command: old::Command) -> now::Command {
+            match command {
+                old::Command::DeclareExchange(e) => now::Command::DeclareExchange(now::DeclareExchange {
+                    name: e.name,
+                    kind: exchange_kind(e.kind),
+                    durable: e.durable,
+                    arguments: fields(e.arguments),
+                }),
+                old::Command::DeclareQueue(q) => {
+                    now::Command::DeclareQueue(now::DeclareQueue { name: q.name, durable: q.durable, arguments: fields(q.arguments) })
+                }
+                old::Command::BindQueue(b) => {
+                    now::Command::BindQueue(now::BindQueue { queue: b.queue, exchange: b.exchange, routing_key: b.routing_key, arguments: fields(b.arguments) })
+                }
+                old::Command::BindExchange(b) => now::Command::BindExchange(now::BindExchange {
+                    source: b.source,
+                    destination: b.destination,
+                    routing_key: b.routing_key,
+                    arguments: fields(b.arguments),
+                }),
+                old::Command::Publish(p) => now::Command::Publish(publish(p)),
+                old::Command::SqsEnsureQueue(q) => {
+                    now::Command::SqsEnsureQueue(now::SqsEnsureQueue { name: q.name, attributes: attributes(q.attributes), pumped: q.pumped })
+                }
+                old::Command::SqsSend(s) => now::Command::SqsSend(now::SqsSend {
+                    queue: s.queue,
+                    delay_seconds: s.delay_seconds,
+                    attributes: attributes(s.attributes),
+                    group_id: s.group_id,
+                    dedup_id: s.dedup_id,
+                }),
+            }
+        }
+
+        fn exchange_kind(kind: old::ExchangeKind) -> now::ExchangeKind {
+            match kind {
+                old::ExchangeKind::Direct => now::ExchangeKind::Direct,
+                old::ExchangeKind::Fanout => now::ExchangeKind::Fanout,
+                old::ExchangeKind::Topic => now::ExchangeKind::Topic,
+                old::ExchangeKind::Headers => now::ExchangeKind::Headers,
+            }
+        }
+
+        fn fields(fields: Vec<old::Field>) -> Vec<now::Field> {
+            fields
+                .into_iter()
+                .map(|f| now::Field {
+                    key: f.key,
+                    value: match f.value {
+                        old::Value::Text(s) => now::Value::Text(s),
+                        old::Value::Int(i) => now::Value::Int(i),
+                        old::Value::Boolean(b) => now::Value::Boolean(b),
+                    },
+                })
+                .collect()
+        }
+
+        fn attributes(attributes: Vec<old::SqsAttribute>) -> Vec<now::SqsAttribute> {
+            attributes.into_iter().map(|a| now::SqsAttribute { name: a.name, value: a.value }).collect()
+        }
+
+        pub(crate) fn delay_plan(plan: old::DelayPlan) -> now::DelayPlan {
+            now::DelayPlan { commands: commands(plan.commands), delivers_after_ms: plan.delivers_after_ms }
+        }
+
+        pub(crate) fn due_action(action: old::DueAction) -> now::DueAction {
+            match action {
+                old::DueAction::Recycle(c) => now::DueAction::Recycle(commands(c)),
+                old::DueAction::HandOver(c) => now::DueAction::HandOver(commands(c)),
+            }
+        }
+
+        pub(crate) fn info(info: old::PlannerInfo) -> now::PlannerInfo {
+            now::PlannerInfo {
+                name: info.name,
+                version: info.version,
+                family: match info.family {
+                    old::BrokerFamily::Amqp => now::BrokerFamily::Amqp,
+                    old::BrokerFamily::Sqs => now::BrokerFamily::Sqs,
+                },
+                config_keys: info
+                    .config_keys
+                    .into_iter()
+                    .map(|k| now::ConfigKey { name: k.name, description: k.description, default_value: k.default_value })
+                    .collect(),
+            }
+        }
+
+        pub(crate) fn delay_range(range: old::DelayRange) -> now::DelayRange {
+            now::DelayRange {
+                granularity: match range.granularity {
+                    old::Granularity::Uniform(step) => now::Granularity::Uniform(step),
+                    old::Granularity::Listed(delays) => now::Granularity::Listed(delays),
+                },
+                max_delay_ms: range.max_delay_ms,
+            }
+        }
+
+        pub(crate) fn redelivery_decision(decision: old::RedeliveryDecision) -> now::RedeliveryDecision {
+            match decision {
+                old::RedeliveryDecision::RetryAfterMs(ms) => now::RedeliveryDecision::RetryAfterMs(ms),
+                old::RedeliveryDecision::GiveUp(why) => now::RedeliveryDecision::GiveUp(why),
+            }
+        }
+
+        /// The inputs go the other way: same fields, the old types.
+        pub(crate) fn due_message(message: &now::DueMessage) -> old::DueMessage {
+            old::DueMessage {
+                queue: message.queue.clone(),
+                message_id: message.message_id.clone(),
+                attributes: message.attributes.iter().map(|a| old::SqsAttribute { name: a.name.clone(), value: a.value.clone() }).collect(),
+                sent_timestamp_ms: message.sent_timestamp_ms,
+                first_receive_timestamp_ms: message.first_receive_timestamp_ms,
+                receive_count: message.receive_count,
+                host_now_ms: message.host_now_ms,
+            }
+        }
+
+        pub(crate) fn redelivery_request(request: &now::RedeliveryRequest) -> old::RedeliveryRequest {
+            old::RedeliveryRequest { queue: request.queue.clone(), attempt: request.attempt, seed: request.seed, reason: request.reason.clone() }
+        }
+    };
 }
 
-fn command(command: old::Command) -> now::Command {
-    match command {
-        old::Command::DeclareExchange(e) => now::Command::DeclareExchange(now::DeclareExchange {
-            name: e.name,
-            kind: exchange_kind(e.kind),
-            durable: e.durable,
-            arguments: fields(e.arguments),
-        }),
-        old::Command::DeclareQueue(q) => now::Command::DeclareQueue(now::DeclareQueue { name: q.name, durable: q.durable, arguments: fields(q.arguments) }),
-        old::Command::BindQueue(b) => {
-            now::Command::BindQueue(now::BindQueue { queue: b.queue, exchange: b.exchange, routing_key: b.routing_key, arguments: fields(b.arguments) })
+/// From `hourglass:planner@0.2.0`: every name a string.
+pub(crate) mod v0_2 {
+    use super::now;
+    use crate::planner::bindings::v0_2::hourglass::planner::types as old;
+
+    fn publish(p: old::Publish) -> now::Publish {
+        now::Publish {
+            exchange: now::Name::Text(p.exchange),
+            routing_key: now::Name::Text(p.routing_key),
+            bcc: p.bcc.into_iter().map(now::Name::Text).collect(),
+            headers: fields(p.headers),
+            expiration_ms: p.expiration_ms,
+            mandatory: p.mandatory,
         }
-        old::Command::BindExchange(b) => now::Command::BindExchange(now::BindExchange {
-            source: b.source,
-            destination: b.destination,
-            routing_key: b.routing_key,
-            arguments: fields(b.arguments),
-        }),
-        old::Command::Publish(p) => now::Command::Publish(now::Publish {
-            exchange: p.exchange,
-            routing_key: p.routing_key,
+    }
+
+    upgrade_from!();
+}
+
+/// From `hourglass:planner@0.1.0`: no `bcc`, so a publish routes on its one key.
+pub(crate) mod v0_1 {
+    use super::now;
+    use crate::planner::bindings::v0_1::hourglass::planner::types as old;
+
+    fn publish(p: old::Publish) -> now::Publish {
+        now::Publish {
+            exchange: now::Name::Text(p.exchange),
+            routing_key: now::Name::Text(p.routing_key),
             bcc: Vec::new(),
             headers: fields(p.headers),
             expiration_ms: p.expiration_ms,
             mandatory: p.mandatory,
-        }),
-        old::Command::SqsEnsureQueue(q) => {
-            now::Command::SqsEnsureQueue(now::SqsEnsureQueue { name: q.name, attributes: attributes(q.attributes), pumped: q.pumped })
         }
-        old::Command::SqsSend(s) => now::Command::SqsSend(now::SqsSend {
-            queue: s.queue,
-            delay_seconds: s.delay_seconds,
-            attributes: attributes(s.attributes),
-            group_id: s.group_id,
-            dedup_id: s.dedup_id,
-        }),
     }
-}
 
-fn exchange_kind(kind: old::ExchangeKind) -> now::ExchangeKind {
-    match kind {
-        old::ExchangeKind::Direct => now::ExchangeKind::Direct,
-        old::ExchangeKind::Fanout => now::ExchangeKind::Fanout,
-        old::ExchangeKind::Topic => now::ExchangeKind::Topic,
-        old::ExchangeKind::Headers => now::ExchangeKind::Headers,
-    }
-}
-
-fn fields(fields: Vec<old::Field>) -> Vec<now::Field> {
-    fields
-        .into_iter()
-        .map(|f| now::Field {
-            key: f.key,
-            value: match f.value {
-                old::Value::Text(s) => now::Value::Text(s),
-                old::Value::Int(i) => now::Value::Int(i),
-                old::Value::Boolean(b) => now::Value::Boolean(b),
-            },
-        })
-        .collect()
-}
-
-fn attributes(attributes: Vec<old::SqsAttribute>) -> Vec<now::SqsAttribute> {
-    attributes.into_iter().map(|a| now::SqsAttribute { name: a.name, value: a.value }).collect()
-}
-
-pub(crate) fn delay_plan(plan: old::DelayPlan) -> now::DelayPlan {
-    now::DelayPlan { commands: commands(plan.commands), delivers_after_ms: plan.delivers_after_ms }
-}
-
-pub(crate) fn due_action(action: old::DueAction) -> now::DueAction {
-    match action {
-        old::DueAction::Recycle(c) => now::DueAction::Recycle(commands(c)),
-        old::DueAction::HandOver(c) => now::DueAction::HandOver(commands(c)),
-    }
-}
-
-pub fn info(info: old::PlannerInfo) -> now::PlannerInfo {
-    now::PlannerInfo {
-        name: info.name,
-        version: info.version,
-        family: match info.family {
-            old::BrokerFamily::Amqp => now::BrokerFamily::Amqp,
-            old::BrokerFamily::Sqs => now::BrokerFamily::Sqs,
-        },
-        config_keys: info
-            .config_keys
-            .into_iter()
-            .map(|k| now::ConfigKey { name: k.name, description: k.description, default_value: k.default_value })
-            .collect(),
-    }
-}
-
-pub fn delay_range(range: old::DelayRange) -> now::DelayRange {
-    now::DelayRange {
-        granularity: match range.granularity {
-            old::Granularity::Uniform(step) => now::Granularity::Uniform(step),
-            old::Granularity::Listed(delays) => now::Granularity::Listed(delays),
-        },
-        max_delay_ms: range.max_delay_ms,
-    }
-}
-
-pub(crate) fn redelivery_decision(decision: old::RedeliveryDecision) -> now::RedeliveryDecision {
-    match decision {
-        old::RedeliveryDecision::RetryAfterMs(ms) => now::RedeliveryDecision::RetryAfterMs(ms),
-        old::RedeliveryDecision::GiveUp(why) => now::RedeliveryDecision::GiveUp(why),
-    }
-}
-
-/// The inputs go the other way: same fields, the old types.
-pub(crate) fn due_message(message: &now::DueMessage) -> old::DueMessage {
-    old::DueMessage {
-        queue: message.queue.clone(),
-        message_id: message.message_id.clone(),
-        attributes: message.attributes.iter().map(|a| old::SqsAttribute { name: a.name.clone(), value: a.value.clone() }).collect(),
-        sent_timestamp_ms: message.sent_timestamp_ms,
-        first_receive_timestamp_ms: message.first_receive_timestamp_ms,
-        receive_count: message.receive_count,
-        host_now_ms: message.host_now_ms,
-    }
-}
-
-pub(crate) fn redelivery_request(request: &now::RedeliveryRequest) -> old::RedeliveryRequest {
-    old::RedeliveryRequest { queue: request.queue.clone(), attempt: request.attempt, seed: request.seed, reason: request.reason.clone() }
+    upgrade_from!();
 }

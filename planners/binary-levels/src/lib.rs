@@ -92,17 +92,18 @@ pub struct BinaryLevels {
     sub_levels: u32,
     queue_type: QueueType,
     redelivery: Option<RedeliveryPolicy>,
-    /// Where `plan` publishes, made once: the delivery exchange for no delay,
-    /// then level `L`'s exchange at `L + 1`.
-    entries: Vec<String>,
-    /// Each level's direct key (`bit:N`), made once: formatting is most of a
-    /// plan's cost in WebAssembly, and a plan names up to every level.
-    bit_keys: Vec<String>,
-    /// Sub-level `j`'s exchange, and its key `sub:j`, made once like the above.
-    sub_entries: Vec<String>,
-    sub_keys: Vec<String>,
+    /// Where `plan` publishes, registered once: the delivery exchange for no
+    /// delay, then level `L`'s exchange at `L + 1`.
+    entries: Vec<Key>,
+    /// Each direct level's key (`bit:N`), registered once: a plan names up to
+    /// every level, and a registered name crosses into the host as an index,
+    /// where a string is copied, checked and freed on every call.
+    bit_keys: Vec<Key>,
+    /// Sub-level `j`'s exchange, and its key `sub:j`, registered like the above.
+    sub_entries: Vec<Key>,
+    sub_keys: Vec<Key>,
     /// `enter:N`: the exit exchange's key into level `N`.
-    enter_keys: Vec<String>,
+    enter_keys: Vec<Key>,
 }
 
 impl BinaryLevels {
@@ -216,8 +217,8 @@ impl BinaryLevels {
     }
 
     /// A direct level's key for one set bit.
-    fn bit_key(level: u32) -> String {
-        format!("bit:{level}")
+    fn bit_key(level: u32) -> Key {
+        Key::register(&format!("bit:{level}"))
     }
 
     /// The delivery exchange's key for a destination, with direct routing.
@@ -266,16 +267,16 @@ impl BinaryLevels {
     fn direct_publish(&self, units: u64, below_unit: u64, destination: &str) -> Command {
         let unit_bits = (0..self.levels).rev().filter(|level| units >> level & 1 == 1);
         let sub_bits = (0..self.sub_levels).rev().filter(|j| below_unit >> j & 1 == 1);
-        let enter = if below_unit == 0 { None } else { unit_bits.clone().next().map(|level| self.enter_keys[level as usize].clone()) };
+        let enter = if below_unit == 0 { None } else { unit_bits.clone().next().map(|level| Name::from(self.enter_keys[level as usize])) };
         let exchange = match sub_bits.clone().next() {
-            Some(highest) => &self.sub_entries[highest as usize],
-            None => &self.entries[(u64::BITS - units.leading_zeros()) as usize],
+            Some(highest) => self.sub_entries[highest as usize],
+            None => self.entries[(u64::BITS - units.leading_zeros()) as usize],
         };
         let mut keys = sub_bits
-            .map(|j| self.sub_keys[j as usize].clone())
+            .map(|j| Name::from(self.sub_keys[j as usize]))
             .chain(enter)
-            .chain(unit_bits.map(|level| self.bit_keys[level as usize].clone()))
-            .chain([Self::destination_key(destination)]);
+            .chain(unit_bits.map(|level| Name::from(self.bit_keys[level as usize])))
+            .chain([Name::Text(Self::destination_key(destination))]);
         let first = keys.next().expect("the destination's key at least");
         publish_bcc(exchange, first, keys.collect(), vec![])
     }
@@ -382,7 +383,9 @@ impl Planner for BinaryLevels {
         let precision_ms = unit_ms >> sub_levels;
         let max_delay_ms = unit_ms.saturating_mul((1u64 << levels) - 1) + (unit_ms - precision_ms);
         let redelivery = checked_policy(config.redelivery, max_delay_ms)?;
-        let bit_keys = (0..levels).map(Self::bit_key).collect();
+        // Only direct routing publishes with these keys.
+        let direct = routing == Routing::Direct;
+        let bit_keys = (0..if direct { levels } else { 0 }).map(Self::bit_key).collect();
         let mut planner = BinaryLevels {
             preset: config.preset,
             prefix,
@@ -395,12 +398,13 @@ impl Planner for BinaryLevels {
             entries: Vec::new(),
             bit_keys,
             sub_entries: Vec::new(),
-            sub_keys: (0..sub_levels).map(|j| format!("sub:{j}")).collect(),
+            sub_keys: (0..sub_levels).map(|j| Key::register(&format!("sub:{j}"))).collect(),
             // Only the exit routes on them: none without sub-levels.
-            enter_keys: (0..if sub_levels > 0 { levels } else { 0 }).map(|level| format!("enter:{level}")).collect(),
+            enter_keys: (0..if sub_levels > 0 { levels } else { 0 }).map(|level| Key::register(&format!("enter:{level}"))).collect(),
         };
-        planner.entries = std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).collect();
-        planner.sub_entries = (0..sub_levels).map(|j| planner.sub_level_name(j)).collect();
+        planner.entries =
+            std::iter::once(planner.delivery_exchange()).chain((0..levels).map(|level| planner.level_name(level))).map(|name| Key::register(&name)).collect();
+        planner.sub_entries = (0..sub_levels).map(|j| Key::register(&planner.sub_level_name(j))).collect();
         Ok(planner)
     }
 
@@ -422,7 +426,7 @@ impl Planner for BinaryLevels {
                 let level = DirectLevel {
                     name: self.level_name(level),
                     hold: self.hold_name(level),
-                    key: &self.bit_keys[level as usize],
+                    key: self.bit_keys[level as usize].as_str(),
                     next: self.next_exchange(level),
                     ttl_ms: self.level_ttl_ms(level),
                 };
@@ -433,13 +437,13 @@ impl Planner for BinaryLevels {
                 let exit = self.sub_level_exit();
                 commands.push(declare_exchange(&exit, ExchangeKind::Direct, vec![text("alternate-exchange", self.delivery_exchange())]));
                 for level in 0..self.levels {
-                    commands.push(bind_exchange(&exit, &self.level_name(level), &self.enter_keys[level as usize]));
+                    commands.push(bind_exchange(&exit, &self.level_name(level), self.enter_keys[level as usize].as_str()));
                 }
                 for sub_level in 0..self.sub_levels {
                     let sub_level = DirectLevel {
                         name: self.sub_level_name(sub_level),
                         hold: self.sub_hold_name(sub_level),
-                        key: &self.sub_keys[sub_level as usize],
+                        key: self.sub_keys[sub_level as usize].as_str(),
                         next: self.next_sub_exchange(sub_level),
                         ttl_ms: self.precision_ms() << sub_level,
                     };
@@ -495,7 +499,7 @@ impl Planner for BinaryLevels {
         let (units, below_unit) = (steps >> self.sub_levels, steps & ((1 << self.sub_levels) - 1));
         let publish = match self.routing {
             // No delay: the delivery exchange; else the level of the highest set bit.
-            Routing::Topic => publish(&self.entries[(u64::BITS - units.leading_zeros()) as usize], self.routing_key(units, &request.destination), vec![]),
+            Routing::Topic => publish(self.entries[(u64::BITS - units.leading_zeros()) as usize], self.routing_key(units, &request.destination), vec![]),
             Routing::Direct => self.direct_publish(units, below_unit, &request.destination),
         };
         Ok(Plan { commands: vec![publish], delivers_after_ms: steps * precision_ms })
@@ -544,7 +548,8 @@ mod tests {
         let Command::Publish(now) = &p.plan(&request(0)).unwrap().commands[0] else { panic!() };
         assert_eq!((now.exchange.as_str(), now.routing_key.as_str(), now.bcc.len()), ("hourglass.direct-delivery", "to:destination", 0));
         let Command::Publish(one) = &p.plan(&request(1_000)).unwrap().commands[0] else { panic!() };
-        assert_eq!((one.routing_key.as_str(), one.bcc.clone()), ("bit:0", vec!["to:destination".to_string()]));
+        assert_eq!(one.routing_key, "bit:0");
+        assert_eq!(one.bcc, vec!["to:destination"]);
         assert_eq!(p.destination_setup("orders").unwrap(), vec![bind_queue("orders", "hourglass.direct-delivery", "to:orders")]);
     }
 
@@ -733,7 +738,7 @@ mod tests {
 
     fn keys(plan: &Plan) -> (String, String, Vec<String>) {
         let Command::Publish(publish) = &plan.commands[0] else { panic!("expected publish") };
-        (publish.exchange.clone(), publish.routing_key.clone(), publish.bcc.clone())
+        (publish.exchange.to_string(), publish.routing_key.to_string(), publish.bcc.iter().map(Name::to_string).collect())
     }
 
     #[test]

@@ -48,26 +48,39 @@ pub struct FixedIntervals {
     prefix: String,
     queue_type: QueueType,
     redelivery: RedeliveryPolicy,
+    /// Where `plan` publishes, registered once: each interval's exchange
+    /// (beside `intervals`) and the return exchange, for no delay.
+    interval_keys: Vec<Key>,
+    return_key: Key,
+}
+
+fn interval_name(prefix: &str, interval_ms: u64) -> String {
+    format!("{prefix}.{interval_ms}ms")
+}
+
+fn return_exchange(prefix: &str) -> String {
+    format!("{prefix}.return")
 }
 
 impl FixedIntervals {
     pub fn interval_name(&self, interval_ms: u64) -> String {
-        format!("{}.{interval_ms}ms", self.prefix)
+        interval_name(&self.prefix, interval_ms)
     }
 
     pub fn return_exchange(&self) -> String {
-        format!("{}.return", self.prefix)
+        return_exchange(&self.prefix)
     }
 
     pub fn parking(&self) -> Parking {
         Parking::under(&self.prefix)
     }
 
-    fn choose(&self, delay_ms: u64) -> Result<u64, String> {
-        let next = self.intervals.iter().copied().find(|&i| i >= delay_ms);
+    /// The interval a delay waits, and its index.
+    fn choose(&self, delay_ms: u64) -> Result<(usize, u64), String> {
+        let next = self.intervals.iter().copied().enumerate().find(|&(_, i)| i >= delay_ms);
         match (self.rounding, next) {
-            (_, Some(i)) if i == delay_ms => Ok(i),
-            (Rounding::Up, Some(i)) => Ok(i),
+            (_, Some((n, i))) if i == delay_ms => Ok((n, i)),
+            (Rounding::Up, Some(chosen)) => Ok(chosen),
             (Rounding::Reject, _) => Err(format!("delay {delay_ms}ms is not one of the intervals {:?} (rounding = \"reject\")", self.intervals)),
             (Rounding::Up, None) => Err(format!("delay {delay_ms}ms is above the longest interval {}ms", self.intervals.last().copied().unwrap_or(0))),
         }
@@ -103,7 +116,9 @@ impl Planner for FixedIntervals {
         let redelivery = checked_policy(config.redelivery, longest)?
             .unwrap_or_else(|| RedeliveryPolicy::Intervals { intervals: intervals.iter().map(|&i| DurationMs(i)).collect() });
         let queue_type = config.queue_type.unwrap_or_default();
-        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix, queue_type, redelivery })
+        let interval_keys = intervals.iter().map(|&i| Key::register(&interval_name(&prefix, i))).collect();
+        let return_key = Key::register(&return_exchange(&prefix));
+        Ok(FixedIntervals { intervals, rounding: config.rounding, prefix, queue_type, redelivery, interval_keys, return_key })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -145,11 +160,11 @@ impl Planner for FixedIntervals {
         let routing_key = request.routing_key.as_deref().unwrap_or(destination);
         let headers = vec![text(DESTINATION_HEADER, destination), text(ORIGINAL_KEY_HEADER, routing_key)];
         if request.delay_ms == 0 {
-            let publish = publish(self.return_exchange(), routing_key, headers);
+            let publish = publish(self.return_key, routing_key, headers);
             return Ok(Plan { commands: vec![publish], delivers_after_ms: 0 });
         }
-        let interval = self.choose(request.delay_ms)?;
-        let publish = publish(self.interval_name(interval), routing_key, headers);
+        let (n, interval) = self.choose(request.delay_ms)?;
+        let publish = publish(self.interval_keys[n], routing_key, headers);
         Ok(Plan { commands: vec![publish], delivers_after_ms: interval })
     }
 

@@ -65,11 +65,16 @@ impl<P: Planner> Guest for Adapter<P> {
 
     fn configure(config_json: String) -> Result<DelayRange, String> {
         install_panic_hook();
+        crate::keys::unseal();
         let config = parse_config::<P::Config>(&config_json)?;
         let planner = P::new(config)?;
         let range = planner.delay_range();
         CONFIGURED.with_borrow_mut(|slot| *slot = Some(Box::new(planner)));
         Ok(range)
+    }
+
+    fn names() -> Vec<String> {
+        crate::keys::seal()
     }
 
     fn topology() -> Result<Vec<Command>, String> {

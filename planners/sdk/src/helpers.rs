@@ -4,8 +4,8 @@
 pub const AMQP_MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 use crate::{
-    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Publish, SqsAttribute, SqsEnsureQueue,
-    SqsSend, Value,
+    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Name, Publish, SqsAttribute,
+    SqsEnsureQueue, SqsSend, Value,
 };
 use crate::{BrokerFamily, ConfigKey};
 
@@ -76,14 +76,16 @@ pub fn bind_exchange(source: &str, destination: &str, routing_key: &str) -> Comm
 }
 
 /// Publishes the planned message with `mandatory` set, so an unroutable message
-/// comes back to the host instead of vanishing. A `String` passed in is moved, not copied.
-pub fn publish(exchange: impl Into<String>, routing_key: impl Into<String>, headers: Vec<Field>) -> Command {
+/// comes back to the host instead of vanishing. The exchange and key are each
+/// a [`Key`](crate::Key) registered once, or text: a `String` passed in is
+/// moved, not copied.
+pub fn publish(exchange: impl Into<Name>, routing_key: impl Into<Name>, headers: Vec<Field>) -> Command {
     publish_bcc(exchange, routing_key, Vec::new(), headers)
 }
 
 /// [`publish`] with more routing keys, which the broker routes and
 /// dead-letters on and strips before any consumer (RabbitMQ's `BCC`).
-pub fn publish_bcc(exchange: impl Into<String>, routing_key: impl Into<String>, bcc: Vec<String>, headers: Vec<Field>) -> Command {
+pub fn publish_bcc(exchange: impl Into<Name>, routing_key: impl Into<Name>, bcc: Vec<Name>, headers: Vec<Field>) -> Command {
     Command::Publish(Publish { exchange: exchange.into(), routing_key: routing_key.into(), bcc, headers, expiration_ms: None, mandatory: true })
 }
 

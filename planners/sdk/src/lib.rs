@@ -35,6 +35,7 @@ mod adapter;
 mod durability;
 mod duration;
 mod helpers;
+mod keys;
 mod redelivery;
 
 #[doc(hidden)]
@@ -51,14 +52,15 @@ pub mod __bindings {
 
 pub use __bindings::hourglass::planner::types::{
     BindExchange, BindQueue, BrokerFamily, Command, ConfigKey, DeclareExchange, DeclareQueue, DelayPlan as Plan, DelayRange, DueAction, DueMessage,
-    ExchangeKind, Field, Granularity, PlanRequest, PlannerInfo as Info, Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue, SqsSend,
-    Value,
+    ExchangeKind, Field, Granularity, Name, PlanRequest, PlannerInfo as Info, Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue,
+    SqsSend, Value,
 };
 #[doc(hidden)]
 pub use adapter::Adapter;
 pub use durability::{Parking, QueueType};
 pub use duration::{DurationMs, parse_duration_ms};
 pub use helpers::*;
+pub use keys::Key;
 pub use redelivery::{RedeliveryPolicy, checked_policy, decide_with};
 
 /// A delay strategy. One value is built per strategy from its `delay.toml` table.

@@ -14,8 +14,10 @@
 const KEYS = ["prefix", "steps"];
 const UNITS_MS = { ms: 1n, s: 1_000n, m: 60_000n, h: 3_600_000n, d: 86_400_000n };
 
-// What `configure` read.
-let settings = { prefix: "{{name}}", steps: [] };
+// What `configure` read. `names` are the exchanges plans publish to, registered
+// once (the host asks for them right after `configure`): the default exchange
+// at index 0, then each step's; a plan names one by index, not by string.
+let settings = { prefix: "{{name}}", steps: [], names: [] };
 
 /** `"10s"`, `"1500ms"`, `"1h 30m"` or whole milliseconds, as delay.toml writes durations. */
 function durationMs(value, key) {
@@ -64,8 +66,13 @@ export const planner = {
     const given = (config.steps ?? ["1s", "10s", "1m"]).map((s) => durationMs(s, "steps"));
     const steps = [...new Set(given)].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
     if (steps.length === 0 || steps[0] === 0n) throw "steps: give at least one delay, each above zero";
-    settings = { prefix: config.prefix ?? "{{name}}", steps };
+    const prefix = config.prefix ?? "{{name}}";
+    settings = { prefix, steps, names: ["", ...steps.map((ms) => `${prefix}.${ms}ms`)] };
     return { granularity: { tag: "listed", val: [0n, ...steps] }, maxDelayMs: longest() };
+  },
+
+  names() {
+    return settings.names;
   },
 
   topology() {
@@ -88,14 +95,23 @@ export const planner = {
   },
 
   plan(request) {
+    // A name is { tag: "registered", val: index into names } or { tag: "text", val: string }:
+    // the exchange was registered, the destination is this request's own.
     const publish = (exchange) => ({
       tag: "publish",
-      val: { exchange, routingKey: request.destination, bcc: [], headers: [], expirationMs: undefined, mandatory: true },
+      val: {
+        exchange: { tag: "registered", val: exchange },
+        routingKey: { tag: "text", val: request.destination },
+        bcc: [],
+        headers: [],
+        expirationMs: undefined,
+        mandatory: true,
+      },
     });
-    if (request.delayMs === 0n) return { commands: [publish("")], deliversAfterMs: 0n };
-    const ms = settings.steps.find((step) => step >= request.delayMs);
-    if (ms === undefined) throw `delay ${request.delayMs}ms is above the longest step ${longest()}ms`;
-    return { commands: [publish(stepName(ms))], deliversAfterMs: ms };
+    if (request.delayMs === 0n) return { commands: [publish(0)], deliversAfterMs: 0n };
+    const n = settings.steps.findIndex((step) => step >= request.delayMs);
+    if (n === -1) throw `delay ${request.delayMs}ms is above the longest step ${longest()}ms`;
+    return { commands: [publish(n + 1)], deliversAfterMs: settings.steps[n] };
   },
 
   handleDue(_message) {

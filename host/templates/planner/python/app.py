@@ -16,9 +16,13 @@ from steps import ConfigError, Steps
 
 class Configured:
     """The strategy `configure` built. Module state: componentize-py makes a
-    new Planner object for each call into the component."""
+    new Planner object for each call into the component. `names` are the
+    exchanges plans publish to, registered once (the host asks for them right
+    after `configure`): the default exchange at index 0, then each step's; a
+    plan names one by index, not by string."""
 
     steps = None
+    names = []
 
 
 class Planner(exports.Planner):
@@ -35,7 +39,11 @@ class Planner(exports.Planner):
             Configured.steps = Steps(json.loads(config_json))
         except ConfigError as error:
             raise Err(str(error))
+        Configured.names = [""] + [Configured.steps.step_name(ms) for ms in Configured.steps.steps]
         return t.DelayRange(t.Granularity_Listed([0] + Configured.steps.steps), Configured.steps.steps[-1])
+
+    def names(self):
+        return Configured.names
 
     def topology(self):
         commands = []
@@ -54,8 +62,9 @@ class Planner(exports.Planner):
         step = Configured.steps.step_for(request.delay_ms)
         if step is None:
             raise Err(f"delay {request.delay_ms}ms is above the longest step {Configured.steps.steps[-1]}ms")
-        exchange = Configured.steps.step_name(step) if step else ""
-        return t.DelayPlan([t.Command_Publish(t.Publish(exchange, request.destination, [], [], None, True))], step)
+        # A name is registered (an index into `names`) or text: the destination is this request's own.
+        exchange = t.Name_Registered(Configured.steps.steps.index(step) + 1 if step else 0)
+        return t.DelayPlan([t.Command_Publish(t.Publish(exchange, t.Name_Text(request.destination), [], [], None, True))], step)
 
     def handle_due(self, message):
         raise Err("{{name}} is not pump-driven")

@@ -1,9 +1,12 @@
 //! Misbehaves on request, so tests can show the sandbox holds: the destination
-//! names the misbehaviour; any other destination gets an ordinary plan.
+//! names the misbehaviour; any other destination gets an ordinary plan, to
+//! the default exchange, which it registered.
 
 use hourglass_planner_sdk::*;
 
-struct Misbehaving;
+struct Misbehaving {
+    default_exchange: Key,
+}
 
 /// `{"configure": "loop"}` loops while being configured.
 #[derive(Default, serde::Deserialize)]
@@ -26,7 +29,7 @@ impl Planner for Misbehaving {
                 n = std::hint::black_box(n.wrapping_add(1));
             }
         }
-        Ok(Misbehaving)
+        Ok(Misbehaving { default_exchange: Key::register("") })
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -50,6 +53,8 @@ impl Planner for Misbehaving {
                     std::hint::black_box(&hoard);
                 }
             }
+            // A name past every registered one: the host must fail this call only.
+            "unregistered" => Ok(Plan { commands: vec![publish(Name::Registered(4_000_000_000), "unregistered", vec![])], delivers_after_ms: 0 }),
             // A plan that publishes nothing: the host must not acknowledge it.
             "nothing" => Ok(Plan { commands: vec![], delivers_after_ms: 0 }),
             "wasi" => {
@@ -61,7 +66,7 @@ impl Planner for Misbehaving {
                 println!("a planner has no stdout");
                 Ok(Plan { commands: vec![], delivers_after_ms: 0 })
             }
-            destination => Ok(Plan { commands: vec![publish("", destination, vec![])], delivers_after_ms: 0 }),
+            destination => Ok(Plan { commands: vec![publish(self.default_exchange, destination, vec![])], delivers_after_ms: 0 }),
         }
     }
 }

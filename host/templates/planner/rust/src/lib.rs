@@ -22,6 +22,9 @@ pub struct Steps {
     prefix: String,
     /// Ascending, each above zero.
     steps: Vec<u64>,
+    /// Each step's exchange, registered once (beside `steps`): a plan names
+    /// it by this key, which reaches the host as an index, not a string.
+    step_keys: Vec<Key>,
 }
 
 impl Steps {
@@ -49,7 +52,9 @@ impl Planner for Steps {
         if steps.first().is_none_or(|&first| first == 0) {
             return Err("steps: give at least one delay, each above zero".into());
         }
-        Ok(Steps { prefix: config.prefix.unwrap_or_else(|| "{{name}}".into()), steps })
+        let mut planner = Steps { prefix: config.prefix.unwrap_or_else(|| "{{name}}".into()), steps, step_keys: Vec::new() };
+        planner.step_keys = planner.steps.iter().map(|&ms| Key::register(&planner.step_name(ms))).collect();
+        Ok(planner)
     }
 
     fn delay_range(&self) -> DelayRange {
@@ -72,13 +77,13 @@ impl Planner for Steps {
             return Ok(Plan { commands: vec![publish("", &request.destination, vec![])], delivers_after_ms: 0 });
         }
         let longest = *self.steps.last().expect("new() keeps one step");
-        let step = self
+        let n = self
             .steps
             .iter()
-            .copied()
-            .find(|&ms| ms >= request.delay_ms)
+            .position(|&ms| ms >= request.delay_ms)
             .ok_or_else(|| format!("delay {}ms is above the longest step {longest}ms", request.delay_ms))?;
-        Ok(Plan { commands: vec![publish(self.step_name(step), &request.destination, vec![])], delivers_after_ms: step })
+        // The destination is this request's own: it goes as text.
+        Ok(Plan { commands: vec![publish(self.step_keys[n], &request.destination, vec![])], delivers_after_ms: self.steps[n] })
     }
 }
 
@@ -94,7 +99,7 @@ mod tests {
         let plan = |delay_ms| planner.plan(&PlanRequest { destination: "orders".into(), delay_ms, message_id: "m".into(), routing_key: None });
         let planned = plan(2_500).unwrap();
         assert_eq!(planned.delivers_after_ms, 10_000);
-        assert_eq!(planned.commands, vec![publish("{{name}}.10000ms", "orders", vec![])]);
+        assert_eq!(planned.commands, vec![publish(Key::register("{{name}}.10000ms"), "orders", vec![])]);
         assert!(plan(10_001).is_err());
     }
 }
