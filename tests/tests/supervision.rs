@@ -1,9 +1,11 @@
 //! Supervision on a real RabbitMQ: when the ingress consumer loses its
 //! connection and cannot get it back, `/readyz` answers 503 naming "ingress";
 //! once it can, the consumer is back, `/readyz` is 200, and a message published
-//! to the ingress afterwards is delivered. The consumers share one connection,
-//! and one whose queue is deleted under it comes back without disturbing the
-//! others. Runs in a private vhost, so revoking the test user's permissions
+//! to the ingress afterwards is delivered. The consumers share one connection:
+//! one whose queue is deleted under it comes back without disturbing the
+//! others, that connection closed by the broker comes back once for all of
+//! them, and a consumer the broker refuses at every attach does not use up
+//! its channel numbers. Runs in a private vhost, so revoking the test user's permissions
 //! (or deleting queues) there touches nobody else.
 
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use hourglass_e2e::serve::Served;
 use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{FieldTable, ShortString};
 use serde_json::{Value, json};
 
@@ -167,6 +169,65 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(received[0].delivery.data, b"beside");
     assert_eq!(readyz(&served).await.0, 200);
+    served.stop().await;
+}
+
+/// The names of the vhost's connections that the service's consumers share.
+fn consuming_connections(vhost: &str) -> Vec<String> {
+    let connections = management("GET", &format!("/api/vhosts/{}/connections", encode(vhost)), None);
+    connections
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|c| c["user_provided_name"].as_str().is_some_and(|name| name.starts_with("hourglass consume")))
+                .filter_map(|c| c["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The broker closes the connection the consumers share: every consumer
+/// (ingress, release queue, parking queue) comes back, all on one new
+/// connection, and the ingress forwards again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_consuming_connection_closed_by_the_broker_comes_back_once_for_every_consumer() {
+    let vhost = PrivateVhost::create("shared-lost");
+    let connection = connect_to(&vhost.url).await;
+    let ingress_queue = unique("lost-in");
+    let prefix = unique("lost");
+    let text = config_text_on(
+        &vhost.url,
+        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
+    );
+    let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
+    let release = config.service.cancel.release_queue("main");
+    let parked = format!("{prefix}.parked");
+    let mut destination = Destination::declare(&connection, "lost-dest").await;
+    let served = Served::start(Service::start(config).await.expect("service starts")).await;
+    until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
+
+    let queues = [ingress_queue.as_str(), release.as_str(), parked.as_str()];
+    let on_one = |vhost: &str| {
+        let listed: Option<Vec<(String, String)>> = queues.iter().map(|queue| consumer_channel(vhost, queue)).collect();
+        listed.filter(|listed| listed.iter().all(|(connection, _)| *connection == listed[0].0)).map(|listed| listed[0].0.clone())
+    };
+    until("the three consumers listed on one connection", Duration::from_secs(20), async || on_one(&vhost.name).is_some()).await;
+    let shared = on_one(&vhost.name).unwrap();
+    assert_eq!(consuming_connections(&vhost.name), [shared.clone()]);
+
+    management("DELETE", &format!("/api/connections/{}", encode(&shared)), None);
+    until("the three consumers back, on one new connection", Duration::from_secs(30), async || {
+        on_one(&vhost.name).is_some_and(|connection| connection != shared)
+    })
+    .await;
+    let again = on_one(&vhost.name).unwrap();
+    until("that connection the only consuming one", Duration::from_secs(10), async || consuming_connections(&vhost.name) == [again.clone()]).await;
+
+    publish_to_ingress(&connection, &ingress_queue, &destination.name, "200ms", b"after the loss").await;
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"after the loss");
+    until("ready again", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
     served.stop().await;
 }
 
