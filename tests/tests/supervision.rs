@@ -115,10 +115,16 @@ fn consumer_channel(vhost: &str, queue: &str) -> Option<(String, String)> {
     })
 }
 
+/// The names of the channels open on `connection`.
+fn channel_names(connection: &str) -> std::collections::HashSet<String> {
+    let channels = management("GET", &format!("/api/connections/{}/channels", encode(connection)), None);
+    channels.as_array().map(|all| all.iter().filter_map(|c| c["name"].as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
 /// The service's consumers share one connection, a channel each. A queue
 /// deleted under its consumer (the broker cancels that consumer alone) is
-/// declared again and consumed on a new channel of the same connection, and
-/// the ingress beside it keeps its channel and forwards.
+/// declared again and consumed on a new channel of the same connection (the
+/// old one closed), and the ingress beside it keeps its channel and forwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_others_be() {
     let vhost = PrivateVhost::create("shared-consume");
@@ -147,6 +153,8 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
     assert_eq!(listed.iter().map(|(_, channel)| channel).collect::<std::collections::HashSet<_>>().len(), 3, "a channel each: {listed:?}");
     let (shared, ingress_channel) = listed[0].clone();
 
+    until("the management API listing the three channels", Duration::from_secs(15), async || channel_names(&shared).len() == 3).await;
+    let channels_before = channel_names(&shared);
     management("DELETE", &format!("/api/queues/{}/{}", encode(&vhost.name), encode(&parked)), None);
     // Listed again means declared again (by its consumer, attaching anew); a
     // queue created after the delete cannot count a stale consumer.
@@ -164,6 +172,14 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
         .collect();
     assert_eq!(consuming.len(), 1, "still one consuming connection: {consuming:?}");
     assert_eq!(consumer_channel(&vhost.name, &ingress_queue), Some((shared.clone(), ingress_channel)), "the ingress kept its channel");
+    // The channel the broker cancelled the consumer on is closed, not left
+    // open beside the new one: three channels, the new one among them (so the
+    // listing is not one from before it opened).
+    until("three channels on the shared connection, one of them new", Duration::from_secs(15), async || {
+        let now = channel_names(&shared);
+        now.len() == 3 && now.difference(&channels_before).count() == 1
+    })
+    .await;
 
     publish_to_ingress(&connection, &ingress_queue, &destination.name, "200ms", b"beside").await;
     let received = destination.receive(1, Duration::from_secs(10)).await;
