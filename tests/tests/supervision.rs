@@ -230,7 +230,7 @@ async fn the_shared_consuming_connection_closed_by_the_broker_comes_back_once_fo
     };
     until("the three consumers listed on one connection", Duration::from_secs(20), async || on_one(&vhost.name).is_some()).await;
     let shared = on_one(&vhost.name).unwrap();
-    assert_eq!(consuming_connections(&vhost.name), [shared.clone()]);
+    assert_eq!(consuming_connections(&vhost.name), std::slice::from_ref(&shared));
 
     management("DELETE", &format!("/api/connections/{}", encode(&shared)), None);
     until("the three consumers back, on one new connection", Duration::from_secs(30), async || {
