@@ -1,23 +1,31 @@
 //! Supervision on a real RabbitMQ: when the ingress consumer loses its
 //! connection and cannot get it back, `/readyz` answers 503 naming "ingress";
 //! once it can, the consumer is back, `/readyz` is 200, and a message published
-//! to the ingress afterwards is delivered. The consumers share one connection,
-//! and one whose queue is deleted under it comes back without disturbing the
-//! others. Runs in a private vhost, so revoking the test user's permissions
+//! to the ingress afterwards is delivered. The consumers share one connection:
+//! one whose queue is deleted under it comes back without disturbing the
+//! others, that connection closed by the broker comes back once for all of
+//! them, and a consumer the broker refuses at every attach does not use up
+//! its channel numbers. Runs in a private vhost, so revoking the test user's permissions
 //! (or deleting queues) there touches nobody else.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use hourglass::broker::rabbitmq::consume::long_string;
+use hourglass::broker::rabbitmq::RabbitMqExecutor;
+use hourglass::broker::rabbitmq::consume::{Consumer, Handler, long_string};
+use hourglass::broker::rabbitmq::link::Slot;
 use hourglass::broker::rabbitmq::manage::encode;
+use hourglass::command::Command;
 use hourglass::config::Config;
 use hourglass::headers::{DESTINATION_HEADER, REQUESTED_DELAY_HEADER};
+use hourglass::message::{Outcome, Settled};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
 use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{FieldTable, ShortString};
 use serde_json::{Value, json};
 
@@ -107,10 +115,16 @@ fn consumer_channel(vhost: &str, queue: &str) -> Option<(String, String)> {
     })
 }
 
+/// The names of the channels open on `connection`.
+fn channel_names(connection: &str) -> std::collections::HashSet<String> {
+    let channels = management("GET", &format!("/api/connections/{}/channels", encode(connection)), None);
+    channels.as_array().map(|all| all.iter().filter_map(|c| c["name"].as_str().map(String::from)).collect()).unwrap_or_default()
+}
+
 /// The service's consumers share one connection, a channel each. A queue
 /// deleted under its consumer (the broker cancels that consumer alone) is
-/// declared again and consumed on a new channel of the same connection, and
-/// the ingress beside it keeps its channel and forwards.
+/// declared again and consumed on a new channel of the same connection (the
+/// old one closed), and the ingress beside it keeps its channel and forwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_others_be() {
     let vhost = PrivateVhost::create("shared-consume");
@@ -139,6 +153,8 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
     assert_eq!(listed.iter().map(|(_, channel)| channel).collect::<std::collections::HashSet<_>>().len(), 3, "a channel each: {listed:?}");
     let (shared, ingress_channel) = listed[0].clone();
 
+    until("the management API listing the three channels", Duration::from_secs(15), async || channel_names(&shared).len() == 3).await;
+    let channels_before = channel_names(&shared);
     management("DELETE", &format!("/api/queues/{}/{}", encode(&vhost.name), encode(&parked)), None);
     // Listed again means declared again (by its consumer, attaching anew); a
     // queue created after the delete cannot count a stale consumer.
@@ -156,10 +172,190 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
         .collect();
     assert_eq!(consuming.len(), 1, "still one consuming connection: {consuming:?}");
     assert_eq!(consumer_channel(&vhost.name, &ingress_queue), Some((shared.clone(), ingress_channel)), "the ingress kept its channel");
+    // The channel the broker cancelled the consumer on is closed, not left
+    // open beside the new one: three channels, the new one among them (so the
+    // listing is not one from before it opened).
+    until("three channels on the shared connection, one of them new", Duration::from_secs(15), async || {
+        let now = channel_names(&shared);
+        now.len() == 3 && now.difference(&channels_before).count() == 1
+    })
+    .await;
 
     publish_to_ingress(&connection, &ingress_queue, &destination.name, "200ms", b"beside").await;
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(received[0].delivery.data, b"beside");
     assert_eq!(readyz(&served).await.0, 200);
     served.stop().await;
+}
+
+/// The names of the vhost's connections that the service's consumers share.
+fn consuming_connections(vhost: &str) -> Vec<String> {
+    let connections = management("GET", &format!("/api/vhosts/{}/connections", encode(vhost)), None);
+    connections
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|c| c["user_provided_name"].as_str().is_some_and(|name| name.starts_with("hourglass consume")))
+                .filter_map(|c| c["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The broker closes the connection the consumers share: every consumer
+/// (ingress, release queue, parking queue) comes back, all on one new
+/// connection, and the ingress forwards again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_consuming_connection_closed_by_the_broker_comes_back_once_for_every_consumer() {
+    let vhost = PrivateVhost::create("shared-lost");
+    let connection = connect_to(&vhost.url).await;
+    let ingress_queue = unique("lost-in");
+    let prefix = unique("lost");
+    let text = config_text_on(
+        &vhost.url,
+        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
+    );
+    let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
+    let release = config.service.cancel.release_queue("main");
+    let parked = format!("{prefix}.parked");
+    let mut destination = Destination::declare(&connection, "lost-dest").await;
+    let served = Served::start(Service::start(config).await.expect("service starts")).await;
+    until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
+
+    let queues = [ingress_queue.as_str(), release.as_str(), parked.as_str()];
+    let on_one = |vhost: &str| {
+        let listed: Option<Vec<(String, String)>> = queues.iter().map(|queue| consumer_channel(vhost, queue)).collect();
+        listed.filter(|listed| listed.iter().all(|(connection, _)| *connection == listed[0].0)).map(|listed| listed[0].0.clone())
+    };
+    until("the three consumers listed on one connection", Duration::from_secs(20), async || on_one(&vhost.name).is_some()).await;
+    let shared = on_one(&vhost.name).unwrap();
+    assert_eq!(consuming_connections(&vhost.name), std::slice::from_ref(&shared));
+
+    management("DELETE", &format!("/api/connections/{}", encode(&shared)), None);
+    until("the three consumers back, on one new connection", Duration::from_secs(30), async || {
+        on_one(&vhost.name).is_some_and(|connection| connection != shared)
+    })
+    .await;
+    let again = on_one(&vhost.name).unwrap();
+    until("that connection the only consuming one", Duration::from_secs(10), async || consuming_connections(&vhost.name) == [again.clone()]).await;
+
+    publish_to_ingress(&connection, &ingress_queue, &destination.name, "200ms", b"after the loss").await;
+    let received = destination.receive(1, Duration::from_secs(10)).await;
+    assert_eq!(received[0].delivery.data, b"after the loss");
+    until("ready again", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
+    served.stop().await;
+}
+
+/// A consumer that acks what it is given and counts its attaches (each one declares its queue first).
+struct Counting {
+    queue: String,
+    attaches: std::sync::atomic::AtomicUsize,
+    handled: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Counting {
+    fn new(stem: &str) -> (Arc<Counting>, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+        let (handled, received) = tokio::sync::mpsc::unbounded_channel();
+        (Arc::new(Counting { queue: unique(stem), attaches: Default::default(), handled }), received)
+    }
+
+    fn attaches(&self) -> usize {
+        self.attaches.load(Ordering::Relaxed)
+    }
+}
+
+impl Handler for Counting {
+    type Note = Vec<u8>;
+
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    fn prefetch(&self) -> u16 {
+        4
+    }
+
+    fn declarations(&self) -> Vec<Command> {
+        self.attaches.fetch_add(1, Ordering::Relaxed);
+        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() }]
+    }
+
+    async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, Vec<u8>) {
+        (Outcome::Ack, delivery.body.clone())
+    }
+
+    fn poisoned(&self, _delivery: &hourglass::message::Delivery, _reason: &str) -> Outcome {
+        Outcome::Requeue
+    }
+
+    fn settled(&self, note: Option<Vec<u8>>, _outcome: &Outcome, settled: &Settled) {
+        if let (Some(body), Settled::Acked) = (note, settled) {
+            let _ = self.handled.send(body);
+        }
+    }
+}
+
+/// RabbitMQ closes the channel of a `basic.consume` it refuses (here: the
+/// queue is in exclusive use by another connection), and lapin never opens a
+/// channel under that number again. A consumer refused at every attach must
+/// not use up the numbers of the connection it shares: one joining later
+/// still opens a channel (on it, or on its successor), and the one consuming
+/// keeps going. The connection here allows four channels, so a few refusals
+/// would use them all up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_refused_at_every_attach_does_not_wear_out_the_connection_it_shares() {
+    const CHANNEL_MAX: usize = 4;
+    let vhost = PrivateVhost::create("consume-wear");
+    let connection = connect_to(&vhost.url).await;
+    let publisher = Arc::new(RabbitMqExecutor::connect(&vhost.url).await.expect("RabbitMQ"));
+    let shared = Arc::new(Slot::lazy(&format!("{}?channel_max={CHANNEL_MAX}", vhost.url), "hourglass consume wear".into()));
+    let (refused, _) = Counting::new("refused");
+    let (steady, mut handled) = Counting::new("steady");
+    let refused_consumer = Consumer::sharing(shared.clone(), publisher.clone(), refused.clone());
+    let steady_consumer = Consumer::sharing(shared.clone(), publisher.clone(), steady.clone());
+    refused_consumer.declare().await.expect("declares its queue");
+    let channel = connection.create_channel().await.unwrap();
+    let exclusive = BasicConsumeOptions { exclusive: true, ..Default::default() };
+    let _holding = channel.basic_consume(refused.queue.as_str().into(), "the-test-holds-it".into(), exclusive, FieldTable::default()).await.unwrap();
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let steady_running = tokio::spawn(steady_consumer.clone().run(stopped.clone()));
+    let refused_running = tokio::spawn(refused_consumer.clone().run(stopped));
+    until("the steady consumer consuming", Duration::from_secs(10), async || steady_consumer.is_consuming()).await;
+    // Each refused attach costs a channel number: more than the connection has.
+    until("the refused consumer trying more times than the connection has channels", Duration::from_secs(60), async || refused.attaches() > 2 * CHANNEL_MAX)
+        .await;
+    assert!(!refused_consumer.is_consuming(), "the test's exclusive consumer keeps it out");
+
+    // A consumer joining now (a reload adding a strategy) needs a channel of its own.
+    let (late, mut late_handled) = Counting::new("late");
+    let late_consumer = Consumer::sharing(shared.clone(), publisher.clone(), late.clone());
+    late_consumer.declare().await.expect("declares its queue");
+    let late_running = tokio::spawn(late_consumer.clone().run(stop.subscribe()));
+    until("the late consumer consuming", Duration::from_secs(20), async || late_consumer.is_consuming()).await;
+    let publishing = connection.create_channel().await.unwrap();
+    publishing.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    for queue in [&steady.queue, &late.queue] {
+        publishing
+            .basic_publish("".into(), queue.as_str().into(), BasicPublishOptions::default(), b"still here", BasicProperties::default())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    assert_eq!(receive_within(&mut handled, 1, Duration::from_secs(10), &steady.queue).await, [b"still here".to_vec()]);
+    assert_eq!(receive_within(&mut late_handled, 1, Duration::from_secs(10), &late.queue).await, [b"still here".to_vec()]);
+    // A replaced connection closes once no consumer holds it: the steady
+    // consumer's, the late one's, and the current one are left at most.
+    until("at most three consuming connections", Duration::from_secs(20), async || {
+        let connections = management("GET", &format!("/api/vhosts/{}/connections", encode(&vhost.name)), None);
+        connections.as_array().is_some_and(|all| all.iter().filter(|c| c["user_provided_name"] == "hourglass consume wear").count() <= 3)
+    })
+    .await;
+
+    stop.send(true).unwrap();
+    steady_running.await.unwrap();
+    refused_running.await.unwrap();
+    late_running.await.unwrap();
 }

@@ -17,7 +17,10 @@
 //! same reason the service's consumers share one connection, a channel each
 //! ([`Consumer::sharing`]): a channel the broker closes ends only its
 //! consumer, which opens another; a lost connection ends them all, and the
-//! first to try again reconnects while the others wait for it.
+//! first to try again reconnects while the others wait for it. Every channel
+//! the broker closes (a refused consume at attach too) costs the connection
+//! its number, so a consumer refused over and over wears the shared
+//! connection out and it is replaced, rather than leaving no number for the others.
 //!
 //! A handler that panics does not stop the consumer: the message is requeued,
 //! and once the handler panicked [`MAX_PANICS`] times on the same message it
@@ -186,10 +189,7 @@ impl<H: Handler> Consumer<H> {
         tokio::pin!(processing);
         tokio::select! {
             _ = &mut processing => {
-                // A channel the broker closed is a number lapin never uses again.
-                if link.connected() && !channel.status().connected() {
-                    link.burn();
-                }
+                burn_if_closed(&link, &channel);
                 return Err((true, format!("consumer on {queue} ended: connection or channel lost")));
             }
             _ = stop.wait_for(|stopping| *stopping) => {}
@@ -202,6 +202,7 @@ impl<H: Handler> Consumer<H> {
         }
         processing.await;
         self.consuming.store(false, Ordering::Relaxed);
+        burn_if_closed(&link, &channel);
         parting(connection, channel.close(200, "hourglass stopping".into())).await;
         tracing::info!(%queue, "consumer stopped");
         Ok(())
@@ -214,14 +215,31 @@ impl<H: Handler> Consumer<H> {
         self.declare().await?;
         let link = self.connection.link_waiting().await.map_err(AttachError::Connect)?;
         let url = || link.node.clone();
-        let channel = link.open_channel(false).await.map_err(|source| AttachError::Channel { url: url(), source })?;
+        let channel = match link.open_channel(false).await {
+            Ok(channel) => channel,
+            Err(source) => {
+                // On a live connection lapin refuses a channel when every number is
+                // taken or the one it picked is a broker-closed one (lost for good):
+                // counted, so the link is replaced instead of refusing everyone.
+                if matches!(source, ChannelError::Refused(_)) && link.connected() {
+                    link.burn();
+                }
+                return Err(AttachError::Channel { url: url(), source });
+            }
+        };
         let subscribe = async {
             channel.basic_qos(self.handler.prefetch(), BasicQosOptions::default()).await?;
             channel.basic_consume(queue.into(), tag.into(), BasicConsumeOptions::default(), AmqpTable::default()).await
         };
         // A broker that accepted the connection can still go silent.
         let consumer = match tokio::time::timeout(CHANNEL_TIMEOUT, subscribe).await {
-            Ok(subscribed) => subscribed.map_err(|source| AttachError::Subscribe { url: url(), source })?,
+            Ok(Ok(consumer)) => consumer,
+            Ok(Err(source)) => {
+                // A refused consume (queue gone, in exclusive use, not readable) closes the
+                // channel, at every attach while the cause lasts.
+                burn_if_closed(&link, &channel);
+                return Err(AttachError::Subscribe { url: url(), source });
+            }
             Err(_) => return Err(AttachError::SubscribeTimedOut { url: url(), queue: queue.to_string() }),
         };
         Ok((link, channel, consumer))
@@ -339,6 +357,16 @@ impl Held<'_> {
             _ = stop.wait_for(|stopping| *stopping) => return false,
         }
         !*stop.borrow() && self.channel.status().connected()
+    }
+}
+
+/// Counts `channel` against `link` when the broker closed it and not the
+/// whole connection: lapin never opens a channel under its number again, and
+/// the consumers sharing the link would run out of numbers unless the link,
+/// worn out, is replaced.
+fn burn_if_closed(link: &Link, channel: &Channel) {
+    if link.connected() && !channel.status().connected() {
+        link.burn();
     }
 }
 
