@@ -77,8 +77,8 @@ async fn run(upstream: &str) {
         send_window_ms: milliseconds(&window),
         linger_ms: milliseconds(&pump_linger),
         round_trip_ms,
-        // scripts/moto_server.py's long poll looks again every 50 ms unless a send wakes it.
-        notice_ms: 50.0,
+        // moto's long poll looks again each second unless a send wakes it.
+        notice_ms: 1_000.0,
         cycle_ms: (cycle_seconds * 1_000) as f64,
         pump_visits: visits,
     };

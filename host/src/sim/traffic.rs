@@ -48,8 +48,8 @@ pub struct Handling {
     /// One request there and back.
     pub round_trip_ms: f64,
     /// How often a waiting long poll looks for a message that became visible,
-    /// unless a send to the queue wakes it sooner: 0 (at once) on SQS; the
-    /// local server (moto through `scripts/moto_server.py`) every 50 ms.
+    /// unless a send to the queue wakes it sooner: 0 (at once) on SQS; moto
+    /// looks each second.
     pub notice_ms: f64,
     /// How long a message waits in the delay queue per visit (the cycle).
     pub cycle_ms: f64,
