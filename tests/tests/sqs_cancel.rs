@@ -38,9 +38,6 @@ use serde_json::{Value, json};
 
 /// How late a message may arrive (measured 0.13–2.36 s; see above).
 const ON_TIME_MS: i64 = 10_000;
-/// How late a valid message may arrive beside the flood of bad cancels (measured
-/// up to 10.5 s under the full suite; see that test).
-const FLOOD_ON_TIME_MS: i64 = 20_000;
 /// How long past its due time a cancelled message is watched for.
 const WATCH_PAST_DUE: Duration = Duration::from_secs(12);
 
@@ -127,17 +124,12 @@ fn answered(host: &ServeProcess, method: &'static str, path: String, body: Optio
 
 /// Each arrival at or after its due time and within [`ON_TIME_MS`]; returns the bodies.
 fn assert_on_time(received: &[SqsReceived], due: &HashMap<String, u64>) -> Vec<String> {
-    assert_within(received, due, ON_TIME_MS)
-}
-
-/// Each arrival at or after its due time and at most `window_ms` after it; returns the bodies.
-fn assert_within(received: &[SqsReceived], due: &HashMap<String, u64>, window_ms: i64) -> Vec<String> {
     let mut bodies = Vec::new();
     for message in received {
         let late = message.at_ms as i64 - due[&message.body] as i64;
         eprintln!("{}: {late} ms late", message.body);
         assert!(late >= 0, "{} arrived {} ms early", message.body, -late);
-        assert!(late <= window_ms, "{} arrived {late} ms late (window {window_ms} ms)", message.body);
+        assert!(late <= ON_TIME_MS, "{} arrived {late} ms late (window {ON_TIME_MS} ms)", message.body);
         bodies.push(message.body.clone());
     }
     bodies.sort();
@@ -301,13 +293,16 @@ async fn a_flood_of_bad_cancels_beside_valid_traffic_harms_no_one() {
         assert_eq!((status, answer["status"].as_str()), (200, Some("cancelled")), "{answer}");
     }
     let received = destination.receive(10, Duration::from_secs(30)).await;
-    // Ten valid messages beside five held cancels of ids never scheduled: alone
-    // they came 0.9-1.1 s late (six runs), but under the full suite on this
-    // machine 5.3-10.5 s late in one run of three (2026-11-27 and -28, before and
-    // after the fates queue carried out a receive's groups side by side). The
-    // cause is not known yet (docs/sqs.md); the window keeps room for it, and
-    // the test still fails on a loss, an early arrival or a stall.
-    assert_eq!(assert_within(&received, &due, FLOOD_ON_TIME_MS).len(), 10, "every valid message arrived on time");
+    // Ten valid messages beside five held cancels of ids never scheduled, in
+    // the others' window (10 s). Measured 2026-11-28: 0.85-1.22 s late alone
+    // (three runs), 0.96-1.20 s beside sqs_fates, the rest of this file and
+    // sqs_pumps, two tests each (three runs): the local server looks for newly
+    // visible messages once a second. While moto's long poll of a FIFO queue
+    // with a group in flight re-scanned the queue for its whole wait, starving
+    // the server's other requests (scripts/moto_server.py says how it waits
+    // now), they were 1.05-1.17 s late alone, 1.69-6.72 s beside those tests
+    // (four runs) and 5.3-10.5 s under the full suite in one run of three.
+    assert_eq!(assert_on_time(&received, &due).len(), 10, "every valid message arrived on time");
     let again = destination.drain_for(Duration::from_secs(3)).await;
     assert!(again.is_empty(), "nothing else: {:?}", again.iter().map(|m| &m.body).collect::<Vec<_>>());
 }
