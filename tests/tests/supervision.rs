@@ -35,8 +35,7 @@ fn user() -> String {
 
 /// The name of the connection consuming `queue` in `vhost`, if any.
 fn consumer_connection(vhost: &str, queue: &str) -> Option<String> {
-    let consumers = management("GET", &format!("/api/consumers/{}", encode(vhost)), None);
-    consumers.as_array()?.iter().find(|c| c["queue"]["name"] == queue).and_then(|c| c["channel_details"]["connection_name"].as_str().map(String::from))
+    consumer_channel(vhost, queue).map(|(connection, _)| connection)
 }
 
 async fn readyz(served: &Served) -> (u16, Value) {
@@ -121,29 +120,51 @@ fn channel_names(connection: &str) -> std::collections::HashSet<String> {
     channels.as_array().map(|all| all.iter().filter_map(|c| c["name"].as_str().map(String::from)).collect()).unwrap_or_default()
 }
 
+/// A service in a private vhost with an ingress and one `binary-levels`
+/// strategy: three consumers (the ingress, the strategy's release queue and
+/// its parking queue), started and ready.
+struct ConsumingService {
+    vhost: PrivateVhost,
+    /// The test's own connection to the vhost.
+    connection: lapin::Connection,
+    ingress_queue: String,
+    parked: String,
+    /// The consumed queues: the ingress, the release queue, the parking queue.
+    queues: [String; 3],
+    destination: Destination,
+    served: Served,
+}
+
+impl ConsumingService {
+    async fn start(stem: &str) -> ConsumingService {
+        let vhost = PrivateVhost::create(&format!("{stem}-consume"));
+        let connection = connect_to(&vhost.url).await;
+        let ingress_queue = unique(&format!("{stem}-in"));
+        let prefix = unique(stem);
+        let text = config_text_on(
+            &vhost.url,
+            &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
+            &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
+        );
+        let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
+        let release = config.service.cancel.release_queue("main");
+        let parked = format!("{prefix}.parked");
+        let destination = Destination::declare(&connection, &format!("{stem}-dest")).await;
+        let served = Served::start(Service::start(config).await.expect("service starts")).await;
+        until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
+        let queues = [ingress_queue.clone(), release, parked.clone()];
+        ConsumingService { vhost, connection, ingress_queue, parked, queues, destination, served }
+    }
+}
+
 /// The service's consumers share one connection, a channel each. A queue
 /// deleted under its consumer (the broker cancels that consumer alone) is
 /// declared again and consumed on a new channel of the same connection (the
 /// old one closed), and the ingress beside it keeps its channel and forwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_others_be() {
-    let vhost = PrivateVhost::create("shared-consume");
-    let connection = connect_to(&vhost.url).await;
-    let ingress_queue = unique("shared-in");
-    let prefix = unique("shared");
-    let text = config_text_on(
-        &vhost.url,
-        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
-        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
-    );
-    let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
-    let release = config.service.cancel.release_queue("main");
-    let parked = format!("{prefix}.parked");
-    let mut destination = Destination::declare(&connection, "shared-dest").await;
-    let served = Served::start(Service::start(config).await.expect("service starts")).await;
-    until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
-
-    let queues = [ingress_queue.as_str(), release.as_str(), parked.as_str()];
+    let ConsumingService { vhost, connection, ingress_queue, parked, queues, mut destination, served } = ConsumingService::start("shared").await;
+    let queues = queues.each_ref().map(String::as_str);
     until("the management API listing the three consumers", Duration::from_secs(20), async || {
         queues.iter().all(|queue| consumer_channel(&vhost.name, queue).is_some())
     })
@@ -163,14 +184,7 @@ async fn consumers_share_one_connection_and_one_losing_its_queue_leaves_the_othe
         queues.as_array().is_some_and(|queues| queues.iter().any(|q| q["name"] == parked.as_str() && q["consumers"] == 1))
     })
     .await;
-    let consuming: Vec<Value> = management("GET", &format!("/api/vhosts/{}/connections", encode(&vhost.name)), None)
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["user_provided_name"].as_str().is_some_and(|name| name.starts_with("hourglass consume")))
-        .cloned()
-        .collect();
-    assert_eq!(consuming.len(), 1, "still one consuming connection: {consuming:?}");
+    assert_eq!(consuming_connections(&vhost.name), std::slice::from_ref(&shared), "still one consuming connection, the same");
     assert_eq!(consumer_channel(&vhost.name, &ingress_queue), Some((shared.clone(), ingress_channel)), "the ingress kept its channel");
     // The channel the broker cancelled the consumer on is closed, not left
     // open beside the new one: three channels, the new one among them (so the
@@ -207,23 +221,8 @@ fn consuming_connections(vhost: &str) -> Vec<String> {
 /// connection, and the ingress forwards again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_consuming_connection_closed_by_the_broker_comes_back_once_for_every_consumer() {
-    let vhost = PrivateVhost::create("shared-lost");
-    let connection = connect_to(&vhost.url).await;
-    let ingress_queue = unique("lost-in");
-    let prefix = unique("lost");
-    let text = config_text_on(
-        &vhost.url,
-        &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""),
-        &format!("[service.ingress]\nqueue = \"{ingress_queue}\"\ninvalid_queue = \"{ingress_queue}.invalid\""),
-    );
-    let config = Config::parse(std::path::Path::new("e2e.toml"), text).unwrap();
-    let release = config.service.cancel.release_queue("main");
-    let parked = format!("{prefix}.parked");
-    let mut destination = Destination::declare(&connection, "lost-dest").await;
-    let served = Served::start(Service::start(config).await.expect("service starts")).await;
-    until("ready", Duration::from_secs(10), async || readyz(&served).await.0 == 200).await;
-
-    let queues = [ingress_queue.as_str(), release.as_str(), parked.as_str()];
+    let ConsumingService { vhost, connection, ingress_queue, queues, mut destination, served, .. } = ConsumingService::start("lost").await;
+    let queues = queues.each_ref().map(String::as_str);
     let on_one = |vhost: &str| {
         let listed: Option<Vec<(String, String)>> = queues.iter().map(|queue| consumer_channel(vhost, queue)).collect();
         listed.filter(|listed| listed.iter().all(|(connection, _)| *connection == listed[0].0)).map(|listed| listed[0].0.clone())

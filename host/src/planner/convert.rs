@@ -151,7 +151,8 @@ fn sqs_attributes(attributes: Vec<wit::SqsAttribute>) -> Result<BTreeMap<String,
 mod tests {
     use super::*;
 
-    fn command_from_planner_(command: wit::Command) -> Result<Command, InvalidCommand> {
+    /// A command of a planner that registered no names.
+    fn without_names(command: wit::Command) -> Result<Command, InvalidCommand> {
         command_from_planner(command, &[])
     }
 
@@ -161,10 +162,10 @@ mod tests {
 
     #[test]
     fn sqs_limits_are_enforced() {
-        assert!(command_from_planner_(send("q", 900, None)).is_ok());
-        assert!(command_from_planner_(send("q", 901, None)).unwrap_err().to_string().contains("above SQS's 900"));
-        assert!(command_from_planner_(send("q.fifo", 0, None)).unwrap_err().to_string().contains("group id"));
-        assert!(command_from_planner_(send(&"q".repeat(81), 0, None)).unwrap_err().to_string().contains("1 to 80"));
+        assert!(without_names(send("q", 900, None)).is_ok());
+        assert!(without_names(send("q", 901, None)).unwrap_err().to_string().contains("above SQS's 900"));
+        assert!(without_names(send("q.fifo", 0, None)).unwrap_err().to_string().contains("group id"));
+        assert!(without_names(send(&"q".repeat(81), 0, None)).unwrap_err().to_string().contains("1 to 80"));
     }
 
     #[test]
@@ -176,9 +177,9 @@ mod tests {
                 arguments: vec![wit::Field { key: "x-message-ttl".into(), value: wit::Value::Int(ttl) }],
             })
         };
-        assert!(command_from_planner_(queue("q", 5)).is_ok());
-        assert!(command_from_planner_(queue("q", -1)).unwrap_err().to_string().contains("x-message-ttl = -1"));
-        assert!(command_from_planner_(queue(&"q".repeat(256), 5)).unwrap_err().to_string().contains("AMQP allows 255"));
+        assert!(without_names(queue("q", 5)).is_ok());
+        assert!(without_names(queue("q", -1)).unwrap_err().to_string().contains("x-message-ttl = -1"));
+        assert!(without_names(queue(&"q".repeat(256), 5)).unwrap_err().to_string().contains("AMQP allows 255"));
     }
 
     #[test]
