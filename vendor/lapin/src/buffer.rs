@@ -8,6 +8,11 @@ use std::{
     task::{Context, Poll},
 };
 
+/// Past this offset, a rest of at most [`MOVE_BACK_AT_MOST`] bytes moves back to the start.
+const MOVE_BACK_AFTER: usize = 64 * 1024;
+/// The largest rest moved: a partial frame or two, so each move is cheap.
+const MOVE_BACK_AT_MOST: usize = 4 * 1024;
+
 #[derive(Debug, PartialEq, Clone)]
 pub(crate) struct Buffer {
     memory: Vec<u8>,
@@ -110,7 +115,25 @@ impl Buffer {
         self.position += cnt;
         self.position %= self.capacity;
         self.available_data -= cnt;
+        self.keep_data_at_start();
         cnt
+    }
+
+    // hourglass patch (vendor/README.md): the buffer is a ring of 32 frames
+    // (4 MiB at RabbitMQ's default frame_max), and going round it touches
+    // every page, so a busy connection kept 8 MiB resident for what are
+    // mostly a few hundred bytes in flight. Once nothing is left, or a small
+    // rest lies past the first frames, it moves back to the start: the pages
+    // touched are those of the largest read or write, not the whole ring.
+    fn keep_data_at_start(&mut self) {
+        if self.available_data == 0 {
+            self.position = 0;
+            self.end = 0;
+        } else if self.position >= MOVE_BACK_AFTER && self.end > self.position && self.available_data <= MOVE_BACK_AT_MOST {
+            self.memory.copy_within(self.position..self.end, 0);
+            self.position = 0;
+            self.end = self.available_data;
+        }
     }
 
     pub(crate) fn fill(&mut self, count: usize) -> usize {
@@ -239,5 +262,59 @@ impl BackToTheBuffer for &mut Buffer {
                 s
             })
         })
+    }
+}
+
+// hourglass patch (vendor/README.md): the buffer keeps its data near the start.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn write_all(buffer: &mut Buffer, data: &[u8]) {
+        let mut writer = &mut *buffer;
+        assert_eq!(writer.write(data).unwrap(), data.len());
+    }
+
+    fn read(buffer: &Buffer) -> Vec<u8> {
+        if buffer.available_data() == 0 {
+            Vec::new()
+        } else if buffer.end > buffer.position {
+            buffer.memory[buffer.position..buffer.end].to_vec()
+        } else {
+            [&buffer.memory[buffer.position..], &buffer.memory[..buffer.end]].concat()
+        }
+    }
+
+    #[test]
+    fn an_emptied_buffer_starts_over() {
+        let mut buffer = Buffer::with_capacity(1 << 20);
+        for _ in 0..1_000 {
+            write_all(&mut buffer, &[7; 300]);
+            assert_eq!(buffer.consume(300), 300);
+        }
+        assert_eq!((buffer.position, buffer.end), (0, 0));
+    }
+
+    #[test]
+    fn a_small_rest_moves_back_to_the_start_intact() {
+        let mut buffer = Buffer::with_capacity(1 << 20);
+        let mut sent = Vec::new();
+        let mut taken = Vec::new();
+        let mut highest = 0;
+        // Writes of 5,000 bytes read back 4,096 at a time: a rest stays behind each time.
+        for round in 0..2_000u32 {
+            let chunk: Vec<u8> = (0..5_000u32).map(|i| (round.wrapping_mul(31) ^ i) as u8).collect();
+            write_all(&mut buffer, &chunk);
+            sent.extend_from_slice(&chunk);
+            highest = highest.max(buffer.end);
+            while buffer.available_data() >= 4_096 {
+                taken.extend_from_slice(&read(&buffer)[..4_096]);
+                buffer.consume(4_096);
+            }
+        }
+        taken.extend(read(&buffer));
+        assert_eq!(taken, sent);
+        assert!(highest < MOVE_BACK_AFTER + 2 * 5_000 + MOVE_BACK_AT_MOST, "touched up to {highest} bytes");
     }
 }
