@@ -1,0 +1,75 @@
+//! The second fix in hourglass's lapin (vendor/README.md): a connection's
+//! frame buffers stay untouched until frames go through them and keep their
+//! data at their start, so a busy connection holds resident only the pages
+//! of its largest read or write, not the whole 8 MiB.
+
+use std::time::Duration;
+
+use hourglass_e2e::*;
+
+// The host's allocator (host/src/main.rs). It gives a large zeroed allocation
+// pages as the kernel hands them, resident only once touched, as in `serve`;
+// glibc's `calloc` may clear a reused region at once, which would hide what
+// this test measures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The process's resident memory, KiB (`VmRSS`).
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmRSS:")).expect("VmRSS in /proc/self/status");
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmRSS in KiB")
+}
+
+/// Publishes `bytes` in 1,000-byte messages on `connection` to a queue of
+/// its own and consumes them there: that many bytes through each of its
+/// buffers, out and in.
+async fn carry(connection: &lapin::Connection, bytes: usize) {
+    const BATCH: usize = 200;
+    const BODY: usize = 1_000;
+    let mut destination = Destination::declare(connection, "buffers").await;
+    let publishing = connection.create_channel().await.unwrap();
+    publishing.confirm_select(lapin::options::ConfirmSelectOptions::default()).await.unwrap();
+    let body = vec![b'x'; BODY];
+    for _ in 0..bytes.div_ceil(BATCH * BODY) {
+        let confirms = futures_util::future::join_all((0..BATCH).map(|_| async {
+            publishing.basic_publish("".into(), destination.name.as_str().into(), Default::default(), &body, Default::default()).await.unwrap().await.unwrap()
+        }))
+        .await;
+        assert!(confirms.iter().all(|confirm| confirm.is_ack()));
+        destination.receive(BATCH, Duration::from_secs(10)).await;
+    }
+    destination.delete().await;
+}
+
+/// hourglass's lapin keeps a connection's buffers untouched until a frame
+/// goes through them, and their data at their start (vendor/README.md, the
+/// second fix): a connection that carries many times its buffers' 4 MiB each
+/// way holds resident only the pages of its largest read or write. As lapin
+/// comes, both buffers are written whole when the connection opens, 8 MiB.
+///
+/// Measured against a connection asking for 8 KiB frames (256 KiB buffers)
+/// carrying as much, which costs the process the same except its buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_connection_keeps_only_a_little_of_its_buffers_resident() {
+    const CARRIED: usize = 24 * 1024 * 1024;
+    let small_frames = format!("{}?frame_max=8192", amqp_url());
+    // What the first connection of a process makes once (the runtime's, the TLS roots') is made before measuring.
+    let warming = connect_to(&small_frames).await;
+    carry(&warming, 1).await;
+
+    let start = resident_kib();
+    let small = connect_to(&small_frames).await;
+    carry(&small, CARRIED).await;
+    let after_small = resident_kib();
+    let default = connect().await;
+    assert_eq!(default.configuration().frame_max(), 131_072, "the test broker's default frame_max: 4 MiB buffers each way");
+    carry(&default, CARRIED).await;
+    let after_default = resident_kib();
+
+    let (small_grew, default_grew) = (after_small.saturating_sub(start), after_default.saturating_sub(after_small));
+    assert!(
+        default_grew < small_grew + 3 * 1024,
+        "carrying 24 MiB each way, a connection with 128 KiB frames grew the process by {default_grew} KiB, one with 8 KiB frames by {small_grew} KiB; 8,192 KiB more would be its whole buffers"
+    );
+}
