@@ -53,7 +53,8 @@ async fn carry(connection: &lapin::Connection, bytes: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_connection_keeps_only_a_little_of_its_buffers_resident() {
     const CARRIED: usize = 24 * 1024 * 1024;
-    let small_frames = format!("{}?frame_max=8192", amqp_url());
+    let url = amqp_url();
+    let small_frames = format!("{url}{}frame_max=8192", if url.contains('?') { '&' } else { '?' });
     // What the first connection of a process makes once (the runtime's, the TLS roots') is made before measuring.
     let warming = connect_to(&small_frames).await;
     carry(&warming, 1).await;
