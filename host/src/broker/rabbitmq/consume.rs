@@ -12,9 +12,10 @@
 //! publish fails). Declares and moves go through the
 //! [`RabbitMqExecutor`] it is given, the service's own: its channels are
 //! leased per publish, so a channel the broker closes fails only that move,
-//! and no consumer pays for a publishing connection of its own (lapin holds
-//! 8 MiB of buffers per connection at RabbitMQ's default frame size). For the
-//! same reason the service's consumers share one connection, a channel each
+//! and no consumer pays for a publishing connection of its own (each
+//! connection has its own buffers, its reader thread, and a place in the
+//! broker's connection limit). For the same reason the service's consumers
+//! share one connection, a channel each
 //! ([`Consumer::sharing`]): a channel the broker closes ends only its
 //! consumer, which opens another; a lost connection ends them all, and the
 //! first to try again reconnects while the others wait for it. Every channel
