@@ -302,6 +302,43 @@ fn idle_and_slowloris_connections_are_closed_after_the_header_read_timeout() {
     assert_eq!(served.call("GET", "/healthz", None, None).0, 200);
 }
 
+/// A request whose body stops coming is cut once no byte moved for
+/// `idle_timeout`; one whose body keeps coming, however slowly, is not, and
+/// is answered when it is whole. A client that keeps to the API meanwhile is served.
+#[test]
+fn a_stalled_body_is_cut_at_the_idle_timeout_and_a_slow_one_is_answered() {
+    let served = Served::start("idle_timeout = \"1s\"\nheader_read_timeout = \"30s\"", None);
+    let body = serde_json::json!({ "destination": "orders", "delay": "1h", "body": "slow" }).to_string();
+    let head = format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    let mut stalled = TcpStream::connect(served.address).unwrap();
+    stalled.write_all(head.as_bytes()).unwrap();
+    stalled.write_all(&body.as_bytes()[..5]).unwrap();
+    let started = Instant::now();
+    // The slow one sends a byte every 300 ms: 4 s in all, four idle timeouts.
+    let mut slow = TcpStream::connect(served.address).unwrap();
+    slow.write_all(head.as_bytes()).unwrap();
+    let mut trickle = slow.try_clone().unwrap();
+    let bytes = body.clone().into_bytes();
+    let step = Duration::from_secs(4) / bytes.len() as u32;
+    let writer = std::thread::spawn(move || {
+        for byte in bytes {
+            trickle.write_all(&[byte]).unwrap();
+            std::thread::sleep(step.min(Duration::from_millis(300)));
+        }
+    });
+    let stalled_closed = closed_within(&mut stalled, Duration::from_secs(5)).expect("the stalled connection closed");
+    assert!(stalled_closed >= Duration::from_millis(900), "closed after {stalled_closed:?}: before the idle timeout");
+    assert!(stalled_closed <= Duration::from_millis(2_500), "closed after {stalled_closed:?}");
+    assert_eq!(served.call("GET", "/healthz", None, None).0, 200);
+    writer.join().unwrap();
+    assert!(started.elapsed() > Duration::from_secs(2), "the slow body took {:?}: no longer than the idle timeout", started.elapsed());
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answer = String::new();
+    let mut reader = std::io::BufReader::new(slow);
+    std::io::BufRead::read_line(&mut reader, &mut answer).expect("an answer to the slow request");
+    assert!(answer.starts_with("HTTP/1.1 202"), "the slow request was answered {answer:?}");
+}
+
 #[test]
 fn at_max_connections_a_new_one_waits_for_a_free_slot() {
     let served = Served::start("max_connections = 2\nheader_read_timeout = \"30s\"", None);

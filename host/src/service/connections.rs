@@ -112,9 +112,14 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// A stream that fails with `TimedOut` once no byte moved either way for `idle`.
+///
+/// Moving bytes only notes the time; the timer is moved when it fires early.
+/// Resetting it on every read and write took the runtime's timer lock twice
+/// a request.
 struct IdleTimeout<S> {
     inner: S,
     idle: Duration,
+    last_moved: Instant,
     deadline: Pin<Box<Sleep>>,
 }
 
@@ -134,17 +139,24 @@ impl<S> IdleTimeout<S> {
     }
 
     fn new(inner: S, idle: Duration) -> Self {
-        IdleTimeout { inner, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+        IdleTimeout { inner, idle, last_moved: Instant::now(), deadline: Box::pin(tokio::time::sleep(idle)) }
     }
 
     fn moved(&mut self) {
-        let next = Instant::now() + self.idle;
-        self.deadline.as_mut().reset(next);
+        self.last_moved = Instant::now();
     }
 
-    /// Called when the stream would block: an error once the deadline passed.
+    /// Called when the stream would block: true once `idle` passed since bytes
+    /// last moved. A timer that fires sooner is set again for the rest.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.deadline.as_mut().poll(cx).is_ready()
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            let due = self.last_moved + self.idle;
+            if Instant::now() >= due {
+                return true;
+            }
+            self.deadline.as_mut().reset(due);
+        }
+        false
     }
 }
 
