@@ -28,6 +28,9 @@ async fn carry(connection: &lapin::Connection, bytes: usize) {
     const BATCH: usize = 200;
     const BODY: usize = 1_000;
     let mut destination = Destination::declare(connection, "buffers").await;
+    // Deleted also when a publish or a receive fails the test.
+    let cleanup = Cleanup::declared(&[]);
+    cleanup.queue(&destination.name);
     let publishing = connection.create_channel().await.unwrap();
     publishing.confirm_select(lapin::options::ConfirmSelectOptions::default()).await.unwrap();
     let body = vec![b'x'; BODY];
@@ -39,7 +42,6 @@ async fn carry(connection: &lapin::Connection, bytes: usize) {
         assert!(confirms.iter().all(|confirm| confirm.is_ack()));
         destination.receive(BATCH, Duration::from_secs(10)).await;
     }
-    destination.delete().await;
 }
 
 /// hourglass's lapin keeps a connection's buffers untouched until a frame

@@ -269,4 +269,3 @@ impl BackToTheBuffer for &mut Buffer {
         })
     }
 }
-
