@@ -34,7 +34,9 @@ impl BenchBroker {
     pub async fn start() -> (BenchBroker, Scheduler<Broker>) {
         let url = amqp_url(None, None);
         let prefix = format!("bench-{}", run_id());
-        let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n");
+        // `BENCH_PUBLISH_CHANNELS=N` sweeps the channel count; unset, the default applies.
+        let channels = std::env::var("BENCH_PUBLISH_CHANNELS").map(|n| format!("publish_channels = {n}\n")).unwrap_or_default();
+        let text = format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{channels}[strategies.main]\nplanner = \"binary-levels\"\nprefix = \"{prefix}\"\n");
         let config = Config::parse(Path::new("bench.toml"), text).unwrap();
         let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await.expect("RabbitMQ");
         let channel = connection.create_channel().await.unwrap();
