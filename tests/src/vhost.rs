@@ -22,6 +22,11 @@ impl PrivateVhost {
         let root = base.rsplit_once('/').map_or(base.as_str(), |(root, _)| root);
         PrivateVhost { url: format!("{root}/{name}"), name }
     }
+
+    /// From now on the broker refuses a connection to this vhost once `connections` are open.
+    pub fn limit_connections(&self, connections: u32) {
+        put(&format!("/api/vhost-limits/{}/max-connections", self.name), serde_json::json!({ "value": connections }));
+    }
 }
 
 impl Drop for PrivateVhost {

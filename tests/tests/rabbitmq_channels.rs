@@ -13,6 +13,7 @@ use hourglass::message::{HeaderValue, Properties};
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass_e2e::private_node::PrivateNode;
 use hourglass_e2e::throttle::Throttle;
+use hourglass_e2e::vhost::PrivateVhost;
 use hourglass_e2e::*;
 use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable as AmqpTable;
@@ -39,6 +40,30 @@ fn message_ids(received: &[Received]) -> Vec<String> {
     ids
 }
 
+/// Schedules `count` messages to destinations that do not exist, `concurrency`
+/// at a time, calling `after_each` as each is answered: the answers that are
+/// not "does not exist".
+async fn schedule_to_missing_destinations(scheduler: &Scheduler<Broker>, count: usize, concurrency: usize, after_each: impl Fn()) -> Vec<String> {
+    let missing = unique("nowhere");
+    futures_util::stream::iter(0..count)
+        .map(|i| {
+            let (missing, after_each) = (&missing, &after_each);
+            async move {
+                let request = ScheduleRequest { destination: format!("{missing}-{i}"), delay_ms: 0, ..Default::default() };
+                let result = scheduler.schedule(request).await;
+                after_each();
+                match result {
+                    Err(e) if e.to_string().contains("does not exist") => None,
+                    other => Some(format!("{i}: {:?}", other.map(|s| s.id))),
+                }
+            }
+        })
+        .buffer_unordered(concurrency)
+        .filter_map(std::future::ready)
+        .collect()
+        .await
+}
+
 /// A passive check of a missing queue closes its channel on the broker; lapin
 /// never reuses the number of such a channel, so before the fix the 2,047th
 /// one ended every request on the connection.
@@ -54,24 +79,7 @@ async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
     let scheduler = scheduler(&config).await;
     let executor = rabbit(&scheduler);
     let most_open = AtomicUsize::new(0);
-    let missing = unique("nowhere");
-    let refused = futures_util::stream::iter(0..10_000)
-        .map(|i| {
-            let (scheduler, missing, most_open) = (&scheduler, &missing, &most_open);
-            async move {
-                let request = ScheduleRequest { destination: format!("{missing}-{i}"), delay_ms: 0, ..Default::default() };
-                let result = scheduler.schedule(request).await;
-                most_open.fetch_max(executor.open_channels(), Ordering::Relaxed);
-                match result {
-                    Err(e) if e.to_string().contains("does not exist") => None,
-                    other => Some(format!("{i}: {:?}", other.map(|s| s.id))),
-                }
-            }
-        })
-        .buffer_unordered(64)
-        .filter_map(std::future::ready)
-        .collect::<Vec<String>>()
-        .await;
+    let refused = schedule_to_missing_destinations(&scheduler, 10_000, 64, || _ = most_open.fetch_max(executor.open_channels(), Ordering::Relaxed)).await;
     assert!(refused.is_empty(), "every missing destination is refused as missing; {} were not: {:?}", refused.len(), &refused[..refused.len().min(5)]);
     let most_open = most_open.into_inner();
     assert!(most_open <= executor.max_open_channels(), "{most_open} channels open at once");
@@ -79,6 +87,39 @@ async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
     let scheduled = scheduler.schedule(request).await.expect("a valid request after 10,000 refused ones");
     let received = destination.receive(1, Duration::from_secs(10)).await;
     assert_eq!(message_ids(&received), [scheduled.id]);
+    assert_eq!(executor.reconnects(), 0, "no connection was lost on the way");
+}
+
+/// A broker at its connection limit refuses the successor of a connection worn
+/// out by broker-closed channels: the worn one, still connected, carries on,
+/// and every request is answered as it would be (before, each request that
+/// found it worn tried to connect and failed with the refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worn_connection_carries_on_while_the_broker_refuses_its_successor() {
+    let vhost = PrivateVhost::create("worn");
+    let prefix = unique("worn");
+    let text = config_text_on(&vhost.url, &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "");
+    let config = hourglass::config::Config::parse(std::path::Path::new("worn.toml"), text).unwrap();
+    let scheduler = scheduler(&config).await;
+    let executor = rabbit(&scheduler);
+    let connection = connect_to(&vhost.url).await;
+    let mut destination = Destination::declare(&connection, "worn").await;
+    let valid = |body: &str| ScheduleRequest { destination: destination.name.clone(), delay_ms: 0, body: body.as_bytes().to_vec(), ..Default::default() };
+    let first = scheduler.schedule(valid("before")).await.expect("scheduled before the limit");
+    // Open now: the executor's publishing and control connections, and the test's.
+    vhost.limit_connections(3);
+
+    // Each missing destination's check closes a control channel: the first
+    // WEAR_LIMIT (1,000) wear the control connection out, the rest find it worn.
+    let wrong = schedule_to_missing_destinations(&scheduler, 1_300, 32, || ()).await;
+    assert!(wrong.is_empty(), "every missing destination is answered as missing; {} were not: {:?}", wrong.len(), &wrong[..wrong.len().min(5)]);
+    let second = scheduler.schedule(valid("after")).await.expect("a valid request on the worn connection");
+    let received = destination.receive(2, Duration::from_secs(10)).await;
+    assert_eq!(message_ids(&received), {
+        let mut ids = vec![first.id, second.id];
+        ids.sort();
+        ids
+    });
     assert_eq!(executor.reconnects(), 0, "no connection was lost on the way");
 }
 

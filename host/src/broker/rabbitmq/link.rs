@@ -5,7 +5,9 @@
 //! after about `channel_max` such closes every new channel fails. A link
 //! counts those closes and calls itself worn out well before that; its
 //! [`Slot`] then opens a fresh connection, and the old one closes by itself
-//! once the last publish still using it has its answer.
+//! once the last publish still using it has its answer. While a successor
+//! cannot open (a broker at its connection limit refuses it), the worn link
+//! stays in use and the attempts back off as reconnects do.
 //!
 //! A [`Slot`] reconnects single-flight: one caller connects (bounded by
 //! [`CONNECT_TIMEOUT`]) while every other caller is told "unavailable" at
@@ -298,9 +300,12 @@ impl Slot {
         {
             return Ok(link.clone());
         }
-        let lost = current.as_ref().is_none_or(|link| !link.connected());
-        if lost && Instant::now() < connecting.next_attempt {
-            return Err(self.unavailable("connection lost; reconnecting"));
+        // Only worn out, it still works: it carries on while a successor cannot
+        // open (a broker at its connection limit), and the attempts back off.
+        let worn = current.filter(|link| link.connected());
+        let lost = worn.is_none();
+        if Instant::now() < connecting.next_attempt {
+            return worn.ok_or_else(|| self.unavailable("connection lost; reconnecting"));
         }
         // A lazy slot's first connection is no reconnect.
         let first = connecting.opened == 0;
@@ -325,8 +330,16 @@ impl Slot {
             Err(err) => {
                 let wait = connecting.backoff.next_wait();
                 connecting.next_attempt = Instant::now() + wait;
-                tracing::warn!(connection = %self.name, error = %err, retry_in = ?wait, "connecting to RabbitMQ failed");
-                Err(err)
+                match worn {
+                    Some(link) => {
+                        tracing::warn!(connection = %self.name, error = %err, retry_in = ?wait, "could not replace a connection worn out by broker-closed channels; still using it");
+                        Ok(link)
+                    }
+                    None => {
+                        tracing::warn!(connection = %self.name, error = %err, retry_in = ?wait, "connecting to RabbitMQ failed");
+                        Err(err)
+                    }
+                }
             }
         }
     }
