@@ -161,7 +161,7 @@ async fn move_queue(
     let mut staying: Vec<Taken> = Vec::new();
     let result = async {
         loop {
-            let taken = taker.take(queue, batch).await?;
+            let taken = taker.take_spread(queue, batch).await?;
             if taken.is_empty() {
                 return Ok(());
             }
@@ -180,19 +180,19 @@ async fn move_queue(
                 }
             }
             let results = scheduler.schedule_many(requests, batch).await;
-            let mut moved = 0;
+            let mut confirmed = Vec::with_capacity(moving.len());
+            let mut unavailable = None;
             for ((message, due), result) in moving.into_iter().zip(results) {
                 match result {
                     Ok(_) => {
-                        taker.ack(message).await?;
-                        moved += 1;
+                        confirmed.push(message);
                         summary.earliest_due_ms = Some(summary.earliest_due_ms.map_or(due, |d| d.min(due)));
                         summary.latest_due_ms = Some(summary.latest_due_ms.map_or(due, |d| d.max(due)));
                     }
-                    // The broker went away: stop here; what is not acked goes back.
+                    // The broker went away: what it confirmed is acked, the rest goes back, and the transfer stops.
                     Err(ScheduleError::Broker(err @ ExecutorError::Unavailable(_))) => {
                         staying.push(message);
-                        return Err(TransferError::Broker(err));
+                        unavailable.get_or_insert(err);
                     }
                     Err(err) => {
                         *counts.left.entry(format!("refused by {to}: {err}")).or_default() += 1;
@@ -200,9 +200,14 @@ async fn move_queue(
                     }
                 }
             }
+            let moved = confirmed.len() as u64;
+            taker.ack_all(confirmed).await?;
             counts.moved += moved;
             summary.moved += moved;
             progress(queue, moved);
+            if let Some(err) = unavailable {
+                return Err(TransferError::Broker(err));
+            }
         }
     }
     .await;

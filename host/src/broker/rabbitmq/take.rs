@@ -1,8 +1,14 @@
-//! Taking messages off a queue one `basic.get` at a time, holding each until
-//! it is acked (done with) or given back: what `hourglass transfer` moves
-//! messages with. A taken message sits unacked, so it neither expires into
-//! the next queue nor is lost if this process dies: the broker puts it back.
+//! Taking messages off a queue with `basic.get`, holding each until it is
+//! acked (done with) or given back: what `hourglass transfer` moves messages
+//! with and `hourglass parked` lists them with. A taken message sits unacked,
+//! so it neither expires into the next queue nor is lost if this process
+//! dies: the broker puts it back.
+//!
+//! A `basic.get` is a round trip for one message, so [`Taker::take_spread`]
+//! gets on several channels at once (a transfer, where order does not matter);
+//! [`Taker::take`] keeps the queue's order (a listing).
 
+use futures_util::future::{join_all, try_join_all};
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -15,11 +21,18 @@ use super::link::{CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};
 use super::passive::{self, PassiveFailure};
 
-/// One connection and channel to take messages with.
+/// Channels [`Taker::take_spread`] gets on at once. One `basic.get` per round
+/// trip was most of a transfer's time: 10,000 messages moved in 8.3 s on one
+/// channel with one ack after another, 3.5–4.4 s on four with the acks
+/// together (a debug build; eight channels took no less).
+const SPREAD: usize = 4;
+
+/// One connection, and channels to take messages with.
 pub struct Taker {
     url: String,
     connection: Connection,
-    channel: Channel,
+    /// The first keeps a queue's order for [`Taker::take`].
+    channels: Vec<Channel>,
 }
 
 /// A message taken and not yet acked or given back.
@@ -34,8 +47,11 @@ impl Taker {
         let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
             .await
             .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url))))?;
-        let channel = create_channel(&connection).await.map_err(lost)?;
-        Ok(Taker { url: url.to_string(), connection, channel })
+        let mut channels = Vec::with_capacity(SPREAD);
+        for _ in 0..SPREAD {
+            channels.push(create_channel(&connection).await.map_err(lost)?);
+        }
+        Ok(Taker { url: url.to_string(), connection, channels })
     }
 
     fn lost(&self, e: lapin::Error) -> ExecutorError {
@@ -58,11 +74,24 @@ impl Taker {
         }
     }
 
-    /// Up to `max` messages from `queue`, fewer when it runs empty.
+    /// Up to `max` messages from `queue` in its order, fewer when it runs empty.
     pub async fn take(&self, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
+        self.take_on(&self.channels[0], queue, max).await
+    }
+
+    /// Up to `max` messages from `queue`, fewer when it runs empty, taken on
+    /// every channel at once: faster, in no particular order. On an error the
+    /// messages already taken go back to the queue when the taker closes.
+    pub async fn take_spread(&self, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
+        let count = self.channels.len();
+        let shares = self.channels.iter().enumerate().map(|(i, channel)| self.take_on(channel, queue, max / count + usize::from(i < max % count)));
+        Ok(try_join_all(shares).await?.into_iter().flatten().collect())
+    }
+
+    async fn take_on(&self, channel: &Channel, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
         let mut taken = Vec::new();
         while taken.len() < max {
-            let Some(got) = self.channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await.map_err(|e| self.lost(e))? else { break };
+            let Some(got) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await.map_err(|e| self.lost(e))? else { break };
             taken.push(Taken { delivery: from_amqp_delivery(queue, &got.delivery), acker: got.delivery.acker });
         }
         Ok(taken)
@@ -71,6 +100,11 @@ impl Taker {
     /// Done with it: the broker forgets it.
     pub async fn ack(&self, taken: Taken) -> Result<(), ExecutorError> {
         taken.acker.ack(BasicAckOptions::default()).await.map(|_| ()).map_err(|e| self.lost(e))
+    }
+
+    /// Done with all of them: their acks go out together rather than one after another's.
+    pub async fn ack_all(&self, taken: Vec<Taken>) -> Result<(), ExecutorError> {
+        join_all(taken.into_iter().map(|taken| self.ack(taken))).await.into_iter().collect()
     }
 
     /// Back where it was, as it was.
