@@ -1,6 +1,7 @@
 //! `hourglass transfer` on a real RabbitMQ: 10,000 messages waiting in classic
 //! binary levels move to quorum levels while in flight; every one arrives,
-//! none before its original due time, none twice; `--dry-run` moves nothing.
+//! none before its original due time, none twice; `--dry-run` moves nothing;
+//! messages without hourglass's headers stay where they are, counted.
 //!
 //! Lateness is printed, not bounded: measured here p50 0.5 s, p99 1.0 s after the
 //! original due time on a quiet machine (1.1–1.6 s and 3.4–3.6 s beside other
@@ -97,6 +98,66 @@ async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none
     let at = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
     eprintln!("all {MESSAGES} arrived; late p50 {} ms, p99 {} ms, max {} ms", at(0.5), at(0.99), at(1.0));
     destination.assert_quiet(Duration::from_millis(500)).await;
+
+    std::fs::remove_file(&path).ok();
+}
+
+/// Messages another client put in a level (no `hourglass-due-at`) sit among
+/// hourglass's own: they stay where they are and are counted, held unacked
+/// across the batches so the takes move past them, and every other message
+/// moves; a transfer that left any exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_without_hourglass_headers_stay_in_place_while_the_rest_move() {
+    const OURS: usize = 300;
+    const FOREIGN: usize = 20;
+    let (classic, quorum) = (unique("transfer-stay-classic"), unique("transfer-stay-quorum"));
+    let (config, path) = classic_and_quorum_levels(&classic, &quorum, "transfer-stay");
+    // Deletes what the test declares, also when it fails.
+    let cleanup = Cleanup::declared(&topologies_of(&config, &["classic", "quorum"]));
+    let connection = connect().await;
+    let destination = Destination::declare(&connection, "transfer-stay").await;
+    cleanup.queue(&destination.name);
+    let scheduler = scheduler(&config).await;
+
+    // 600 to 690 s out: every one waits in level 9 (512 s) first; the foreign
+    // ones go in the middle (after the first half declared the levels).
+    let request = |i: usize| ScheduleRequest {
+        destination: destination.name.clone(),
+        delay_ms: 600_000 + i as u64 * 300,
+        body: format!("m-{i}").into_bytes(),
+        ..Default::default()
+    };
+    let first_half = scheduler.schedule_many((0..OURS / 2).map(request).collect(), 64).await;
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    let level = format!("{classic}.direct-level-09");
+    let mandatory = lapin::options::BasicPublishOptions { mandatory: true, ..Default::default() };
+    for i in 0..FOREIGN {
+        let body = format!("foreign-{i}");
+        let confirm = channel.basic_publish("".into(), level.as_str().into(), mandatory, body.as_bytes(), Default::default()).await.unwrap();
+        let confirm = confirm.await.unwrap();
+        assert!(confirm.is_ack() && confirm.take_message().is_none(), "foreign-{i} reached {level}");
+    }
+    let second_half = scheduler.schedule_many((OURS / 2..OURS).map(request).collect(), 64).await;
+    assert!(first_half.iter().chain(&second_half).all(Result::is_ok), "scheduled");
+    let depth = |queue: String| {
+        let connection = &connection;
+        async move {
+            let channel = connection.create_channel().await.unwrap();
+            let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+            channel.queue_declare(queue.as_str().into(), passive, Default::default()).await.unwrap().message_count() as usize
+        }
+    };
+    assert_eq!(depth(level.clone()).await, OURS + FOREIGN);
+
+    let moved = transfer_cli(&path, &["--batch", "64", "--format", "json"]);
+    assert_eq!(moved.status.code(), Some(1), "a transfer that left messages exits 1: {moved:?}");
+    let report: serde_json::Value = serde_json::from_slice(&moved.stdout).unwrap();
+    assert_eq!((report["moved"].as_u64(), report["left"].as_u64()), (Some(OURS as u64), Some(FOREIGN as u64)), "{report}");
+    let row = report["queues"].as_array().unwrap().iter().find(|q| q["queue"] == level.as_str()).expect("level 9's row");
+    assert_eq!(row["left"]["no hourglass-due-at header"].as_u64(), Some(FOREIGN as u64), "{row}");
+    assert_eq!(depth(level).await, FOREIGN, "the foreign messages are back in their queue");
+    assert_eq!(waiting(&connection, &config, "quorum").await, OURS as u64, "hourglass's own wait in the quorum levels");
 
     std::fs::remove_file(&path).ok();
 }
