@@ -1,7 +1,8 @@
 //! A virtual host of the test's own, for what must run under fixed names
-//! (the examples' `work` queue, the NServiceBus and Celery presets): a random
-//! vhost on the shared broker holds them, and deleting the vhost removes
-//! everything in it, so no fixed name is ever touched on the broker others use.
+//! (the examples' `work` queue, the NServiceBus and Celery presets) or under
+//! limits of its own (`max-connections`): a random vhost on the shared broker
+//! holds them, and deleting the vhost removes everything in it, so no fixed
+//! name or limit is ever touched on the broker others use.
 
 use crate::{amqp_url, management_request, unique};
 

@@ -108,6 +108,8 @@ async fn a_worn_connection_carries_on_while_the_broker_refuses_its_successor() {
     let first = scheduler.schedule(valid("before")).await.expect("scheduled before the limit");
     // Open now: the executor's publishing and control connections, and the test's.
     vhost.limit_connections(3);
+    let refused = lapin::Connection::connect(&vhost.url, lapin::ConnectionProperties::default()).await;
+    assert!(refused.is_err(), "the broker takes no fourth connection on the vhost");
 
     // Each missing destination's check closes a control channel: the first
     // WEAR_LIMIT (1,000) wear the control connection out, the rest find it worn.

@@ -10,9 +10,9 @@
 //! stays in use and the attempts back off as reconnects do.
 //!
 //! A [`Slot`] reconnects single-flight: one caller connects (bounded by
-//! [`CONNECT_TIMEOUT`]) while every other caller is told "unavailable" at
-//! once instead of queueing behind it; failed attempts back off from 250 ms
-//! to 5 s. Readiness only [`Slot::peek`]s; in `serve` a background task
+//! [`CONNECT_TIMEOUT`]) while every other caller gets the worn link if there
+//! is one, or is told "unavailable" at once instead of queueing behind it;
+//! failed attempts back off from 250 ms to 5 s. Readiness only [`Slot::peek`]s; in `serve` a background task
 //! (`RabbitMqExecutor::keep_connected`) reconnects, so no probe waits on a connect.
 
 use std::future::Future;
@@ -257,19 +257,22 @@ impl Slot {
         self.current.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|link| link.connected())
     }
 
-    /// Whether [`Self::link`] would open a connection: the current one is lost or worn out.
+    /// Whether the current connection is lost or worn out (then [`Self::link`]
+    /// opens another, unless an attempt failed within the backoff).
     pub(crate) fn needs_connecting(&self) -> bool {
         !self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|link| link.usable())
     }
 
-    /// A usable link: the current one, or a new one if it was lost or worn out.
+    /// A connected link: the current one, a new one if it was lost or worn
+    /// out, or the worn one while its successor cannot open.
     pub async fn link(&self) -> Result<Arc<Link>, ExecutorError> {
         self.link_or(Busy::Refuse).await
     }
 
-    /// [`Self::link`], but a caller that finds another connecting waits for
-    /// its outcome instead of hearing "not now": for consumers attaching
-    /// together, which would otherwise all but one back off at start.
+    /// [`Self::link`], but a caller that finds another connecting, with no
+    /// connected link to go on with, waits for its outcome instead of hearing
+    /// "not now": for consumers attaching together, which would otherwise all
+    /// but one back off at start.
     pub async fn link_waiting(&self) -> Result<Arc<Link>, ExecutorError> {
         self.link_or(Busy::Wait).await
     }
@@ -282,16 +285,12 @@ impl Slot {
             return Ok(link.clone());
         }
         // Single flight: whoever holds the lock connects; everyone else hears "not now" (or waits).
-        let mut connecting = match (self.connecting.try_lock(), busy) {
-            (Ok(connecting), _) => connecting,
-            (Err(_), Busy::Wait) => self.connecting.lock().await,
+        let mut connecting = match (self.connecting.try_lock(), busy, current) {
+            (Ok(connecting), _, _) => connecting,
             // A link that is only worn out still works while its successor opens.
-            (Err(_), Busy::Refuse) => {
-                return match current {
-                    Some(link) if link.connected() => Ok(link),
-                    _ => Err(self.unavailable("reconnecting")),
-                };
-            }
+            (Err(_), _, Some(link)) if link.connected() => return Ok(link),
+            (Err(_), Busy::Wait, _) => self.connecting.lock().await,
+            (Err(_), Busy::Refuse, _) => return Err(self.unavailable("reconnecting")),
         };
         // Someone may have replaced it between our look and the lock.
         let current = self.current.lock().unwrap_or_else(|p| p.into_inner()).clone();

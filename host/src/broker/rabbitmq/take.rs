@@ -8,7 +8,7 @@
 //! gets on several channels at once (a transfer, where order does not matter);
 //! [`Taker::take`] keeps the queue's order (a listing).
 
-use futures_util::future::{join_all, try_join_all};
+use futures_util::future::join_all;
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::FieldTable as AmqpTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -80,26 +80,55 @@ impl Taker {
     }
 
     /// Up to `max` messages from `queue`, fewer when it runs empty, taken on
-    /// every channel at once: faster, in no particular order. On an error the
-    /// messages already taken go back to the queue when the taker closes.
+    /// every channel at once: faster, in no particular order. When one channel
+    /// fails, what the others took is given back before the error returns.
     pub async fn take_spread(&self, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
         let count = self.channels.len();
         let shares = self.channels.iter().enumerate().map(|(i, channel)| self.take_on(channel, queue, max / count + usize::from(i < max % count)));
-        Ok(try_join_all(shares).await?.into_iter().flatten().collect())
+        let mut taken = Vec::with_capacity(max);
+        let mut failed = None;
+        for share in join_all(shares).await {
+            match share {
+                Ok(share) => taken.extend(share),
+                Err(err) => _ = failed.get_or_insert(err),
+            }
+        }
+        let Some(err) = failed else { return Ok(taken) };
+        for message in taken {
+            self.give_back(message).await.ok();
+        }
+        Err(err)
     }
 
+    /// On `channel`, one `basic.get` after another; on a failure part way, what it took is given back.
     async fn take_on(&self, channel: &Channel, queue: &str, max: usize) -> Result<Vec<Taken>, ExecutorError> {
         let mut taken = Vec::new();
         while taken.len() < max {
-            let Some(got) = channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await.map_err(|e| self.lost(e))? else { break };
-            taken.push(Taken { delivery: from_amqp_delivery(queue, &got.delivery), acker: got.delivery.acker });
+            match channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }).await {
+                Ok(Some(got)) => taken.push(Taken { delivery: from_amqp_delivery(queue, &got.delivery), acker: got.delivery.acker }),
+                Ok(None) => break,
+                Err(e) => {
+                    for message in taken {
+                        self.give_back(message).await.ok();
+                    }
+                    return Err(self.lost(e));
+                }
+            }
         }
         Ok(taken)
     }
 
-    /// Done with it: the broker forgets it.
+    /// Done with it: the broker forgets it. An ack that cannot go out (its
+    /// channel closed meanwhile, so the broker has the message back) is an error.
     pub async fn ack(&self, taken: Taken) -> Result<(), ExecutorError> {
-        taken.acker.ack(BasicAckOptions::default()).await.map(|_| ()).map_err(|e| self.lost(e))
+        match taken.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ExecutorError::Unavailable(format!(
+                "RabbitMQ at {}: the channel closed before the ack; the broker has the message back",
+                redact(&self.url)
+            ))),
+            Err(e) => Err(self.lost(e)),
+        }
     }
 
     /// Done with all of them: their acks go out together rather than one after another's.
@@ -107,7 +136,7 @@ impl Taker {
         join_all(taken.into_iter().map(|taken| self.ack(taken))).await.into_iter().collect()
     }
 
-    /// Back where it was, as it was.
+    /// Back where it was, as it was (a closed channel has given it back already).
     pub(crate) async fn give_back(&self, taken: Taken) -> Result<(), ExecutorError> {
         taken.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.map(|_| ()).map_err(|e| self.lost(e))
     }
