@@ -12,7 +12,8 @@
 //! A [`Slot`] reconnects single-flight: one caller connects (bounded by
 //! [`CONNECT_TIMEOUT`]) while every other caller gets the worn link if there
 //! is one, or is told "unavailable" at once instead of queueing behind it;
-//! failed attempts back off from 250 ms to 5 s. Readiness only [`Slot::peek`]s; in `serve` a background task
+//! failed attempts back off from 250 ms to 5 s. Readiness only
+//! [`Slot::peek`]s; in `serve` a background task
 //! (`RabbitMqExecutor::keep_connected`) reconnects, so no probe waits on a connect.
 
 use std::future::Future;
