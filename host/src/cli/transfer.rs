@@ -40,7 +40,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let url = amqp_url(url.as_deref(), url_env.as_deref());
     let summary = tokio_runtime()?.block_on(async {
         let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
-        let taker = Taker::open(&url).await?;
+        let taker = Taker::open_spread(&url).await?;
         let (from, to) = (args.from.as_str(), args.to.as_str());
         let management = hourglass::service::pending::management_for(&config);
         let management = management.as_deref();

@@ -4,9 +4,10 @@
 //! so it neither expires into the next queue nor is lost if this process
 //! dies: the broker puts it back.
 //!
-//! A `basic.get` is a round trip for one message, so [`Taker::take_spread`]
-//! gets on several channels at once (a transfer, where order does not matter);
-//! [`Taker::take`] keeps the queue's order (a listing).
+//! A `basic.get` is a round trip for one message, so a transfer opens its
+//! taker with [`Taker::open_spread`] and gets on several channels at once
+//! ([`Taker::take_spread`]: order does not matter there); a listing opens one
+//! channel and [`Taker::take`] keeps the queue's order.
 
 use futures_util::future::join_all;
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
@@ -21,7 +22,7 @@ use super::link::{CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};
 use super::passive::{self, PassiveFailure};
 
-/// Channels [`Taker::take_spread`] gets on at once. One `basic.get` per round
+/// Channels a [`Taker::open_spread`] taker gets on at once. One `basic.get` per round
 /// trip was most of a transfer's time: 10,000 messages moved in 8.3 s on one
 /// channel with one ack after another, 3.5–4.4 s on four with the acks
 /// together (a debug build; eight channels took no less).
@@ -42,13 +43,23 @@ pub struct Taken {
 }
 
 impl Taker {
+    /// A taker with one channel: [`Self::take`] and [`Self::take_spread`] alike keep to it.
     pub async fn open(url: &str) -> Result<Taker, ExecutorError> {
+        Self::open_with(url, 1).await
+    }
+
+    /// A taker whose [`Self::take_spread`] gets on [`SPREAD`] channels at once.
+    pub async fn open_spread(url: &str) -> Result<Taker, ExecutorError> {
+        Self::open_with(url, SPREAD).await
+    }
+
+    async fn open_with(url: &str, channel_count: usize) -> Result<Taker, ExecutorError> {
         let lost = |e: lapin::Error| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url)));
         let (connection, _) = nodes::connect(url, ConnectionProperties::default(), CONNECT_TIMEOUT)
             .await
             .map_err(|e| ExecutorError::Unavailable(format!("RabbitMQ at {}: {e}", redact(url))))?;
-        let mut channels = Vec::with_capacity(SPREAD);
-        for _ in 0..SPREAD {
+        let mut channels = Vec::with_capacity(channel_count);
+        for _ in 0..channel_count {
             channels.push(create_channel(&connection).await.map_err(lost)?);
         }
         Ok(Taker { url: url.to_string(), connection, channels })
