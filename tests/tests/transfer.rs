@@ -140,15 +140,7 @@ async fn messages_without_hourglass_headers_stay_in_place_while_the_rest_move() 
     }
     let second_half = scheduler.schedule_many((OURS / 2..OURS).map(request).collect(), 64).await;
     assert!(first_half.iter().chain(&second_half).all(Result::is_ok), "scheduled");
-    let depth = |queue: String| {
-        let connection = &connection;
-        async move {
-            let channel = connection.create_channel().await.unwrap();
-            let passive = QueueDeclareOptions { passive: true, ..Default::default() };
-            channel.queue_declare(queue.as_str().into(), passive, Default::default()).await.unwrap().message_count() as usize
-        }
-    };
-    assert_eq!(depth(level.clone()).await, OURS + FOREIGN);
+    assert_eq!(queue_depth(&channel, &level).await as usize, OURS + FOREIGN);
 
     let moved = transfer_cli(&path, &["--batch", "64", "--format", "json"]);
     assert_eq!(moved.status.code(), Some(1), "a transfer that left messages exits 1: {moved:?}");
@@ -157,7 +149,7 @@ async fn messages_without_hourglass_headers_stay_in_place_while_the_rest_move() 
     let row = report["queues"].as_array().unwrap().iter().find(|q| q["queue"] == level.as_str()).expect("level 9's row");
     assert_eq!(row["left"]["no hourglass-due-at header"].as_u64(), Some(FOREIGN as u64), "{row}");
     // Given back as the transfer closed; the broker may still be putting them back.
-    until("the foreign messages are back in their queue", Duration::from_secs(10), async || depth(level.clone()).await == FOREIGN).await;
+    until("the foreign messages are back in their queue", Duration::from_secs(10), async || queue_depth(&channel, &level).await as usize == FOREIGN).await;
     assert_eq!(waiting(&connection, &config, "quorum").await, OURS as u64, "hourglass's own wait in the quorum levels");
 
     std::fs::remove_file(&path).ok();
