@@ -237,9 +237,7 @@ async fn each_message(
         }
     }
     .await;
-    for message in kept {
-        taker.give_back(message).await.ok();
-    }
+    taker.give_back_all(kept).await;
     result.map(|()| handled)
 }
 

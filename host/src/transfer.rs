@@ -211,8 +211,6 @@ async fn move_queue(
         }
     }
     .await;
-    for message in staying {
-        taker.give_back(message).await.ok();
-    }
+    taker.give_back_all(staying).await;
     result
 }

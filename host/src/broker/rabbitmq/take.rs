@@ -105,9 +105,7 @@ impl Taker {
             }
         }
         let Some(err) = failed else { return Ok(taken) };
-        for message in taken {
-            self.give_back(message).await.ok();
-        }
+        self.give_back_all(taken).await;
         Err(err)
     }
 
@@ -119,9 +117,7 @@ impl Taker {
                 Ok(Some(got)) => taken.push(Taken { delivery: from_amqp_delivery(queue, &got.delivery), acker: got.delivery.acker }),
                 Ok(None) => break,
                 Err(e) => {
-                    for message in taken {
-                        self.give_back(message).await.ok();
-                    }
+                    self.give_back_all(taken).await;
                     return Err(self.lost(e));
                 }
             }
@@ -150,6 +146,14 @@ impl Taker {
     /// Back where it was, as it was (a closed channel has given it back already).
     pub(crate) async fn give_back(&self, taken: Taken) -> Result<(), ExecutorError> {
         taken.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await.map(|_| ()).map_err(|e| self.lost(e))
+    }
+
+    /// Every one back, as far as the channels allow: on the way out, where a
+    /// failed give-back leaves the message to the broker when the taker closes.
+    pub(crate) async fn give_back_all(&self, taken: Vec<Taken>) {
+        for message in taken {
+            self.give_back(message).await.ok();
+        }
     }
 
     pub async fn close(self) {
