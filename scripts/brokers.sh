@@ -1,10 +1,93 @@
-# Sourced by scripts/test: makes sure the brokers the end-to-end tests need are up.
+# Sourced by scripts/test, scripts/faults and scripts/soak: makes sure the
+# brokers the end-to-end tests need are up, and stops what it started when
+# the sourcing script exits.
 
-amqp_port_open() {
-  (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null
+. "$(dirname "${BASH_SOURCE[0]}")/roots.sh"
+
+# Commands run when the sourcing script exits, in the order they were added.
+HOURGLASS_ON_EXIT=()
+on_exit() {
+  HOURGLASS_ON_EXIT+=("$1")
+  trap 'for command in "${HOURGLASS_ON_EXIT[@]}"; do eval "$command" || true; done' EXIT
 }
 
+port_open() {
+  (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null
+}
+
+amqp_port_open() {
+  port_open 5672
+}
+
+# The RabbitMQ the tests run on: VERSION 3.10 (the default) is the machine's
+# own node on 5672; 4.0 and 4.3 are nodes of their own started from Debian
+# roots (scripts/roots.sh) and stopped when the script exits. Exports the
+# test broker's URLs and HOURGLASS_TEST_RABBITMQ, which the tests' private
+# nodes and scripts/cluster follow (scripts/rabbitmq).
 ensure_rabbitmq() {
+  local version=${1:-3.10}
+  export HOURGLASS_TEST_RABBITMQ=$version
+  if [ "$version" = 3.10 ]; then
+    ensure_machine_rabbitmq
+  else
+    start_rabbitmq_version "$version"
+  fi
+  echo "RabbitMQ under test: $version at ${HOURGLASS_TEST_AMQP_URL/guest:guest@/} (management ${HOURGLASS_TEST_MANAGEMENT_URL/guest:guest@/})" >&2
+}
+
+# A node of RabbitMQ VERSION from its Debian root, for the tests: AMQP on
+# 56xx (5643 for 4.3, 5640 for 4.0), management on AMQP + 10000, Erlang
+# distribution on AMQP + 20000; fresh data each time.
+start_rabbitmq_version() {
+  local version=$1 suite port node dir
+  suite=$(rabbitmq_suite "$version") || exit 1
+  debian_root "$suite" >/dev/null || exit 1
+  port=$((5600 + ${version//./}))
+  node="hg-test-${version//./}@localhost"
+  dir="$(realpath "${TMPDIR:-/tmp}")/hourglass-rabbitmq-$version"
+  local scripts
+  scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  # A node left by a run that was killed before it could stop it.
+  "$scripts/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || true
+  if port_open "$port"; then
+    echo "error: 127.0.0.1:$port is taken; RabbitMQ $version's test node needs it (stop what listens there)" >&2
+    exit 1
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir/mnesia" "$dir/log"
+  {
+    echo "listeners.tcp.local = 127.0.0.1:$port"
+    echo "loopback_users = none"
+    echo "management.tcp.ip = 127.0.0.1"
+    echo "management.tcp.port = $((port + 10000))"
+  } >"$dir/rabbitmq.conf"
+  echo "[rabbitmq_management]." >"$dir/enabled_plugins"
+  "$scripts/rabbitmq" chown -R rabbitmq:rabbitmq "$dir"
+  echo "starting RabbitMQ $version ($node) from $HOURGLASS_ROOTS/$suite on 127.0.0.1:$port" >&2
+  (
+    cd "$dir"
+    exec "$scripts/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
+      RABBITMQ_NODENAME="$node" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 20000)) \
+      RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
+      RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+      rabbitmq-server -detached
+  )
+  on_exit "HOURGLASS_TEST_RABBITMQ=$version '$scripts/rabbitmq' runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq rabbitmqctl -q -n '$node' stop >/dev/null 2>&1; rm -rf '$dir'"
+  local deadline=$((SECONDS + 120))
+  until port_open "$port" && port_open $((port + 10000)); do
+    if (( SECONDS > deadline )); then
+      echo "error: RabbitMQ $version did not open 127.0.0.1:$port and :$((port + 10000)) within 120 s; log tail:" >&2
+      tail -n 30 "$dir/log/$node.log" >&2 2>/dev/null || echo "(no log written)" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  export HOURGLASS_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$port/%2f"
+  export HOURGLASS_TEST_MANAGEMENT_URL="http://guest:guest@127.0.0.1:$((port + 10000))"
+}
+
+# The machine's own RabbitMQ on 5672, started when it is down.
+ensure_machine_rabbitmq() {
   if ! amqp_port_open; then
     if ! command -v rabbitmq-server >/dev/null 2>&1; then
       echo "error: RabbitMQ is not running on 127.0.0.1:5672 and is not installed." >&2
@@ -31,7 +114,8 @@ ensure_rabbitmq() {
     fi
     sleep 1
   done
-  export HOURGLASS_TEST_AMQP_URL="${HOURGLASS_TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+  export HOURGLASS_TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:5672/%2f"
+  export HOURGLASS_TEST_MANAGEMENT_URL="http://guest:guest@127.0.0.1:15672"
 
   # `verify` reads bindings from the management API; its tests need it.
   if ! (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; then
@@ -66,7 +150,8 @@ ensure_sqs() {
   # moto_server with its SQS clock reads made cheap (scripts/moto_server.py says why).
   "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_server.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
   MOTO_PID=$!
-  trap 'kill "$MOTO_PID" 2>/dev/null || true' EXIT
+  on_exit 'kill "$MOTO_PID" 2>/dev/null'
+
   local deadline=$((SECONDS + 30))
   until (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; do
     if (( SECONDS > deadline )) || ! kill -0 "$MOTO_PID" 2>/dev/null; then

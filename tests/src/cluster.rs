@@ -21,7 +21,8 @@ impl Cluster {
     pub fn start() -> Result<Cluster, NodeError> {
         let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
         let name = format!("hg-cluster-{suffix}");
-        let dir = std::env::temp_dir().join(&name);
+        // Canonical, as PrivateNode's: a version's Debian root sees the temporary directory at its real path.
+        let dir = std::env::temp_dir().canonicalize()?.join(&name);
         // Each node's AMQP port and its distribution port (AMQP + 20,000, as scripts/cluster sets it).
         let port = free_ports(&[0, 1, 2, 20_000, 20_001, 20_002])?;
         let output = Command::new(repo_root().join("scripts/cluster"))

@@ -105,6 +105,11 @@ pub fn config_text(strategy_table: &str, more: &str) -> String {
 /// `hourglass-canary`), which a test must never declare or consume on a
 /// shared broker.
 ///
+/// On the test broker (any vhost of it) the `[broker]` table names its
+/// management API (`management_url`), as a user's config would: the hosts a
+/// test starts read the broker's clock and topology there, whichever broker
+/// version is under test (`scripts/test --rabbitmq`).
+///
 /// Every strategy has a release queue on RabbitMQ (`<release_prefix>.<strategy>`):
 /// unless `more` configures `[service.cancel]`, the release prefix is
 /// `<the strategy's prefix>.release` (a random one without a `prefix` key),
@@ -118,7 +123,14 @@ pub fn config_text_on(url: &str, strategy_table: &str, more: &str) -> String {
         let prefix = strategy_table.lines().find_map(|line| line.strip_prefix("prefix = \"")?.strip_suffix('"').map(str::to_string));
         format!("\n[service.cancel]\nrelease_prefix = \"{}\"\n", prefix.map_or_else(|| unique("release"), |p| format!("{p}.release")))
     };
-    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}{release}")
+    let management = if same_broker(url, &amqp_url()) { format!("management_url = \"{}\"\n", management_url()) } else { String::new() };
+    format!("[broker]\nkind = \"rabbitmq\"\nurl = \"{url}\"\n{management}\n[strategies.main]\n{strategy_table}\n\n{more}\n{ingress}{canary}{release}")
+}
+
+/// Whether two AMQP URLs reach the same broker (host and port; any vhost).
+pub(crate) fn same_broker(a: &str, b: &str) -> bool {
+    let authority = |url: &str| url.split("://").nth(1).and_then(|rest| rest.split('/').next()).map(|at| at.rsplit('@').next().unwrap_or(at).to_string());
+    authority(a) == authority(b)
 }
 
 /// Two `binary-levels` strategies for `hourglass transfer`: `classic` (the

@@ -3,6 +3,11 @@
 //! and an empty plugin list, run as user `rabbitmq` (so it shares the shared
 //! node's Erlang cookie and `rabbitmqctl` reaches it). The shared node on 5672
 //! is never touched. Dropping it stops the node and removes its directory.
+//!
+//! The node is of the version under test: every RabbitMQ command goes
+//! through `scripts/rabbitmq`, which runs the machine's own or, with
+//! `HOURGLASS_TEST_RABBITMQ` = 4.0 or 4.3 (`scripts/test --rabbitmq`), the
+//! one in that version's Debian root.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -21,7 +26,12 @@ pub enum NodeError {
     Command { command: String, output: String },
     #[error("node {node} did not open 127.0.0.1:{port} within {timeout:?}; log tail:\n{log}")]
     NotUp { node: String, port: u16, timeout: Duration, log: String },
+    #[error("node {node} still accepts connections on 127.0.0.1:{port} {waited:?} after kill -9 of its VM")]
+    StillUp { node: String, port: u16, waited: Duration },
 }
+
+/// How long a killed node's port may stay open (it closes within ~100 ms here).
+const KILL_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct PrivateNode {
     /// `hg-fault-<random>@localhost`.
@@ -35,7 +45,8 @@ impl PrivateNode {
     /// Creates the node's directories and starts it; returns once its AMQP port accepts connections.
     pub fn start() -> Result<PrivateNode, NodeError> {
         let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
-        let dir = std::env::temp_dir().join(format!("hg-fault-{suffix}"));
+        // Canonical: scripts/roots.sh mounts the machine's temporary directory at its real path in a version's root.
+        let dir = std::env::temp_dir().canonicalize()?.join(format!("hg-fault-{suffix}"));
         for sub in ["mnesia", "log"] {
             std::fs::create_dir_all(dir.join(sub))?;
         }
@@ -44,7 +55,7 @@ impl PrivateNode {
         // The node's own config: the shared /etc/rabbitmq/rabbitmq.conf names port 5672.
         std::fs::write(dir.join("rabbitmq.conf"), format!("listeners.tcp.local = 127.0.0.1:{amqp_port}\nloopback_users = none\n"))?;
         std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
-        run("chown", &["-R", "rabbitmq:rabbitmq", &dir.display().to_string()])?;
+        rabbitmq(&["chown", "-R", "rabbitmq:rabbitmq", &dir.display().to_string()], Path::new("/"))?;
         let node = PrivateNode { name: format!("hg-fault-{suffix}@localhost"), amqp_port, dist_port, dir };
         node.boot()?;
         Ok(node)
@@ -75,10 +86,10 @@ impl PrivateNode {
             format!("RABBITMQ_CONFIG_FILE={dir}/rabbitmq.conf"),
             "HOME=/var/lib/rabbitmq".to_string(),
         ];
-        let mut args = vec!["-u", "rabbitmq", "--", "env"];
+        let mut args = vec!["runuser", "-u", "rabbitmq", "--", "env"];
         args.extend(env.iter().map(String::as_str));
         args.extend(["rabbitmq-server", "-detached"]);
-        run_in("runuser", &args, &self.dir)?;
+        rabbitmq(&args, &self.dir)?;
         let end = Instant::now() + START_TIMEOUT;
         while std::net::TcpStream::connect(("127.0.0.1", self.amqp_port)).is_err() {
             if Instant::now() > end {
@@ -100,8 +111,11 @@ impl PrivateNode {
         let pid = self.pid()?;
         run("kill", &["-9", &pid.to_string()])?;
         // Wait until the port is closed so a following boot starts a new VM.
-        let end = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.amqp_port)).is_ok() && Instant::now() < end {
+        let end = Instant::now() + KILL_TIMEOUT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.amqp_port)).is_ok() {
+            if Instant::now() > end {
+                return Err(NodeError::StillUp { node: self.name.clone(), port: self.amqp_port, waited: KILL_TIMEOUT });
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(())
@@ -114,9 +128,9 @@ impl PrivateNode {
 
     /// Runs `rabbitmqctl -n <node> ARGS` as user rabbitmq; its stdout.
     pub fn ctl(&self, args: &[&str]) -> Result<String, NodeError> {
-        let mut all = vec!["-u", "rabbitmq", "--", "rabbitmqctl", "-q", "-n", self.name.as_str()];
+        let mut all = vec!["runuser", "-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq", "rabbitmqctl", "-q", "-n", self.name.as_str()];
         all.extend(args);
-        let output = run("runuser", &all)?;
+        let output = rabbitmq(&all, Path::new("/"))?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
@@ -147,6 +161,11 @@ impl Drop for PrivateNode {
 
 fn run(program: &str, args: &[&str]) -> Result<Output, NodeError> {
     run_in(program, args, Path::new("/"))
+}
+
+/// A command from the RabbitMQ under test (`scripts/rabbitmq`), run in `dir`.
+fn rabbitmq(args: &[&str], dir: &Path) -> Result<Output, NodeError> {
+    run_in(&crate::repo_root().join("scripts/rabbitmq").display().to_string(), args, dir)
 }
 
 fn run_in(program: &str, args: &[&str], dir: &Path) -> Result<Output, NodeError> {

@@ -23,18 +23,21 @@ impl ServeProcess {
     }
 
     /// The same, with `HOURGLASS_AMQP_URL` set to `amqp_url` (a private vhost, say).
+    /// On the test broker, `HOURGLASS_MANAGEMENT_URL` names its management
+    /// API, as a user who points an example at a broker of their own would.
     pub fn start_on(config: &Path, amqp_url: &str) -> ServeProcess {
-        let mut child = Command::new(crate::hourglass_binary())
+        let mut command = Command::new(crate::hourglass_binary());
+        command
             .arg("--config")
             .arg(config)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env("RUST_LOG", "info,lapin=off")
             // Configs with `url_env = "HOURGLASS_AMQP_URL"` (the examples) reach the test broker.
-            .env("HOURGLASS_AMQP_URL", amqp_url)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn hourglass serve");
+            .env("HOURGLASS_AMQP_URL", amqp_url);
+        if crate::same_broker(amqp_url, &crate::amqp_url()) {
+            command.env("HOURGLASS_MANAGEMENT_URL", crate::management_url());
+        }
+        let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn hourglass serve");
         let (log, address_rx) = follow_stderr(&mut child);
         let Ok(address) = address_rx.recv_timeout(Duration::from_secs(60)) else {
             let _ = child.kill();

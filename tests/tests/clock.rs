@@ -323,7 +323,8 @@ async fn on_sqs_a_host_5_s_ahead_reads_the_clock_from_its_pump_and_is_not_early(
 async fn without_a_management_api_due_times_count_on_the_host_s_own_clock() {
     let text = config_text(&format!("planner = \"binary-levels\"\nprefix = \"{}\"\nunit = \"1ms\"", unique("clock-unread")), "")
         // Nothing listens on port 1.
-        .replacen("[broker]\n", "[broker]\nmanagement_url = \"http://guest:guest@127.0.0.1:1\"\n", 1);
+        .replacen(&format!("management_url = \"{}\"", management_url()), "management_url = \"http://guest:guest@127.0.0.1:1\"", 1);
+    assert!(text.contains("127.0.0.1:1\""), "the config names the dead management API: {text}");
     let config = Config::parse(std::path::Path::new("clock.toml"), text).unwrap();
     let cleanup = Cleanup::declared(&topology_of(&config));
     let connection = connect().await;

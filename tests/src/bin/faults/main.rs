@@ -116,6 +116,11 @@ fn main() {
             reports.push(report);
         }
     }
+    if reports.is_empty() {
+        let names: Vec<&str> = cases().iter().map(|(name, _)| *name).collect();
+        eprintln!("no case matches {filters:?}; the cases are: {}", names.join(", "));
+        std::process::exit(2);
+    }
     println!(
         "\n{} cases in {:.0} s; canaries early if they arrive more than {} ms before due.",
         reports.len(),
