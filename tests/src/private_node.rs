@@ -165,7 +165,9 @@ fn run(program: &str, args: &[&str]) -> Result<Output, NodeError> {
 
 /// A command from the RabbitMQ under test (`scripts/rabbitmq`), run in `dir`.
 fn rabbitmq(args: &[&str], dir: &Path) -> Result<Output, NodeError> {
-    run_in(&crate::repo_root().join("scripts/rabbitmq").display().to_string(), args, dir)
+    // The crate is `tests/`, or `host/` for the benches that include this file: the repository is above either.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("a crate inside the repository").join("scripts/rabbitmq");
+    run_in(&script.display().to_string(), args, dir)
 }
 
 fn run_in(program: &str, args: &[&str], dir: &Path) -> Result<Output, NodeError> {
