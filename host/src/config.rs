@@ -16,6 +16,8 @@ use thiserror::Error;
 use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
+pub use crate::broker::registry::BrokerConfig;
+pub use crate::environment::{environment, environment_text};
 use crate::planner::{PlannerLimits, PlannerSource};
 
 /// A place in a config file, shown as `path:line:column`.
@@ -47,38 +49,6 @@ pub struct UnknownStrategy {
     pub name: String,
     pub configured: Vec<String>,
 }
-
-/// The most `broker.publish_channels` may be: well under RabbitMQ's default `channel_max` (2,047).
-pub const MAX_PUBLISH_CHANNELS: usize = 1_024;
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
-pub enum BrokerConfig {
-    /// The embedded in-memory broker (the simulator).
-    #[default]
-    Memory,
-    Rabbitmq {
-        /// `amqp://` or `amqps://` URL; `url_env` names a variable that overrides it.
-        url: Option<String>,
-        url_env: Option<String>,
-        /// The management HTTP API, for `verify` (default: the AMQP host on port 15672).
-        management_url: Option<String>,
-        /// Confirm-mode channels for publishes, each carrying a batch of
-        /// publishes at a time: 1 to [`MAX_PUBLISH_CHANNELS`] (default 16, the executor's).
-        publish_channels: Option<usize>,
-    },
-    Sqs {
-        region: Option<String>,
-        endpoint_url: Option<String>,
-        /// How long a first send waits for others to the same queue to share
-        /// one `SendMessageBatch` (default 2ms; `0ms`: only those already
-        /// waiting; at most [`MAX_SEND_BATCH_WINDOW_MS`]).
-        send_batch_window: Option<DurationMs>,
-    },
-}
-
-/// The most `broker.send_batch_window` may be: every first send can wait this long.
-pub const MAX_SEND_BATCH_WINDOW_MS: u64 = 1_000;
 
 /// The type of hourglass's own queues on RabbitMQ.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -287,14 +257,10 @@ impl CancelConfig {
     pub fn release_queue(&self, strategy: &str) -> String {
         format!("{}.{strategy}", self.release_prefix.as_deref().unwrap_or("hourglass.release"))
     }
-    /// On SQS: the release queue with SQS's characters (`.` becomes `-`; SQS names take letters, digits, `-` and `_`).
-    pub(crate) fn sqs_release_queue(&self, strategy: &str) -> String {
-        sqs_safe(&self.release_queue(strategy))
-    }
     /// On SQS: the FIFO fates queue every host shares, named after `log` (default `hourglass-cancellations.fifo`).
     pub(crate) fn sqs_fates_queue(&self) -> String {
         let log = self.log();
-        format!("{}.fifo", sqs_safe(log.strip_suffix(".fifo").unwrap_or(log)))
+        format!("{}.fifo", crate::broker::sqs::safe_name(log.strip_suffix(".fifo").unwrap_or(log)))
     }
     pub fn retention_ms(&self) -> u64 {
         self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())
@@ -305,11 +271,6 @@ impl CancelConfig {
     pub(crate) fn answer_timeout_ms(&self) -> u64 {
         self.answer_timeout.map_or(10_000, |d| d.ms())
     }
-}
-
-/// A name with the characters SQS refuses in queue names replaced by `-`.
-pub(crate) fn sqs_safe(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
 }
 
 /// `[service.sqs_ingress]`: a standard SQS queue any SQS client sends to, with
@@ -656,13 +617,9 @@ impl Config {
                 }
                 if key == "cancellable" {
                     match value.into_inner() {
-                        toml::Value::Boolean(on) if on && !matches!(raw.broker, BrokerConfig::Rabbitmq { .. } | BrokerConfig::Sqs { .. }) => {
-                            return Err(invalid(
-                                key_span,
-                                format!(
-                                    "strategies.{name}.cancellable: needs broker.kind = \"rabbitmq\" (a stream keeps cancellations) or \"sqs\" (a FIFO fates queue does)"
-                                ),
-                            ));
+                        toml::Value::Boolean(on) if on && raw.broker.capabilities().cancellation_log.is_none() => {
+                            let kinds = BrokerConfig::kinds_that(|can| can.cancellation_log);
+                            return Err(invalid(key_span, format!("strategies.{name}.cancellable: needs {kinds}")));
                         }
                         toml::Value::Boolean(on) => {
                             cancellable = on;
@@ -683,14 +640,16 @@ impl Config {
                 ));
             };
             let planner = PlannerSource::parse(&spec, base_dir);
-            // On SQS the release step is a standard queue reached with DelaySeconds: only an SQS planner plans to it.
+            // Where a broker releases through a queue only its own planner plans to, a cancellable strategy needs that planner.
             // (A planner from a file says its family when loaded, and `serve` refuses the wrong one then.)
-            if let (true, BrokerConfig::Sqs { .. }, PlannerSource::Builtin(builtin), Some(span)) = (cancellable, &raw.broker, &planner, &cancellable_span)
-                && *builtin != crate::planner::builtin::SQS_CYCLES
+            if let (true, Some(needed), PlannerSource::Builtin(builtin), Some(span)) =
+                (cancellable, raw.broker.capabilities().cancellable_planner, &planner, &cancellable_span)
+                && *builtin != needed
             {
+                let kind = raw.broker.kind();
                 return Err(invalid(
                     span.clone(),
-                    format!("strategies.{name}.cancellable: on broker.kind = \"sqs\" it needs an SQS planner (sqs-cycles), not {builtin}"),
+                    format!("strategies.{name}.cancellable: on broker.kind = {kind:?} it needs the {needed} planner, not {builtin}"),
                 ));
             }
             strategies.insert(
@@ -731,8 +690,8 @@ impl Config {
         for (name, exchange) in raw.exchanges {
             let (span, name, exchange) = (exchange.span(), name.into_inner(), exchange.into_inner());
             let refuse = |why: String| Err(invalid(span.clone(), format!("exchanges.{name:?}: {why}")));
-            if !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) {
-                return refuse("delayed exchanges need broker.kind = \"rabbitmq\"".into());
+            if !raw.broker.capabilities().exchanges {
+                return refuse(format!("delayed exchanges need {}", BrokerConfig::kinds_that(|can| can.exchanges.then_some(""))));
             }
             if !raw.service.ingress.enabled {
                 return refuse("delayed exchanges feed the AMQP ingress queue; service.ingress.enabled must be true".into());
@@ -752,17 +711,8 @@ impl Config {
         }
 
         check_service(&raw.service).map_err(|(path, message)| invalid(span_of(&document, &format!("service.{path}")), message))?;
-        if let BrokerConfig::Rabbitmq { publish_channels: Some(channels), .. } = raw.broker
-            && !(1..=MAX_PUBLISH_CHANNELS).contains(&channels)
-        {
-            let message = format!("publish_channels: {channels} is not between 1 and {MAX_PUBLISH_CHANNELS}");
-            return Err(invalid(span_of(&document, "broker.publish_channels"), message));
-        }
-        if let BrokerConfig::Sqs { send_batch_window: Some(window), .. } = raw.broker
-            && window.ms() > MAX_SEND_BATCH_WINDOW_MS
-        {
-            let message = format!("send_batch_window: {} ms is above {MAX_SEND_BATCH_WINDOW_MS} ms; every first send may wait this long", window.ms());
-            return Err(invalid(span_of(&document, "broker.send_batch_window"), message));
+        if let Err(setting) = raw.broker.check() {
+            return Err(invalid(span_of(&document, &format!("broker.{}", setting.key)), setting.to_string()));
         }
 
         let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
@@ -775,11 +725,9 @@ impl Config {
                 }
                 _ => Ok(()),
             };
-            if !matches!(raw.broker, BrokerConfig::Rabbitmq { .. }) {
-                return Err(invalid(
-                    span,
-                    format!("redelivery {:?}: needs broker.kind = \"rabbitmq\" (consumers reject messages to a RabbitMQ dead-letter exchange)", entry.queue),
-                ));
+            if !raw.broker.capabilities().redelivery {
+                let kinds = BrokerConfig::kinds_that(|can| can.redelivery.then_some("consumers reject messages to its dead-letter exchange"));
+                return Err(invalid(span, format!("redelivery {:?}: needs {kinds}", entry.queue)));
             }
             named("strategy", &entry.strategy)?;
             named("policy", &entry.policy)?;
@@ -849,10 +797,7 @@ impl Config {
     /// Where a strategy's messages wait before the host forwards them (cancellable,
     /// or due to an exchange), named as this config's broker takes names.
     pub fn release_queue(&self, strategy: &str) -> String {
-        match self.broker {
-            BrokerConfig::Sqs { .. } => self.service.cancel.sqs_release_queue(strategy),
-            _ => self.service.cancel.release_queue(strategy),
-        }
+        self.broker.release_queue_name(self.service.cancel.release_queue(strategy))
     }
 
     fn location(&self, offset: usize) -> Location {
@@ -895,18 +840,6 @@ fn location_in(path: &Path, text: &str, offset: usize) -> Location {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     Location { path: path.to_path_buf(), line, column }
-}
-
-/// An environment variable that overrides a setting: set and not empty. One
-/// rule for every override (an empty variable is as good as unset), so
-/// `FOO= hourglass serve` never swaps a configured value for nothing.
-pub fn environment(variable: &str) -> Option<std::ffi::OsString> {
-    std::env::var_os(variable).filter(|value| !value.is_empty())
-}
-
-/// [`environment`] as text (a value that is not UTF-8 is no URL or token).
-pub fn environment_text(variable: &str) -> Option<String> {
-    environment(variable).and_then(|value| value.into_string().ok())
 }
 
 /// `$HOURGLASS_CACHE_DIR`, else the user's cache directory.

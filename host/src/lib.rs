@@ -49,6 +49,7 @@ pub mod cancellation;
 pub mod clock;
 pub mod command;
 pub mod config;
+mod environment;
 pub mod headers;
 pub mod message;
 pub mod metrics;

@@ -275,8 +275,8 @@ pub fn topologies_of(config: &Config, names: &[&str]) -> Vec<Command> {
     for name in names {
         commands.extend(strategies.get_mut(name).unwrap().topology().unwrap());
         let release = config.service.cancel.release_queue(name);
-        commands.push(hourglass::scheduler::release_queue_declaration(&format!("{release}.parked")));
-        commands.push(hourglass::scheduler::release_queue_declaration(&release));
+        commands.push(hourglass::broker::rabbitmq::release_queue_declaration(&format!("{release}.parked")));
+        commands.push(hourglass::broker::rabbitmq::release_queue_declaration(&release));
     }
     commands
 }

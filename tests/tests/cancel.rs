@@ -321,7 +321,7 @@ async fn park_unclaimed(setup: &Setup, scheduler: &Scheduler<Broker>, reason: &s
     };
     // The release consumer declares it as it starts; no host has started yet.
     let parked = setup.release_parked();
-    scheduler.executor().apply(&[hourglass::scheduler::release_queue_declaration(&parked)]).await.unwrap();
+    scheduler.executor().apply(&[hourglass::broker::rabbitmq::release_queue_declaration(&parked)]).await.unwrap();
     scheduler.executor().send(&[Command::forward("", &parked)], &envelope).await.expect("parked");
     taker.ack(message).await.unwrap();
     taker.close().await;

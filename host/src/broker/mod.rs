@@ -4,24 +4,22 @@
 //! destination, send one message through its planned commands and return once
 //! the broker confirmed it. [`memory`] is the embedded in-memory broker;
 //! [`rabbitmq`] and [`sqs`] are the real ones, and the only modules that speak
-//! their client libraries. [`Broker`] is whichever one `delay.toml` names,
-//! opened by [`connect`].
+//! their client libraries. Which one `delay.toml` names, and how it is opened,
+//! is [`registry`]'s to say, and only it tells the brokers apart.
 
 pub mod memory;
 pub mod rabbitmq;
+pub mod registry;
 pub mod sqs;
-
-use std::sync::Arc;
 
 use thiserror::Error;
 
 use crate::command::{Command, FieldTable};
-use crate::config::BrokerConfig;
 use crate::message::Properties;
 
 pub use memory::{Delivered, MemoryExecutor};
-use rabbitmq::{DEFAULT_URL, RabbitMqExecutor};
-use sqs::SqsExecutor;
+pub(crate) use registry::connect_rabbitmq;
+pub use registry::{Broker, BrokerConfig, amqp_url, connect, connect_sqs};
 
 #[derive(Clone, Debug, Error)]
 pub enum ExecutorError {
@@ -102,165 +100,5 @@ pub trait Executor {
     /// lose say nothing.
     fn outlives_the_process(&self) -> bool {
         true
-    }
-}
-
-/// The environment variable that overrides the AMQP URL unless `url_env` names another.
-pub(crate) const AMQP_URL_ENV: &str = "HOURGLASS_AMQP_URL";
-
-/// Any configured broker, as one executor.
-// One per process, never moved around: boxing the large variant buys nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Broker {
-    /// Shared with the wall clock the service runs for it.
-    Memory(Arc<MemoryExecutor>),
-    /// Shared with the service's consumers, which set messages aside through it.
-    RabbitMq(Arc<RabbitMqExecutor>),
-    /// Shared with the service's pumps, receivers and fates queue.
-    Sqs(Arc<SqsExecutor>),
-}
-
-impl From<Arc<MemoryExecutor>> for Broker {
-    fn from(executor: Arc<MemoryExecutor>) -> Broker {
-        Broker::Memory(executor)
-    }
-}
-
-impl From<Arc<RabbitMqExecutor>> for Broker {
-    fn from(executor: Arc<RabbitMqExecutor>) -> Broker {
-        Broker::RabbitMq(executor)
-    }
-}
-
-impl From<Arc<SqsExecutor>> for Broker {
-    fn from(executor: Arc<SqsExecutor>) -> Broker {
-        Broker::Sqs(executor)
-    }
-}
-
-/// The AMQP URL: the environment variable (`url_env`, default
-/// `HOURGLASS_AMQP_URL`), else `url`, else guest on localhost.
-pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
-    let variable = url_env.unwrap_or(AMQP_URL_ENV);
-    crate::config::environment_text(variable).or_else(|| url.map(str::to_string)).unwrap_or_else(|| DEFAULT_URL.to_string())
-}
-
-/// Opens the broker `config` names.
-pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
-    match config {
-        BrokerConfig::Memory => Ok(Arc::new(MemoryExecutor::default()).into()),
-        BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => Ok(connect_rabbitmq(url, url_env, *publish_channels).await?.into()),
-        BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => Ok(connect_sqs(region, endpoint_url, *send_batch_window).await?.into()),
-    }
-}
-
-/// Opens the RabbitMQ a `broker.kind = "rabbitmq"` config names.
-pub(crate) async fn connect_rabbitmq(
-    url: &Option<String>,
-    url_env: &Option<String>,
-    publish_channels: Option<usize>,
-) -> Result<Arc<RabbitMqExecutor>, ExecutorError> {
-    let url = amqp_url(url.as_deref(), url_env.as_deref());
-    Ok(Arc::new(RabbitMqExecutor::connect_with(&url, publish_channels.unwrap_or(rabbitmq::DEFAULT_PUBLISH_CHANNELS)).await?))
-}
-
-/// Opens the SQS a `broker.kind = "sqs"` config names.
-pub async fn connect_sqs(
-    region: &Option<String>,
-    endpoint_url: &Option<String>,
-    send_batch_window: Option<hourglass_planner_sdk::DurationMs>,
-) -> Result<Arc<SqsExecutor>, ExecutorError> {
-    Ok(Arc::new(SqsExecutor::connect(region.as_deref(), endpoint_url.as_deref(), sqs::batcher::window(send_batch_window)).await?))
-}
-
-impl Broker {
-    /// Where messages go, for people.
-    pub fn describe(&self) -> String {
-        match self {
-            Broker::Memory(_) => "the in-memory broker".into(),
-            Broker::RabbitMq(r) => format!("RabbitMQ at {}", r.url()),
-            Broker::Sqs(_) => "SQS".into(),
-        }
-    }
-}
-
-impl Executor for Broker {
-    async fn is_ready(&self) -> bool {
-        match self {
-            Broker::Memory(_) | Broker::Sqs(_) => true,
-            Broker::RabbitMq(r) => r.is_ready().await,
-        }
-    }
-
-    fn reconnects(&self) -> u64 {
-        match self {
-            Broker::Memory(_) | Broker::Sqs(_) => 0,
-            Broker::RabbitMq(r) => r.reconnects(),
-        }
-    }
-
-    async fn queue_depth(&self, queue: &str) -> Option<u64> {
-        match self {
-            Broker::Memory(_) => None,
-            Broker::RabbitMq(r) => r.queue_depth(queue).await,
-            Broker::Sqs(s) => s.queue_depth(queue).await,
-        }
-    }
-
-    async fn mark_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
-        match self {
-            Broker::Memory(_) | Broker::RabbitMq(_) => Ok(()),
-            Broker::Sqs(s) => s.tag_pumped(queue, strategy).await,
-        }
-    }
-
-    fn delivered(&self, destination: &str) -> Option<Vec<Delivered>> {
-        match self {
-            Broker::Memory(m) => m.delivered(destination),
-            Broker::RabbitMq(r) => r.delivered(destination),
-            Broker::Sqs(s) => s.delivered(destination),
-        }
-    }
-
-    fn outlives_the_process(&self) -> bool {
-        match self {
-            Broker::Memory(m) => m.outlives_the_process(),
-            Broker::RabbitMq(r) => r.outlives_the_process(),
-            Broker::Sqs(s) => s.outlives_the_process(),
-        }
-    }
-
-    async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
-        match self {
-            Broker::Memory(m) => m.apply(commands).await,
-            Broker::RabbitMq(r) => r.apply(commands).await,
-            Broker::Sqs(s) => s.apply(commands).await,
-        }
-    }
-
-    async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
-        match self {
-            Broker::Memory(m) => m.check_destination(destination).await,
-            Broker::RabbitMq(r) => r.check_destination(destination).await,
-            Broker::Sqs(s) => s.check_destination(destination).await,
-        }
-    }
-
-    async fn check_exchange(&self, exchange: &str) -> Result<(), ExecutorError> {
-        match self {
-            Broker::Memory(m) => m.check_exchange(exchange).await,
-            Broker::RabbitMq(r) => r.check_exchange(exchange).await,
-            Broker::Sqs(s) => s.check_exchange(exchange).await,
-        }
-    }
-
-    async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
-        match self {
-            Broker::Memory(m) => m.send(commands, envelope).await,
-            Broker::RabbitMq(r) => r.send(commands, envelope).await,
-            // Boxed: the SDK's request futures are large, and inline they would size every
-            // RabbitMQ publish's future too (each request's is moved whole when spawned).
-            Broker::Sqs(s) => Box::pin(s.send(commands, envelope)).await,
-        }
     }
 }

@@ -9,11 +9,11 @@ use anyhow::{Result, bail};
 use hourglass::broker::amqp_url;
 use hourglass::broker::rabbitmq::capacity::{self, CapacityReport};
 use hourglass::broker::rabbitmq::probe::{self, Outcome, ProbeResult};
+use hourglass::broker::rabbitmq::release_queue_declaration;
 use hourglass::broker::rabbitmq::verify::{self, Report};
 use hourglass::command::Command;
 use hourglass::config::BrokerConfig;
 use hourglass::render;
-use hourglass::scheduler::release_queue_declaration;
 use serde::Serialize;
 
 use super::{Cli, TextOrJson, load, pick, print_json, tokio_runtime};

@@ -162,20 +162,6 @@ pub(crate) struct PumpedQueue {
     pub config: Arc<Config>,
 }
 
-/// A release queue (where a `cancellable = true` strategy ends its delays):
-/// quorum, so it keeps what it holds through a broker crash.
-pub fn release_queue_declaration(name: &str) -> Command {
-    let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
-    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
-}
-
-/// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
-/// so a message waiting there for a host outlives any outage.
-pub(crate) fn sqs_release_queue_declaration(name: &str) -> Command {
-    let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
-    Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
-}
-
 /// One of hourglass's own queues (ingress, invalid, redelivery, canary), durable, of `queue_type`.
 pub(crate) fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
     let arguments: FieldTable = match queue_type {
@@ -385,7 +371,7 @@ impl<E: Executor> Scheduler<E> {
         self.strategy_names()
             .into_iter()
             .flat_map(|strategy| {
-                let release = release_queue_declaration(&config.service.cancel.release_queue(&strategy));
+                let release = config.broker.release_queue_declaration(&config.release_queue(&strategy));
                 self.declarations_of(&strategy).into_iter().chain([release])
             })
             .collect()
@@ -581,10 +567,7 @@ impl<E: Executor> Scheduler<E> {
         let setup = generation.call(strategy, |planner| planner.destination_setup(&ends_in))?;
         if self.declaring {
             if released {
-                let declaration = match generation.config.broker {
-                    crate::config::BrokerConfig::Sqs { .. } => sqs_release_queue_declaration(&ends_in),
-                    _ => release_queue_declaration(&ends_in),
-                };
+                let declaration = generation.config.broker.release_queue_declaration(&ends_in);
                 self.executor.apply(&[declaration]).await?;
             }
             self.executor.apply(&setup).await?;

@@ -22,8 +22,9 @@ use crate::broker::sqs::SqsExecutor;
 use crate::broker::sqs::fates::Entry;
 use crate::broker::sqs::fates_queue::{FatesError, FatesQueue, Replan, ReplanError, Reply, answer_of};
 use crate::broker::sqs::replies::ReplyQueue;
+use crate::broker::sqs::safe_name;
 use crate::broker::{Broker, ExecutorError};
-use crate::config::{CancelConfig, sqs_safe};
+use crate::config::CancelConfig;
 use crate::message::Delivery;
 use crate::scheduler::{ScheduleRequest, Scheduler};
 use crate::stop::{pause_unless_stopped, unless_stopped};
@@ -64,7 +65,7 @@ impl SqsCancel {
         declaring: bool,
     ) -> Result<Arc<SqsCancel>, FatesError> {
         let fates = FatesQueue::open(executor.clone(), &settings.sqs_fates_queue(), settings.remember_delivered_ms(), clock, declaring).await?;
-        let replies = ReplyQueue::create(executor, &sqs_safe(settings.log())).await?;
+        let replies = ReplyQueue::create(executor, &safe_name(settings.log())).await?;
         Ok(Arc::new(SqsCancel {
             fates: Arc::new(fates),
             replies,

@@ -10,7 +10,6 @@ use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError, broker_
 use crate::broker::{Broker, amqp_url};
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
-use crate::planner::BrokerFamily;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{ScheduleError, Scheduler};
 
@@ -89,11 +88,8 @@ impl Service {
 /// strategy on RabbitMQ (or the reverse) is refused, naming the strategy.
 /// The memory broker simulates both.
 pub(super) fn check_broker_family(broker: &BrokerConfig, config: &Config, strategies: &Strategies) -> Result<(), ServiceError> {
-    let (wanted, broker) = match broker {
-        BrokerConfig::Memory => return Ok(()),
-        BrokerConfig::Rabbitmq { .. } => (BrokerFamily::Amqp, "rabbitmq"),
-        BrokerConfig::Sqs { .. } => (BrokerFamily::Sqs, "sqs"),
-    };
+    let Some(wanted) = broker.capabilities().family else { return Ok(()) };
+    let broker = broker.kind();
     for name in strategies.names() {
         let info = strategies.get(name).map_err(ScheduleError::from)?.info();
         if info.family != wanted {

@@ -23,12 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::broker::Broker;
+use crate::broker::rabbitmq::release_queue_declaration;
 use crate::command::Command;
 use crate::headers::{ID_HEADER, PARKED_REASON_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::parked::{self, Destinations, Done, Left, ParkingQueue};
 use crate::recent::RecentCounts;
-use crate::scheduler::{Scheduler, release_queue_declaration};
+use crate::scheduler::Scheduler;
 
 /// Times one host sends a message on before it takes the message's return
 /// for a fault that sending cannot mend (a level that stays missing).

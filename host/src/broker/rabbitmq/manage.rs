@@ -14,7 +14,7 @@ use crate::clock::{monotonic_ms, parse_http_date_s};
 /// The management API to use: `$HOURGLASS_MANAGEMENT_URL`, else the configured
 /// URL (`broker.management_url`), else one derived from the AMQP URL.
 pub fn management_url(amqp_url: &str, configured: Option<&str>) -> Option<String> {
-    crate::config::environment_text("HOURGLASS_MANAGEMENT_URL").or_else(|| configured.map(str::to_string)).or_else(|| default_management_url(amqp_url))
+    crate::environment::environment_text("HOURGLASS_MANAGEMENT_URL").or_else(|| configured.map(str::to_string)).or_else(|| default_management_url(amqp_url))
 }
 
 /// The management API's base URL (`http://user:pass@host:15672`) derived from

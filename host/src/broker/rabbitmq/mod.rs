@@ -37,3 +37,13 @@ pub mod verify;
 pub(crate) use channels::DEFAULT_PUBLISH_CHANNELS;
 pub use nodes::redact;
 pub use publish::{DEFAULT_URL, RabbitMqExecutor};
+
+use crate::command::{Command, FieldValue};
+
+/// A release queue (where a `cancellable = true` strategy, or a message due to
+/// an exchange, ends its delay), or its `.parked` queue: quorum, so it keeps
+/// what it holds through a broker crash.
+pub fn release_queue_declaration(name: &str) -> Command {
+    let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
+    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+}

@@ -33,3 +33,18 @@ pub mod replies;
 pub mod send;
 
 pub use send::SqsExecutor;
+
+use crate::command::Command;
+
+/// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
+/// so a message waiting there for a host outlives any outage.
+pub fn release_queue_declaration(name: &str) -> Command {
+    let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
+    Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
+}
+
+/// A name with the characters SQS refuses in queue names replaced by `-`
+/// (SQS names take letters, digits, `-` and `_`).
+pub fn safe_name(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
+}

@@ -443,6 +443,14 @@ impl Executor for SqsExecutor {
         self.existing_url(destination).await.map(|_| ())
     }
 
+    async fn queue_depth(&self, queue: &str) -> Option<u64> {
+        SqsExecutor::queue_depth(self, queue).await
+    }
+
+    async fn mark_pumped(&self, queue: &str, strategy: &str) -> Result<(), ExecutorError> {
+        self.tag_pumped(queue, strategy).await
+    }
+
     async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
         let body = std::str::from_utf8(&envelope.body).map_err(|_| ExecutorError::Refused("SQS message bodies are text; this body is not UTF-8".into()))?;
         let properties = super::properties::to_attributes(&envelope.properties)?;

@@ -16,10 +16,11 @@ use crate::broker::sqs::fates_queue::FatesError;
 use crate::broker::sqs::pump::Pump;
 use crate::broker::sqs::pumped::{Discovery, PumpSettings};
 use crate::broker::sqs::release::SqsRelease;
+use crate::broker::sqs::release_queue_declaration;
 use crate::broker::{Broker, Executor, connect_sqs};
 use crate::config::{Config, TopologyAtStart};
+use crate::scheduler::PumpedQueue;
 use crate::scheduler::strategies::Strategies;
-use crate::scheduler::{PumpedQueue, sqs_release_queue_declaration};
 use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
 use crate::service::pending::DepthReading;
@@ -124,7 +125,7 @@ impl SqsSide {
         for strategy in cancellable {
             let queue = config.release_queue(strategy);
             if declaring {
-                self.sqs.apply(&[sqs_release_queue_declaration(&queue)]).await?;
+                self.sqs.apply(&[release_queue_declaration(&queue)]).await?;
             }
             releases.push(SqsRelease::new(self.sqs.clone(), strategy, &queue, cancel.fates().clone(), wait_seconds));
         }
