@@ -20,6 +20,8 @@ async fn examples_rabbitmq_toml_schedules_and_verifies_as_is() {
             .args(["--config", "examples/rabbitmq.toml"])
             .args(args)
             .env("HOURGLASS_AMQP_URL", &vhost.url)
+            // As a user whose broker's management API is not on the AMQP host's port 15672 would.
+            .env("HOURGLASS_MANAGEMENT_URL", management_url())
             .output()
             .unwrap()
     };
