@@ -86,3 +86,14 @@ pub fn management(method: &str, path: &str, body: Option<serde_json::Value>) -> 
     let text = response.unwrap_or_else(|e| panic!("management API {method} {path}: {e}")).body_mut().read_to_string().unwrap_or_default();
     if text.is_empty() { serde_json::Value::Null } else { serde_json::from_str(&text).unwrap() }
 }
+
+/// `GET path` on the management API: its JSON, or None when the answer is
+/// 404 (a queue that does not exist, say). Any other error status panics.
+pub fn management_get_or_none(path: &str) -> Option<serde_json::Value> {
+    let (agent, url, authorization) = management_request(path);
+    match agent.get(&url).header("Authorization", &authorization).call() {
+        Ok(mut response) => Some(serde_json::from_str(&response.body_mut().read_to_string().unwrap_or_default()).unwrap_or(serde_json::Value::Null)),
+        Err(ureq::Error::StatusCode(404)) => None,
+        Err(err) => panic!("management API GET {path}: {err}"),
+    }
+}
