@@ -97,12 +97,46 @@ impl Http {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// [`histogram_max_bucket`] of `/metrics`.
+    pub async fn histogram_max_bucket(&self, family: &str, label: &str) -> (u64, f64) {
+        let (status, text) = self.call("GET", "/metrics", None, None).await;
+        assert_eq!(status, 200);
+        histogram_max_bucket(&text, family, label)
+    }
+
     /// The sum of every sample of `/metrics` whose line starts with `prefix`.
     pub async fn metric(&self, prefix: &str) -> f64 {
         let (status, text) = self.call("GET", "/metrics", None, None).await;
         assert_eq!(status, 200);
         metric_sum(&text, prefix)
     }
+}
+
+/// A histogram's samples for one series (`family` without `_bucket`, and a
+/// label such as `strategy="main"` its series carries): how many observations
+/// it holds, and the upper bound (`le`, in the family's unit) of the lowest
+/// bucket that holds all of them. The largest observation is at most that
+/// bound and above the bucket below it: a bound on the worst, not a mean.
+/// `(0, 0.0)` when the series has no samples yet.
+pub fn histogram_max_bucket(text: &str, family: &str, label: &str) -> (u64, f64) {
+    let prefix = format!("{family}_bucket{{");
+    let mut buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        .map(|l| {
+            let le = l.split("le=\"").nth(1).and_then(|rest| rest.split('"').next()).unwrap_or_else(|| panic!("no le in {l:?}"));
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse::<f64>().unwrap_or_else(|_| panic!("bad le in {l:?}")) };
+            let count = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("bad sample line {l:?}"));
+            (le, count as u64)
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().map_or(0, |b| b.1);
+    if total == 0 {
+        return (0, 0.0);
+    }
+    let bound = buckets.iter().find(|b| b.1 >= total).map_or(f64::INFINITY, |b| b.0);
+    (total, bound)
 }
 
 /// Sums the samples of OpenMetrics text whose line starts with `prefix`.
@@ -154,7 +188,14 @@ pub fn assert_prometheus_text(text: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::assert_prometheus_text;
+    use super::{assert_prometheus_text, histogram_max_bucket};
+
+    #[test]
+    fn the_max_bucket_is_the_lowest_holding_every_observation() {
+        let text = "h_bucket{strategy=\"a\",le=\"0.064\"} 2\nh_bucket{strategy=\"a\",le=\"0.128\"} 2\nh_bucket{strategy=\"a\",le=\"0.256\"} 3\nh_bucket{strategy=\"a\",le=\"+Inf\"} 3\nh_bucket{strategy=\"b\",le=\"+Inf\"} 0\n";
+        assert_eq!(histogram_max_bucket(text, "h", "strategy=\"a\""), (3, 0.256));
+        assert_eq!(histogram_max_bucket(text, "h", "strategy=\"b\""), (0, 0.0));
+    }
 
     #[test]
     fn well_formed_text_passes() {

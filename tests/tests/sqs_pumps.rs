@@ -93,6 +93,12 @@ async fn the_messages_cycling_in_a_pumped_queue_are_counted() {
 /// The canary on SQS: a probe through the strategy every period to a standard
 /// queue of its own, consumed and timed; none early. The window is the one
 /// the SQS tests use (tests/tests/sqs.rs): whole seconds and moto's long poll.
+/// The latest an SQS canary probe may be, in seconds: the lateness
+/// histogram's bucket (powers of two from 1 ms) at or above the ~2 s this
+/// server allows (module comment). Measured (2026-12-02): the latest of
+/// three 1 s probes within the 1,024 ms bucket.
+const SQS_CANARY_BUCKET_S: f64 = 2.048;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_canary_times_probes_through_sqs_and_none_is_early() {
     let canary = unique_queue("canary");
@@ -102,10 +108,11 @@ async fn the_canary_times_probes_through_sqs_and_none_is_early() {
     let served = Served::start(Service::start(config).await.expect("serve starts")).await;
     let count = format!("hourglass_delivery_lateness_seconds_count{{strategy=\"{strategy}\"}}");
     until("three probes timed", Duration::from_secs(30), async || served.http.metric(&count).await >= 3.0).await;
-    let sum = served.http.metric(&format!("hourglass_delivery_lateness_seconds_sum{{strategy=\"{strategy}\"}}")).await;
-    let mean_ms = sum * 1_000.0 / served.http.metric(&count).await;
-    eprintln!("SQS canary: probes {mean_ms:.0} ms late on average");
-    assert!(mean_ms <= 2_000.0, "probes {mean_ms:.0} ms late on average");
+    // The latest probe, not a mean: every probe must fall in the histogram's
+    // bucket at or above the window.
+    let (probes, latest_s) = served.http.histogram_max_bucket("hourglass_delivery_lateness_seconds", &format!("strategy=\"{strategy}\"")).await;
+    eprintln!("SQS canary: {probes} probes, the latest at most {:.0} ms late (histogram bucket)", latest_s * 1_000.0);
+    assert!(probes >= 3 && latest_s <= SQS_CANARY_BUCKET_S, "of {probes} probes the latest was up to {latest_s} s late (window {SQS_CANARY_BUCKET_S} s)");
     assert_eq!(served.http.metric("hourglass_delivery_early_total").await, 0.0, "no probe arrived early");
     served.stop().await;
     if let Some(url) = executor.url(&canary).await.unwrap() {
