@@ -76,7 +76,7 @@ pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<Par
         queues.push(parking);
     }
     // Where its release consumer parks: the strategy's own messages, not claimed yet or not deliverable.
-    for strategy in config.strategies.values().filter(|_| matches!(config.broker, crate::config::BrokerConfig::Rabbitmq { .. })) {
+    for strategy in config.strategies.values().filter(|_| config.broker.rabbitmq().is_some()) {
         let queue = format!("{}.parked", config.service.cancel.release_queue(&strategy.name));
         queues.push(ParkingQueue::parked(config, queue, &strategy.name));
     }

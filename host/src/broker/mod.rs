@@ -19,7 +19,7 @@ use crate::message::Properties;
 
 pub use memory::{Delivered, MemoryExecutor};
 pub(crate) use registry::connect_rabbitmq;
-pub use registry::{Broker, BrokerConfig, amqp_url, connect, connect_sqs};
+pub use registry::{Broker, BrokerConfig, RabbitMqSettings, SqsSettings, amqp_url, connect, connect_sqs};
 
 #[derive(Clone, Debug, Error)]
 pub enum ExecutorError {

@@ -185,6 +185,48 @@ impl BrokerConfig {
     }
 }
 
+/// A RabbitMQ broker's settings as the work that runs only there takes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RabbitMqSettings {
+    /// The AMQP URL, the environment's override taken ([`amqp_url`]).
+    pub url: String,
+    /// `broker.management_url`, as configured.
+    pub management_url: Option<String>,
+    pub publish_channels: Option<usize>,
+}
+
+/// An SQS broker's settings as the work that runs only there takes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsSettings {
+    pub region: Option<String>,
+    pub endpoint_url: Option<String>,
+    pub send_batch_window: Option<DurationMs>,
+}
+
+impl BrokerConfig {
+    /// The settings, when this is RabbitMQ: for what runs on RabbitMQ only (`verify`, `transfer`, …).
+    pub fn rabbitmq(&self) -> Option<RabbitMqSettings> {
+        match self {
+            BrokerConfig::Rabbitmq { url, url_env, management_url, publish_channels } => Some(RabbitMqSettings {
+                url: amqp_url(url.as_deref(), url_env.as_deref()),
+                management_url: management_url.clone(),
+                publish_channels: *publish_channels,
+            }),
+            BrokerConfig::Memory | BrokerConfig::Sqs { .. } => None,
+        }
+    }
+
+    /// The settings, when this is SQS: for what runs on SQS only (`pump`, the fates queue).
+    pub fn sqs(&self) -> Option<SqsSettings> {
+        match self {
+            BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
+                Some(SqsSettings { region: region.clone(), endpoint_url: endpoint_url.clone(), send_batch_window: *send_batch_window })
+            }
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => None,
+        }
+    }
+}
+
 /// The AMQP URL: the environment variable (`url_env`, default
 /// `HOURGLASS_AMQP_URL`), else `url`, else guest on localhost.
 pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {

@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use hourglass::broker::{self, amqp_url};
+use hourglass::broker::{self, RabbitMqSettings, SqsSettings};
 use hourglass::clock::Clock;
 use hourglass::config::BrokerConfig;
 use hourglass::scheduler::Scheduler;
 use hourglass::service::cancel::{Answer, CancelLog};
+use hourglass::service::cancellations::Cancellations;
 use hourglass::service::sqs_cancel::SqsCancel;
 use hourglass_planner_sdk::DurationMs;
 
@@ -59,97 +60,58 @@ fn report(id: &str, answer: Answer) -> ExitCode {
     }
 }
 
-/// What a cancel or reschedule is asked of: the RabbitMQ log or the SQS fates queue.
-enum Asked<'a> {
-    Log(&'a CancelLog),
-    Sqs(&'a SqsCancel),
-}
-
-impl Asked<'_> {
-    fn clock(&self, scheduler_clock: &Arc<Clock>) -> Arc<Clock> {
-        match self {
-            Asked::Log(log) => log.clock().clone(),
-            Asked::Sqs(_) => scheduler_clock.clone(),
-        }
-    }
-
-    fn retention_ms(&self) -> u64 {
-        match self {
-            Asked::Log(log) => log.retention_ms(),
-            Asked::Sqs(sqs) => sqs.retention_ms(),
-        }
-    }
-
-    async fn cancel(&self, id: &str) -> Result<Answer> {
-        Ok(match self {
-            Asked::Log(log) => log.cancel(id).await?,
-            Asked::Sqs(sqs) => sqs.cancel(id).await?,
-        })
-    }
-
-    async fn reschedule(&self, id: &str, due_at_ms: u64) -> Result<Answer> {
-        Ok(match self {
-            Asked::Log(log) => log.reschedule(id, due_at_ms).await?,
-            Asked::Sqs(sqs) => sqs.reschedule(id, due_at_ms).await?,
-        })
-    }
-}
-
 /// Runs `ask` against the log while a reader reads it, or on SQS against the
 /// fates queue while a reply queue of this process's own (deleted after) takes the answer.
-fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&Asked, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
+fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&dyn Cancellations, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
     let (mut config, strategies) = load(cli)?;
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        match &config.broker {
-            BrokerConfig::Rabbitmq { url, url_env, .. } => {
-                let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
-                // The log's records and due times count on the broker's clock, as a serving host's do.
-                hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
-                let clock = scheduler.clock().clone();
-                let url = amqp_url(url.as_deref(), url_env.as_deref());
-                let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
-                let reader = tokio::spawn(log.clone().read(stopped));
-                let answer = ask(&Asked::Log(&log), &clock).await;
-                let _ = stop.send(true);
-                let _ = reader.await;
-                answer
-            }
-            BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
-                let sqs = broker::connect_sqs(region, endpoint_url, *send_batch_window).await?;
-                let clock = Clock::system();
-                // The fates queue is made by `serve`; without it nothing here is cancellable.
-                let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, clock.clone(), false).await?;
-                let listener = tokio::spawn({
-                    let cancel = cancel.clone();
-                    async move { cancel.listen(stopped).await }
-                });
-                let answer = ask(&Asked::Sqs(&cancel), &clock).await;
-                let _ = stop.send(true);
-                let _ = listener.await;
-                cancel.close().await;
-                answer
-            }
-            BrokerConfig::Memory => bail!("cancellation needs broker.kind = \"rabbitmq\" or \"sqs\""),
+        if let Some(RabbitMqSettings { url, .. }) = config.broker.rabbitmq() {
+            let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
+            // The log's records and due times count on the broker's clock, as a serving host's do.
+            hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
+            let clock = scheduler.clock().clone();
+            let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
+            let reader = tokio::spawn(log.clone().read(stopped));
+            let answer = ask(log.as_ref(), &clock).await;
+            let _ = stop.send(true);
+            let _ = reader.await;
+            answer
+        } else if let Some(SqsSettings { region, endpoint_url, send_batch_window }) = config.broker.sqs() {
+            let sqs = broker::connect_sqs(&region, &endpoint_url, send_batch_window).await?;
+            let clock = Clock::system();
+            // The fates queue is made by `serve`; without it nothing here is cancellable.
+            let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, clock.clone(), false).await?;
+            let listener = tokio::spawn({
+                let cancel = cancel.clone();
+                async move { cancel.listen(stopped).await }
+            });
+            let answer = ask(cancel.as_ref(), &clock).await;
+            let _ = stop.send(true);
+            let _ = listener.await;
+            cancel.close().await;
+            answer
+        } else {
+            bail!("cancellation needs {}", BrokerConfig::kinds_that(|can| can.cancellation_log))
         }
     })
 }
 
 pub fn cancel(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |asked: &Asked, _: &Arc<Clock>| asked.cancel(&args.id).await)?;
+    let answer = with_log(cli, args.wait, async |asked: &dyn Cancellations, _: &Arc<Clock>| Ok(asked.cancel(&args.id).await?))?;
     Ok(report(&args.id, answer))
 }
 
 pub fn reschedule(cli: &Cli, args: &RescheduleArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |asked: &Asked, clock: &Arc<Clock>| {
+    let answer = with_log(cli, args.wait, async |asked: &dyn Cancellations, clock: &Arc<Clock>| {
         // The latest the broker's clock can read: --delay counts from no earlier than now.
-        let now = asked.clock(clock).latest_ms();
+        let now = clock.latest_ms();
         let due_at_ms = args.at.unwrap_or(now + args.delay.unwrap_or_default());
         if due_at_ms.saturating_sub(now) > asked.retention_ms() {
             bail!("the new due time is more than service.cancel.retention ({} ms) away; the log would forget it", asked.retention_ms());
         }
-        asked.reschedule(&args.id, due_at_ms).await
+        Ok(asked.reschedule(&args.id, due_at_ms).await?)
     })?;
     Ok(report(&args.id, answer))
 }

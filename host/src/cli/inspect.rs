@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker;
-use hourglass::config::BrokerConfig;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
 use hourglass::service::pending;
@@ -22,9 +21,9 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
     let mut depths = tokio_runtime()?.block_on(async {
         // A running serve knows the pumped queues to read on SQS; this command reads a strategy's own queues.
-        let BrokerConfig::Rabbitmq { .. } = &config.broker else {
+        if config.broker.rabbitmq().is_none() {
             bail!("inspect reads RabbitMQ queues; on SQS, GET /v1/delays of a running serve lists its pumped queues");
-        };
+        }
         let broker = broker::connect(&config.broker).await?;
         let management = pending::management_for(&config);
         let unparking = config.service.unpark.unwrap_or(true);

@@ -7,8 +7,8 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use hourglass::broker::rabbitmq::manage::{self, Management, vhost_of};
 use hourglass::broker::rabbitmq::migrate::{self, Applied, Plan};
-use hourglass::broker::{self, amqp_url};
-use hourglass::config::{BrokerConfig, Config};
+use hourglass::broker::{self, RabbitMqSettings};
+use hourglass::config::Config;
 use hourglass::render;
 use serde::Serialize;
 
@@ -81,10 +81,9 @@ struct Report<'a> {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let What::DelayedExchange(args) = &args.what;
     let config = Config::load(&cli.config)?;
-    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else {
+    let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
         bail!("{}: the delayed-message plugin is RabbitMQ's; migrate needs broker.kind = \"rabbitmq\"", config.path.display());
     };
-    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
     let management = args
         .management_url
         .clone()

@@ -6,8 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{self, amqp_url};
-use hourglass::config::BrokerConfig;
+use hourglass::broker::{self, RabbitMqSettings};
 use hourglass::parked::{self, Handled, ParkingQueue};
 use hourglass::scheduler::Scheduler;
 
@@ -64,10 +63,9 @@ pub enum Action {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
-    let BrokerConfig::Rabbitmq { url, url_env, .. } = &config.broker else {
+    let Some(RabbitMqSettings { url, .. }) = config.broker.rabbitmq() else {
         bail!("parked reads RabbitMQ queues; broker.kind is not \"rabbitmq\"");
     };
-    let url = amqp_url(url.as_deref(), url_env.as_deref());
     tokio_runtime()?.block_on(async {
         let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
         let mut queues = parked::parking_queues(&config, &scheduler);

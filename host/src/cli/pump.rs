@@ -4,9 +4,9 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::sqs::pump::Pump;
-use hourglass::broker::{self, Broker};
+use hourglass::broker::{self, Broker, SqsSettings};
 use hourglass::command::Command;
-use hourglass::config::{BrokerConfig, Config};
+use hourglass::config::Config;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 
@@ -40,10 +40,10 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
 }
 
 async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, destinations: &[String], wait_seconds: i32) -> Result<()> {
-    let BrokerConfig::Sqs { region, endpoint_url, send_batch_window } = &config.broker else {
+    let Some(SqsSettings { region, endpoint_url, send_batch_window }) = config.broker.sqs() else {
         bail!("{}: pump needs broker.kind = \"sqs\"", config.path.display());
     };
-    let executor = broker::connect_sqs(region, endpoint_url, *send_batch_window).await?;
+    let executor = broker::connect_sqs(&region, &endpoint_url, send_batch_window).await?;
     let scheduler: Scheduler<Broker> = Scheduler::new(config, strategies, executor.clone().into());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();

@@ -6,8 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{self, amqp_url};
-use hourglass::config::BrokerConfig;
+use hourglass::broker::{self, RabbitMqSettings};
 use hourglass::scheduler::Scheduler;
 use hourglass::transfer::{DEFAULT_BATCH, Summary, transfer};
 
@@ -34,10 +33,9 @@ pub struct Args {
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
-    let BrokerConfig::Rabbitmq { url, url_env, .. } = &config.broker else {
+    let Some(RabbitMqSettings { url, .. }) = config.broker.rabbitmq() else {
         bail!("transfer moves messages between RabbitMQ queues; broker.kind is not \"rabbitmq\"");
     };
-    let url = amqp_url(url.as_deref(), url_env.as_deref());
     let summary = tokio_runtime()?.block_on(async {
         let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
         let taker = Taker::open_spread(&url).await?;

@@ -6,13 +6,12 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use hourglass::broker::amqp_url;
+use hourglass::broker::RabbitMqSettings;
 use hourglass::broker::rabbitmq::capacity::{self, CapacityReport};
 use hourglass::broker::rabbitmq::probe::{self, Outcome, ProbeResult};
 use hourglass::broker::rabbitmq::release_queue_declaration;
 use hourglass::broker::rabbitmq::verify::{self, Report};
 use hourglass::command::Command;
-use hourglass::config::BrokerConfig;
 use hourglass::render;
 use serde::Serialize;
 
@@ -43,7 +42,7 @@ struct Verified {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destinations, no_probes, format } = args;
     let (config, mut strategies) = load(cli)?;
-    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else {
+    let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
         bail!("{}: verify needs broker.kind = \"rabbitmq\"", config.path.display());
     };
     // Probes and capacity concern every configured strategy, and the release queue a serving host declares for each.
@@ -57,7 +56,6 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     for destination in destinations {
         commands.extend(planner.destination_setup(destination)?);
     }
-    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
     let mechanisms = probe::mechanisms_used(&everything);
     let runtime = tokio_runtime()?;
     let (topology, probes, capacity) = runtime.block_on(async {

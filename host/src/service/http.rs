@@ -24,8 +24,8 @@ use crate::broker::{Executor, ExecutorError};
 use crate::command::FieldValue;
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
-use crate::service::cancel::{Answer, CancelError, CancelLog};
-use crate::service::sqs_cancel::SqsCancel;
+use crate::service::cancel::{Answer, CancelError};
+use crate::service::cancellations::Cancellations;
 
 /// Largest message body accepted, after base64 decoding.
 pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -280,46 +280,13 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
     }
 }
 
-/// What decides cancels and reschedules: the RabbitMQ log, or the SQS fates queue.
-enum Cancellations<'s> {
-    Log(&'s Arc<CancelLog>),
-    Sqs(&'s Arc<SqsCancel>),
-}
-
-impl Cancellations<'_> {
-    async fn cancel(&self, id: &str) -> Result<Answer, CancelError> {
-        match self {
-            Cancellations::Log(log) => log.cancel(id).await,
-            Cancellations::Sqs(sqs) => sqs.cancel(id).await,
-        }
-    }
-
-    async fn reschedule(&self, id: &str, due_at_ms: u64) -> Result<Answer, CancelError> {
-        match self {
-            Cancellations::Log(log) => log.reschedule(id, due_at_ms).await,
-            Cancellations::Sqs(sqs) => sqs.reschedule(id, due_at_ms).await,
-        }
-    }
-
-    fn retention_ms(&self) -> u64 {
-        match self {
-            Cancellations::Log(log) => log.retention_ms(),
-            Cancellations::Sqs(sqs) => sqs.retention_ms(),
-        }
-    }
-}
-
-/// What decides cancels on this service, or why it has nothing.
-fn cancel_log(service: &Service) -> Result<Cancellations<'_>, ApiError> {
-    match (service.cancel_log(), service.sqs_cancel()) {
-        (Some(log), _) => Ok(Cancellations::Log(log)),
-        (None, Some(sqs)) => Ok(Cancellations::Sqs(sqs)),
-        (None, None) => Err(ApiError {
-            status: StatusCode::CONFLICT,
-            field: Some("id"),
-            message: "no strategy has cancellable = true: messages cannot be cancelled or rescheduled".into(),
-        }),
-    }
+/// What decides cancels and reschedules on this service, or why it has nothing.
+fn cancellations(service: &Service) -> Result<&dyn Cancellations, ApiError> {
+    service.cancellations().ok_or_else(|| ApiError {
+        status: StatusCode::CONFLICT,
+        field: Some("id"),
+        message: "no strategy has cancellable = true: messages cannot be cancelled or rescheduled".into(),
+    })
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
@@ -355,7 +322,7 @@ async fn delete_message(State(service): State<Arc<Service>>, headers: HeaderMap,
     if let Err(err) = authorize(&service, &headers).and_then(|()| check_id(&id)) {
         return err.into_response();
     }
-    let log = match cancel_log(&service) {
+    let log = match cancellations(&service) {
         Ok(log) => log,
         Err(err) => return err.into_response(),
     };
@@ -369,7 +336,7 @@ async fn patch_message(State(service): State<Arc<Service>>, headers: HeaderMap, 
     if let Err(err) = authorize(&service, &headers).and_then(|()| check_id(&id)) {
         return err.into_response();
     }
-    let log = match cancel_log(&service) {
+    let log = match cancellations(&service) {
         Ok(log) => log,
         Err(err) => return err.into_response(),
     };

@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 mod broker_side;
 pub mod canary;
 pub mod cancel;
+pub mod cancellations;
 pub mod clock_check;
 pub mod connections;
 pub mod http;
@@ -218,6 +219,12 @@ impl Service {
     /// On SQS, cancel and reschedule through the fates queue, when a strategy has `cancellable = true`.
     pub fn sqs_cancel(&self) -> Option<&Arc<sqs_cancel::SqsCancel>> {
         self.background.sqs_cancel.get()
+    }
+
+    /// Whatever decides cancels and reschedules here, when a strategy has `cancellable = true`.
+    pub fn cancellations(&self) -> Option<&dyn cancellations::Cancellations> {
+        let log = self.cancel_log().map(|log| log.as_ref() as &dyn cancellations::Cancellations);
+        log.or_else(|| self.sqs_cancel().map(|sqs| sqs.as_ref() as &dyn cancellations::Cancellations))
     }
 
     pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {

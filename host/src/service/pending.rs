@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 use super::Service;
 use crate::broker::rabbitmq::manage::{self, Management};
 use crate::broker::sqs::dead_letters::dead_letter_queue;
-use crate::broker::{Broker, Executor, ExecutorError, amqp_url};
+use crate::broker::{Broker, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
-use crate::config::{BrokerConfig, Config};
+use crate::config::Config;
 use crate::parked::orphan_queue;
 use crate::scheduler::Scheduler;
 
@@ -139,8 +139,8 @@ pub async fn read(
 /// The management API of a RabbitMQ config (`broker.management_url`, else
 /// the AMQP host on port 15672), for listing per-message queues.
 pub fn management_for(config: &Config) -> Option<Arc<Management>> {
-    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else { return None };
-    management_api(&amqp_url(url.as_deref(), url_env.as_deref()), management_url.as_deref())
+    let rabbitmq = config.broker.rabbitmq()?;
+    management_api(&rabbitmq.url, rabbitmq.management_url.as_deref())
 }
 
 /// The management API of the RabbitMQ at `amqp` (`management_url`, else the

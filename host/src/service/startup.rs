@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError, broker_side};
-use crate::broker::{Broker, amqp_url};
+use crate::broker::{Broker, RabbitMqSettings};
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::scheduler::strategies::Strategies;
@@ -119,7 +119,7 @@ fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> 
 /// Checks the default strategy's topology and the configured destinations'
 /// setup on RabbitMQ through the management API (or passive declares).
 pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
-    let BrokerConfig::Rabbitmq { url, url_env, management_url, .. } = &config.broker else {
+    let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
         return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
     };
     let mut strategies = Strategies::load(config)?;
@@ -128,7 +128,6 @@ pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError>
     for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
-    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
     let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await?;
     if report.drifts.is_empty() {
         return Ok(());
