@@ -21,10 +21,17 @@
 //!
 //! RabbitMQ 4.0 also gave quorum queues a default delivery limit of 20: a
 //! message returned to one more often than that is dropped (or
-//! dead-lettered). hourglass returns messages to the quorum queues it reads
-//! (`parked list` gives back each one it lists; consumers requeue while the
-//! broker cannot take a publish), so on 4.x the report warns about those
-//! queues unless a policy or argument sets their `delivery-limit`.
+//! dead-lettered). hourglass returns messages to the quorum queues it reads:
+//! `parked list` gives back each one it lists, and `transfer` what it cannot
+//! move. Its consumers hold a message while the broker cannot take the
+//! publish it needs and ask again (`consume.rs`), but still return it when
+//! their channel or connection is lost or the service stops, when a planner
+//! runs out of time, when a handler panics, and when a move aside fails. So
+//! on 4.x the report warns about those queues unless a policy or argument
+//! sets their `delivery-limit`. hourglass gives messages back with
+//! `basic.nack`, which 4.0 counts and 4.3 no longer does (there only lost
+//! channels and connections count); tests/tests/rabbitmq_versions.rs
+//! `quorum_queues_default_delivery_limit_and_the_returns_it_counts`.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -224,7 +231,8 @@ fn delivery_limit_warning(version: Option<&str>, queues: &[Value], vhost: &str, 
     let parked = if read.iter().any(|q| parking.iter().any(|p| p == q)) { " (each `hourglass parked list` returns what it lists)" } else { "" };
     Some(format!(
         "RabbitMQ {}: quorum queues drop (or dead-letter) a message returned to them more than {DEFAULT_DELIVERY_LIMIT_4X} times unless a policy or \
-         argument sets delivery-limit. hourglass returns messages to {}{parked}, and its consumers requeue while the broker cannot take a publish. \
+         argument sets delivery-limit. hourglass returns messages to {}{parked}; its consumers hold a message while the broker cannot take a publish, \
+         but return it when their connection is lost or the service stops. \
          Set a policy for them, e.g. rabbitmqctl set_policy hourglass-delivery-limit '<pattern matching them>' '{{\"delivery-limit\": -1}}' \
          --apply-to quorum_queues (merge it into any policy that already applies to them: only one policy applies to a queue)",
         version.unwrap_or_default(),
