@@ -87,6 +87,13 @@ async fn examples_redelivery_toml_with_its_python_consumer_retries_twice_then_su
     drop(vhost);
 }
 
+/// How late the delayed-exchange example's orders may reach its consumer, as
+/// the consumer measures it (send time plus `x-delay` on the producer's clock,
+/// receive time on its own, both Python processes on this machine):
+/// measured 85–115 ms (two tests at a time, 2026-12-02; printed). 1 s levels,
+/// whole-second delays: a hop off would be 1,000 ms.
+const EXAMPLE_ON_TIME_MS: i64 = 400;
+
 /// examples/delayed-exchange: a pika producer and consumer written for the
 /// delayed-message plugin (publish to `orders.delayed` with `x-delay`;
 /// queues bound with `order.*`, `order.created`, `#`) work against the
@@ -126,6 +133,11 @@ async fn examples_delayed_exchange_with_its_pika_producer_and_consumer_fans_out_
     assert!(stdout.contains("received 6 of 6, 0 early") && stdout.ends_with("exit: exit status: 0"), "{stdout}");
     let mut got: Vec<&str> = stdout.lines().filter(|l| l.contains(" got ")).map(|l| l.split(" late_ms=").next().unwrap()).collect();
     got.sort();
+    // The consumer's own reading: its receive time minus the producer's send time plus x-delay.
+    let late: Vec<i64> =
+        stdout.lines().filter_map(|l| l.split(" late_ms=").nth(1)).map(|n| n.trim().parse().unwrap_or_else(|_| panic!("late_ms in {l:?}", l = n))).collect();
+    eprintln!("delayed-exchange example: late_ms {late:?} (window {EXAMPLE_ON_TIME_MS} ms)");
+    assert!(late.len() == 6 && late.iter().all(|&l| l <= EXAMPLE_ON_TIME_MS), "lateness {late:?} ms, window {EXAMPLE_ON_TIME_MS} ms: {stdout}");
     assert_eq!(
         got,
         [

@@ -38,6 +38,11 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
     }
     let longest = delays_ms.iter().max().copied().unwrap_or(0);
     let received = destination.receive(delays_ms.len(), Duration::from_millis(longest + 10_000)).await;
+    let lateness: Vec<i64> = received
+        .iter()
+        .map(|m| m.at_ms as i64 - sent[&m.delivery.properties.message_id().as_ref().expect("message id").to_string()].1.due_at_ms as i64)
+        .collect();
+    eprintln!("lateness (ms) of delays {delays_ms:?} in arrival order: {lateness:?}; window {tolerance_ms} ms");
     for message in &received {
         let id = message.delivery.properties.message_id().as_ref().expect("message id").to_string();
         let (i, scheduled) = &sent[&id];
@@ -58,18 +63,26 @@ async fn assert_delays_on_time(strategy_table: &str, delays_ms: &[u64], toleranc
 
 const SECONDS: [u64; 6] = [0, 1_000, 2_000, 3_000, 5_000, 7_000];
 
+/// The window for [`SECONDS`] on strategies of 1 s precision. The delays are
+/// whole units, so the precision step adds nothing: what is left is the
+/// broker's dead-lettering and the consumer, measured 5–24 ms late (five
+/// strategies, two tests at a time, 2026-12-02; the test prints each). The
+/// window is early.rs's 100 ms: a message one 1 s hop off is 1,000 ms late.
+/// (It was 1,000 ms, which a whole extra hop passed.)
+const SECONDS_ON_TIME_MS: u64 = 100;
+
 #[tokio::test]
 async fn binary_levels_classic_delivers_on_time() {
     let prefix = unique("bl");
     let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nqueue_type = \"classic\"");
-    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+    assert_delays_on_time(&table, &SECONDS, SECONDS_ON_TIME_MS).await;
 }
 
 #[tokio::test]
 async fn binary_levels_quorum_by_default_delivers_on_time() {
     let prefix = unique("blq");
     let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"");
-    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+    assert_delays_on_time(&table, &SECONDS, SECONDS_ON_TIME_MS).await;
 }
 
 /// Both routings (direct, the default, and topic, the levels of earlier
@@ -106,21 +119,21 @@ async fn binary_levels_with_sub_second_precision_deliver_to_the_step_on_quorum_a
 async fn binary_levels_with_topic_routing_in_seconds_deliver_on_time() {
     let prefix = unique("blts");
     let table = format!("planner = \"binary-levels\"\nprefix = \"{prefix}\"\nrouting = \"topic\"");
-    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+    assert_delays_on_time(&table, &SECONDS, SECONDS_ON_TIME_MS).await;
 }
 
 #[tokio::test]
 async fn hold_queues_deliver_on_time() {
     let prefix = unique("hold");
     let table = format!("planner = \"hold-queues\"\nprefix = \"{prefix}\"\nexpires_margin = \"5s\"");
-    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+    assert_delays_on_time(&table, &SECONDS, SECONDS_ON_TIME_MS).await;
 }
 
 #[tokio::test]
 async fn fixed_intervals_deliver_on_time() {
     let prefix = unique("fi");
     let table = format!("planner = \"fixed-intervals\"\nprefix = \"{prefix}\"\nintervals = [\"1s\", \"2s\", \"3s\", \"5s\", \"7s\"]");
-    assert_delays_on_time(&table, &SECONDS, 1_000).await;
+    assert_delays_on_time(&table, &SECONDS, SECONDS_ON_TIME_MS).await;
 }
 
 #[tokio::test]

@@ -16,6 +16,20 @@ use hourglass::scheduler::ScheduleRequest;
 use hourglass_e2e::*;
 use lapin::options::QueueDeclareOptions;
 
+/// How late the latest of the 10,000 transferred messages may arrive: what is
+/// left of each delay is planned again on 1 s levels, rounded up to the unit
+/// (one precision step), plus the transfer's and the consumer's backlog.
+/// Measured (the test takes both slots; other engineers' builds beside,
+/// 2026-12-02; printed): p50 580 ms, p99 1,087 ms, max 1,165 ms; and p50
+/// 665 ms, p99 1,495 ms, max 1,795 ms (which failed a first 1,500 ms window).
+const TRANSFER_ON_TIME_MS: i64 = 1_000 + 1_500;
+/// How late a message moved from hold queues to binary levels may arrive:
+/// one 1 s precision step (the rest of its delay rounds up) plus 500 ms.
+/// Measured 27–105 ms, and 1,085 and 1,322 ms for one rounded up a whole step
+/// (two tests at a time, builds beside, 2026-12-02; printed; 1,322 failed a
+/// first 1,250 ms window).
+const HELD_ON_TIME_MS: i64 = 1_000 + 500;
+
 const MESSAGES: usize = 10_000;
 
 /// Messages waiting in the strategy's level queues now.
@@ -97,6 +111,7 @@ async fn ten_thousand_messages_in_flight_move_from_classic_to_quorum_levels_none
     lateness.sort();
     let at = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
     eprintln!("all {MESSAGES} arrived; late p50 {} ms, p99 {} ms, max {} ms", at(0.5), at(0.99), at(1.0));
+    assert!(at(1.0) <= TRANSFER_ON_TIME_MS, "the latest arrived {} ms late (window {TRANSFER_ON_TIME_MS} ms)", at(1.0));
     destination.assert_quiet(Duration::from_millis(500)).await;
 
     std::fs::remove_file(&path).ok();
@@ -207,6 +222,8 @@ async fn messages_in_hold_queues_move_to_binary_levels() {
         let body = String::from_utf8_lossy(&message.delivery.data).to_string();
         let late = message.at_ms as i64 - due[&body] as i64;
         assert!(late >= 0, "{body} arrived {} ms before its original due time", -late);
+        eprintln!("{body}: {late} ms late (window {HELD_ON_TIME_MS} ms)");
+        assert!(late <= HELD_ON_TIME_MS, "{body} arrived {late} ms late (window {HELD_ON_TIME_MS} ms)");
     }
     destination.assert_quiet(Duration::from_millis(300)).await;
 
