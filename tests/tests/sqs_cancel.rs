@@ -36,8 +36,17 @@ use hourglass_e2e::sqs::*;
 use hourglass_e2e::until;
 use serde_json::{Value, json};
 
-/// How late a message may arrive (measured 0.13–2.36 s; see above).
-const ON_TIME_MS: i64 = 10_000;
+/// How late a message may arrive. Measured (above) 0.13–2.36 s; again on
+/// 2026-12-02, two tests at a time with compilers running beside: 0.33–2.25 s,
+/// and 3.10 s for the rescheduled one (each printed). 4 s: the 6.5 s of the
+/// regression above fails it, as does anything a whole cycle (2 s) later than
+/// the latest measured. (It was 10 s, which that regression passed.)
+const ON_TIME_MS: i64 = 4_000;
+/// How many of the two hosts' 16 messages may arrive twice: only a claim
+/// whose marker stayed out of reach goes again (docs/sqs.md). Measured 0
+/// (2026-12-02); more than 2 means copies are being repeated, not a claim
+/// missed. (There was no bound.)
+const MAX_DUPLICATES: usize = 2;
 /// How long past its due time a cancelled message is watched for.
 const WATCH_PAST_DUE: Duration = Duration::from_secs(12);
 
@@ -349,6 +358,7 @@ async fn two_hosts_deliver_every_message_on_time_and_no_cancelled_one() {
         assert!(late >= 0, "a duplicate of {} arrived {} ms early", duplicate.body, -late);
     }
     println!("two hosts: {} messages, {} cancelled, {} duplicates", due.len(), cancelled.len(), duplicates.len());
+    assert!(duplicates.len() <= MAX_DUPLICATES, "{} duplicates of {} messages (at most {MAX_DUPLICATES})", duplicates.len(), due.len());
 }
 
 /// A message whose claim would not fit SQS's limits (ten attributes, 256 KiB)
