@@ -173,6 +173,32 @@ impl Ledger {
         (p99, late.len())
     }
 
+    /// Acknowledged canaries still on their way: not arrived, and expected to.
+    pub fn in_flight(&self) -> usize {
+        self.entries.lock().unwrap().values().filter(|e| e.expected() && e.arrivals.is_empty()).count()
+    }
+
+    /// Of the canaries whose id starts with `prefix` sent at or after
+    /// `since_ms` (Unix ms): how many were acknowledged, and how many of those arrived.
+    pub fn since(&self, prefix: &str, since_ms: u64) -> (usize, usize) {
+        let entries = self.entries.lock().unwrap();
+        let mine = || entries.iter().filter(|(id, e)| id.starts_with(prefix) && e.sent_ms >= since_ms && e.acknowledged).map(|(_, e)| e);
+        (mine().count(), mine().filter(|e| !e.arrivals.is_empty()).count())
+    }
+
+    /// How late (ms, first arrival after due) the acknowledged canaries that
+    /// arrived were, sorted, split by their due time: inside one of `windows`
+    /// (Unix ms, `[from, to)`) or outside every one.
+    pub fn lateness_by_window(&self, windows: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>) {
+        let (mut inside, mut outside) = (Vec::new(), Vec::new());
+        for (_, due, late) in self.lateness() {
+            if windows.iter().any(|(from, to)| (*from..*to).contains(&due)) { inside.push(late) } else { outside.push(late) }
+        }
+        inside.sort_unstable();
+        outside.sort_unstable();
+        (inside, outside)
+    }
+
     pub fn tally(&self) -> Tally {
         self.tally_of("")
     }

@@ -9,6 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hourglass::clock::unix_now_ms;
 use hourglass_e2e::unique;
 use hourglass_e2e::vhost::PrivateVhost;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -98,10 +99,18 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     }
 
     // `deliver_to` deleted while canaries wait: they are parked at the release queue.
+    let deleted_ms = unix_now_ms();
     channel.exchange_delete(setup.orders.as_str().into(), Default::default()).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
     let release_parked = format!("{}.parked", setup.release_queue());
-    let parked = hourglass_e2e::chaos::canary::depth(&setup.amqp_url, &release_parked).await?;
+    // Until delayed-exchange canaries due meanwhile are parked there: three, from
+    // at least 450 ms of releases (one canary each 150 ms).
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut parked = 0;
+    while parked < 3 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        parked = hourglass_e2e::chaos::canary::depth(&setup.amqp_url, &release_parked).await?;
+    }
+    report.check(parked >= 3, || format!("{parked} canaries parked at {release_parked} within 10 s of deliver_to's deletion; expected 3"));
     report.notes.push(format!("{parked} parked while deliver_to was gone"));
     // Back, as an operator would put it back; then the parked ones are replayed.
     channel.exchange_declare(setup.orders.as_str().into(), ExchangeKind::Topic, durable_exchange, FieldTable::default()).await?;
@@ -118,6 +127,7 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     })
     .await??;
     report.check(replay.status.success(), || format!("parked replay failed: {}", String::from_utf8_lossy(&replay.stderr)));
+    let replayed_ms = unix_now_ms();
 
     // Every poison and every garbage message set aside, each with a reason.
     let mut reasons = std::collections::HashMap::new();
@@ -138,7 +148,10 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
             None => report.problems.push(format!("{marker} not on the invalid queue within 15 s")),
         }
     }
-    report.tally = canaries.finish(Duration::from_secs(20)).await.tally();
+    let ledger = canaries.finish(Duration::from_secs(20)).await;
+    report.tally = ledger.tally();
+    // The fault window: from deliver_to's deletion until the parked canaries were replayed.
+    report.judge_lateness(&ledger, &[(deleted_ms, replayed_ms)]);
     drop(host);
     connection.close(200, "done".into()).await.ok();
     tokio::task::spawn_blocking(move || drop(vhost)).await?;

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hourglass::clock::unix_now_ms;
 use hourglass_e2e::vhost::PrivateVhost;
 
 use crate::Report;
@@ -34,14 +35,21 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     let base = Arc::new(Mutex::new(first.base.clone()));
     let canaries = Canaries::start("hostkill", setup.route(&base));
     tokio::time::sleep(LOAD).await;
+    let killed_ms = unix_now_ms();
     first.kill9();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let config = setup.config.clone();
     let second = tokio::task::spawn_blocking(move || Host::start(&config)).await??;
     *base.lock().unwrap() = second.base.clone();
+    let serving_ms = unix_now_ms();
     tokio::time::sleep(LOAD).await;
     let ledger = canaries.finish(GRACE).await;
     report.tally = ledger.tally();
+    // The fault window: from the kill until the new host serves, plus the
+    // longest canary delay (3 s): an ingress canary published while no host
+    // ran is forwarded when the next one starts and waits its whole delay from
+    // then. Canaries due before or after it must be on time.
+    report.judge_lateness(&ledger, &[(killed_ms, serving_ms + 3_000)]);
     drop(second);
     tokio::task::spawn_blocking(move || drop(vhost)).await?;
     Ok(())

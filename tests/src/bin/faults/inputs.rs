@@ -185,11 +185,16 @@ where
     let tag = unique("c");
     let canaries = Canaries::start(&tag, bench.setup.route(&bench.base));
     let ledger = canaries.ledger.clone();
-    // Canaries already in flight when the bad input comes.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Canaries already in flight when the bad input comes: acknowledged, not yet arrived (one per client at least).
+    report.wait_until("three canaries in flight before the bad input", Duration::from_secs(10), || ledger.in_flight() >= 3).await;
     body(bench, &mut report, &ledger).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    report.tally = canaries.finish(GRACE).await.tally();
+    // And canaries after it: sent once it was done, and acknowledged (one per client at least).
+    let after = unix_now_ms();
+    report.wait_until("three canaries acknowledged after the bad input", Duration::from_secs(10), || ledger.since(&tag, after).0 >= 3).await;
+    let ledger = canaries.finish(GRACE).await;
+    report.tally = ledger.tally();
+    // No fault window: a bad input beside them must not make any canary late.
+    report.judge_lateness(&ledger, &[]);
     report
 }
 

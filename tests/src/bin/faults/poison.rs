@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use hourglass::clock::unix_now_ms;
 use hourglass_e2e::unique;
 use hourglass_e2e::vhost::PrivateVhost;
 use lapin::options::{BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
@@ -77,7 +78,9 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
         }
     }
     report.check(set_aside == count, || format!("{set_aside} of {count} poison messages on the invalid queue within 15 s"));
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The ingress went on past the poison: canaries published to it after the poison was set aside arrived.
+    let (after, ledger) = (unix_now_ms(), canaries.ledger.clone());
+    report.wait_until("three ingress canaries sent after the poison arrived", Duration::from_secs(15), || ledger.since("poison-i", after).1 >= 3).await;
     let url = format!("{}/readyz", host.base);
     let ready = tokio::task::spawn_blocking(move || {
         ureq::get(&url).call().map(|r| r.status().as_u16()).unwrap_or_else(|e| match e {
@@ -87,7 +90,10 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     })
     .await?;
     report.check(ready == 200, || format!("/readyz answered {ready} after the poison"));
-    report.tally = canaries.finish(Duration::from_secs(10)).await.tally();
+    let ledger = canaries.finish(Duration::from_secs(10)).await;
+    report.tally = ledger.tally();
+    // The poison was there before any canary: none of them may be late for it.
+    report.judge_lateness(&ledger, &[]);
     drop(host);
     connection.close(200, "done".into()).await.ok();
     tokio::task::spawn_blocking(move || drop(vhost)).await?;
