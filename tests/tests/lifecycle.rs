@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 
 /// How late a message scheduled before or after a reload may arrive (whole
 /// seconds on 1 s levels and hold queues: no rounding): measured 11–20 ms
-/// (two tests at a time, 2026-12-02; printed).
-const RELOAD_ON_TIME_MS: u64 = 100;
+/// with two tests at a time, and once 128 ms for the first message after
+/// `serve` started, in a full CI run (printed). A missed 1 s hop is 1,000 ms.
+const RELOAD_ON_TIME_MS: u64 = 250;
 
 fn write_config(path: &PathBuf, strategy_table: &str, more: &str) {
     std::fs::write(path, config_text(strategy_table, more)).unwrap();
