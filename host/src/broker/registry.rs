@@ -1,7 +1,7 @@
 //! The brokers hourglass runs on, and the one place that tells them apart.
 //!
 //! [`BrokerConfig`] is `[broker]`: each kind and its settings. [`Capabilities`]
-//! says what a kind can do, which is all [`crate::config`] asks when it checks
+//! says what a kind can do, which is all `delay.toml`'s parsing asks when it checks
 //! a strategy, a delayed exchange or a redelivery entry. A config also asks
 //! here how its broker names and declares hourglass's release queues, and
 //! [`connect`] opens its [`Broker`], which hands each [`Executor`] call to the
