@@ -48,7 +48,8 @@ async fn publish_like_the_other_client(connection: &lapin::Connection, exchange:
 /// seconds on 1 s levels (no rounding): measured 10–26 ms late (nsb-v2 and
 /// celery, two tests at a time, 2026-12-02; the test prints them). It was
 /// 1,000 ms, which a whole extra 1 s hop passed.
-const ON_TIME_MS: u64 = 100;
+/// On RabbitMQ 4.3, in a full run of its tests, a whole-second path measured up to 103 ms (interop.rs nsb-v2); 250 ms holds on both, and a missed 1 s hop is still 1,000 ms late.
+const ON_TIME_MS: u64 = 250;
 
 async fn round_trip(preset: &str, level_name: impl Fn(u32) -> String, quorum: bool) {
     let vhost = vhost::PrivateVhost::create("interop");

@@ -67,9 +67,10 @@ const SECONDS: [u64; 6] = [0, 1_000, 2_000, 3_000, 5_000, 7_000];
 /// whole units, so the precision step adds nothing: what is left is the
 /// broker's dead-lettering and the consumer, measured 5–24 ms late (five
 /// strategies, two tests at a time, 2026-12-02; the test prints each). The
-/// window is early.rs's 100 ms: a message one 1 s hop off is 1,000 ms late.
+/// window is wider than early.rs's 100 ms (see below): a message one 1 s hop off is 1,000 ms late.
 /// (It was 1,000 ms, which a whole extra hop passed.)
-const SECONDS_ON_TIME_MS: u64 = 100;
+/// On RabbitMQ 4.3, in a full run of its tests, a whole-second path measured up to 103 ms (interop.rs nsb-v2); 250 ms holds on both, and a missed 1 s hop is still 1,000 ms late.
+const SECONDS_ON_TIME_MS: u64 = 250;
 
 #[tokio::test]
 async fn binary_levels_classic_delivers_on_time() {

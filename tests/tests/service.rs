@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 
 /// How late a message scheduled over HTTP may arrive (1 s on 1 s levels: no
 /// rounding): measured 18 ms (two tests at a time, 2026-12-02; printed).
-const HTTP_ON_TIME_MS: i64 = 100;
+/// On RabbitMQ 4.3, in a full run of its tests, a whole-second path measured up to 103 ms (interop.rs nsb-v2); 250 ms holds on both, and a missed 1 s hop is still 1,000 ms late.
+const HTTP_ON_TIME_MS: i64 = 250;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_api_schedules_refuses_bad_requests_and_counts() {
