@@ -2,7 +2,8 @@
 # brokers the end-to-end tests need are up, and stops what it started when
 # the sourcing script exits.
 
-. "$(dirname "${BASH_SOURCE[0]}")/roots.sh"
+HOURGLASS_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$HOURGLASS_SCRIPTS/roots.sh"
 
 # Commands run when the sourcing script exits, in the order they were added.
 HOURGLASS_ON_EXIT=()
@@ -13,10 +14,6 @@ on_exit() {
 
 port_open() {
   (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null
-}
-
-amqp_port_open() {
-  port_open 5672
 }
 
 # The RabbitMQ the tests run on: VERSION 3.10 (the default) is the machine's
@@ -35,6 +32,12 @@ ensure_rabbitmq() {
   echo "RabbitMQ under test: $version at ${HOURGLASS_TEST_AMQP_URL/guest:guest@/} (management ${HOURGLASS_TEST_MANAGEMENT_URL/guest:guest@/})" >&2
 }
 
+# Stops NODE of RabbitMQ VERSION, if it runs.
+stop_rabbitmq_node() {
+  HOURGLASS_TEST_RABBITMQ=$1 "$HOURGLASS_SCRIPTS/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
+    rabbitmqctl -q -n "$2" stop >/dev/null 2>&1 || true
+}
+
 # A node of RabbitMQ VERSION from its Debian root, for the tests: AMQP on
 # 56xx (5643 for 4.3, 5640 for 4.0), management on AMQP + 10000, Erlang
 # distribution on AMQP + 20000; fresh data each time.
@@ -45,10 +48,8 @@ start_rabbitmq_version() {
   port=$((5600 + ${version//./}))
   node="hg-test-${version//./}@localhost"
   dir="$(realpath "${TMPDIR:-/tmp}")/hourglass-rabbitmq-$version"
-  local scripts
-  scripts=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   # A node left by a run that was killed before it could stop it.
-  "$scripts/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq rabbitmqctl -q -n "$node" stop >/dev/null 2>&1 || true
+  stop_rabbitmq_node "$version" "$node"
   if port_open "$port"; then
     echo "error: 127.0.0.1:$port is taken; RabbitMQ $version's test node needs it (stop what listens there)" >&2
     exit 1
@@ -62,17 +63,17 @@ start_rabbitmq_version() {
     echo "management.tcp.port = $((port + 10000))"
   } >"$dir/rabbitmq.conf"
   echo "[rabbitmq_management]." >"$dir/enabled_plugins"
-  "$scripts/rabbitmq" chown -R rabbitmq:rabbitmq "$dir"
+  "$HOURGLASS_SCRIPTS/rabbitmq" chown -R rabbitmq:rabbitmq "$dir"
   echo "starting RabbitMQ $version ($node) from $HOURGLASS_ROOTS/$suite on 127.0.0.1:$port" >&2
   (
     cd "$dir"
-    exec "$scripts/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
+    exec "$HOURGLASS_SCRIPTS/rabbitmq" runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
       RABBITMQ_NODENAME="$node" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 20000)) \
       RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
       RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
       rabbitmq-server -detached
   )
-  on_exit "HOURGLASS_TEST_RABBITMQ=$version '$scripts/rabbitmq' runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq rabbitmqctl -q -n '$node' stop >/dev/null 2>&1; rm -rf '$dir'"
+  on_exit "stop_rabbitmq_node '$version' '$node'; rm -rf '$dir'"
   local deadline=$((SECONDS + 120))
   until port_open "$port" && port_open $((port + 10000)); do
     if (( SECONDS > deadline )); then
@@ -88,7 +89,7 @@ start_rabbitmq_version() {
 
 # The machine's own RabbitMQ on 5672, started when it is down.
 ensure_machine_rabbitmq() {
-  if ! amqp_port_open; then
+  if ! port_open 5672; then
     if ! command -v rabbitmq-server >/dev/null 2>&1; then
       echo "error: RabbitMQ is not running on 127.0.0.1:5672 and is not installed." >&2
       echo "       Install it (Debian: apt-get install rabbitmq-server) and run: rabbitmq-server -detached" >&2
@@ -106,7 +107,7 @@ ensure_machine_rabbitmq() {
   fi
   # await_startup fails at once while the node is still booting: poll it.
   local deadline=$((SECONDS + 90))
-  until rabbitmqctl -q await_startup >/dev/null 2>&1 && amqp_port_open; do
+  until rabbitmqctl -q await_startup >/dev/null 2>&1 && port_open 5672; do
     if (( SECONDS > deadline )); then
       echo "error: RabbitMQ did not come up within 90 s on 127.0.0.1:5672 (guest/guest)." >&2
       echo "       Check: rabbitmqctl status; start it with: rabbitmq-server -detached" >&2
@@ -118,11 +119,11 @@ ensure_machine_rabbitmq() {
   export HOURGLASS_TEST_MANAGEMENT_URL="http://guest:guest@127.0.0.1:15672"
 
   # `verify` reads bindings from the management API; its tests need it.
-  if ! (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; then
+  if ! port_open 15672; then
     echo "enabling the RabbitMQ management plugin (for verify's tests)" >&2
     rabbitmq-plugins enable --quiet rabbitmq_management >/dev/null
     deadline=$((SECONDS + 60))
-    until (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; do
+    until port_open 15672; do
       if (( SECONDS > deadline )); then
         echo "error: the RabbitMQ management API did not come up on 127.0.0.1:15672." >&2
         echo "       Run: rabbitmq-plugins enable rabbitmq_management" >&2
@@ -148,12 +149,12 @@ ensure_sqs() {
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
   local log="${TMPDIR:-/tmp}/hourglass-moto-$port.log"
   # moto_server with its SQS clock reads made cheap (scripts/moto_server.py says why).
-  "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_server.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+  "$venv/bin/python" "$HOURGLASS_SCRIPTS/moto_server.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
   MOTO_PID=$!
   on_exit 'kill "$MOTO_PID" 2>/dev/null'
 
   local deadline=$((SECONDS + 30))
-  until (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; do
+  until port_open "$port"; do
     if (( SECONDS > deadline )) || ! kill -0 "$MOTO_PID" 2>/dev/null; then
       echo "error: moto_server did not start on 127.0.0.1:$port; see $log" >&2
       exit 1
