@@ -103,7 +103,8 @@ async fn run(report: &mut Report) -> anyhow::Result<()> {
     channel.exchange_delete(setup.orders.as_str().into(), Default::default()).await?;
     let release_parked = format!("{}.parked", setup.release_queue());
     // Until delayed-exchange canaries due meanwhile are parked there: three, from
-    // at least 450 ms of releases (one canary each 150 ms).
+    // at least 450 ms of releases (one canary each 150 ms). (A release that acks
+    // and drops instead of parking fails it: "0 canaries parked at … expected 3".)
     let end = Instant::now() + Duration::from_secs(10);
     let mut parked = 0;
     while parked < 3 && Instant::now() < end {
