@@ -57,6 +57,8 @@ pub struct Canaries {
     senders: Vec<JoinHandle<()>>,
     consumers: Vec<JoinHandle<()>>,
     amqp_url: String,
+    /// Each client's id prefix (`<tag>-h0-`, …), for [`Canaries::clients`].
+    clients: Vec<String>,
 }
 
 /// A connection to the first node of `amqp_url` (one URL or a cluster's comma-separated list) that answers.
@@ -113,23 +115,36 @@ impl Canaries {
         let ledger = Arc::new(Ledger::default());
         let stop = Arc::new(AtomicBool::new(false));
         let consumer = tokio::spawn(consume(route.amqp_url.clone(), route.destination.clone(), ledger.clone()));
-        let mut senders = Vec::new();
+        let (mut senders, mut names) = (Vec::new(), Vec::new());
         if let Some(http) = &route.http {
             let clients = (0..2).map(|c| (format!("{tag}-h{c}"), CANARY)).chain((0..busy).map(|c| (format!("{tag}-b{c}"), BUSY)));
             for (id, pace) in clients {
+                names.push(id.clone());
                 senders.push(tokio::spawn(send_http(id, http.clone(), route.destination.clone(), ledger.clone(), stop.clone(), pace)));
             }
         }
         if let Some(queue) = &route.ingress {
             let id = format!("{tag}-i");
+            names.push(id.clone());
             senders.push(tokio::spawn(send_amqp(id, route.clone(), Into::Ingress(queue.clone()), ledger.clone(), stop.clone())));
         }
         if let Some((delayed, orders)) = &route.delayed {
             let id = format!("{tag}-x");
+            names.push(id.clone());
             let into = Into::Delayed { exchange: delayed.clone(), deliver_to: orders.clone() };
             senders.push(tokio::spawn(send_amqp(id, route.clone(), into, ledger.clone(), stop.clone())));
         }
-        Canaries { ledger, stop, senders, consumers: vec![consumer], amqp_url: route.amqp_url }
+        let clients = names.into_iter().map(|name| format!("{name}-")).collect();
+        Canaries { ledger, stop, senders, consumers: vec![consumer], amqp_url: route.amqp_url, clients }
+    }
+
+    /// The id prefix of each client this module's senders run (`<tag>-h0-`,
+    /// `<tag>-i-`, …; not those of [`Canaries::add_sender`]): for a
+    /// condition that must hold for every path in, not for the canaries in all.
+    /// The HTTP clients' canaries are acknowledged by the host; the ingress and
+    /// delayed-exchange ones by the broker's confirm, whatever the host does.
+    pub fn clients(&self) -> &[String] {
+        &self.clients
     }
 
     /// One more HTTP client at the canaries' pace, to `destination` through the host at `base`.
@@ -141,6 +156,7 @@ impl Canaries {
     pub fn add_http_with_delays(&mut self, tag: &str, base: Arc<Mutex<String>>, destination: &str, delay_of: fn(u64) -> u64) {
         let pace = Pace { interval: INTERVAL, delay_of };
         let sender = send_http(tag.to_string(), base, destination.to_string(), self.ledger.clone(), self.stop.clone(), pace);
+        self.clients.push(format!("{tag}-"));
         self.senders.push(tokio::spawn(sender));
     }
 

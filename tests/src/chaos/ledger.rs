@@ -173,9 +173,11 @@ impl Ledger {
         (p99, late.len())
     }
 
-    /// Acknowledged canaries still on their way: not arrived, and expected to.
-    pub fn in_flight(&self) -> usize {
-        self.entries.lock().unwrap().values().filter(|e| e.expected() && e.arrivals.is_empty()).count()
+    /// Acknowledged canaries whose id starts with `prefix` (one client's)
+    /// still on their way: not arrived, and expected to.
+    pub fn in_flight_of(&self, prefix: &str) -> usize {
+        let entries = self.entries.lock().unwrap();
+        entries.iter().filter(|(id, e)| id.starts_with(prefix) && e.expected() && e.arrivals.is_empty()).count()
     }
 
     /// Of the canaries whose id starts with `prefix` sent at or after
