@@ -179,3 +179,40 @@ fn run_in(program: &str, args: &[&str], dir: &Path) -> Result<Output, NodeError>
         Err(NodeError::Command { command: format!("{program} {}", args.join(" ")), output: text })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// `kill9` kills the node's VM, then waits for the node's AMQP port to
+    /// close: a port still open after [`KILL_TIMEOUT`] is `StillUp`, neither a
+    /// success nor a wait without end. The node is a real one and its VM is
+    /// killed; the port `kill9` watches is one this test holds open instead
+    /// of the node's (the same node adopted under it), answering every connection.
+    #[test]
+    fn kill9_fails_still_up_when_the_port_stays_open_after_the_kill() {
+        let node = PrivateNode::start().expect("a private RabbitMQ node starts");
+        let held = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let held_port = held.local_addr().unwrap().port();
+        // Accepted and closed at once, so the backlog never fills and every connect succeeds.
+        std::thread::spawn(move || held.incoming().for_each(drop));
+        let watched = PrivateNode::adopt(node.name.clone(), held_port, node.dist_port, node.dir.clone());
+
+        let started = Instant::now();
+        let result = watched.kill9();
+        let took = started.elapsed();
+        // One node, one directory: `node` stops and removes it when dropped.
+        std::mem::forget(watched);
+
+        let err = result.expect_err("kill9 must fail while the port stays open");
+        eprintln!("kill9 after {took:?}: {err}");
+        assert!(
+            matches!(&err, NodeError::StillUp { node: name, port, waited } if *name == node.name && *port == held_port && *waited == KILL_TIMEOUT),
+            "{err:?}"
+        );
+        assert!(took >= KILL_TIMEOUT && took < KILL_TIMEOUT + Duration::from_secs(10), "gave up after {took:?}");
+        assert!(TcpStream::connect(("127.0.0.1", node.amqp_port)).is_err(), "the node's own port is closed: its VM was killed");
+    }
+}
