@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use hourglass_planner_build::{build, component_file, target_dir_above};
 
-const BUILTINS: [&str; 4] = ["binary-levels", "hold-queues", "fixed-intervals", "sqs-cycles"];
+const BUILTINS: [&str; 5] = ["binary-levels", "hold-queues", "fixed-intervals", "sqs-cycles", "nats-hold"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -134,6 +134,10 @@ export const planner = {
     throw "js-backoff is not pump-driven";
   },
 
+  handleHeld(_message) {
+    throw "js-backoff holds no messages in a stream";
+  },
+
   decideRedelivery(request) {
     if (request.attempt === 0 || request.attempt > settings.maxAttempts) {
       return { tag: "give-up", val: `${Math.max(request.attempt - 1, 0)} attempts made` };

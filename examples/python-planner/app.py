@@ -124,6 +124,9 @@ class Planner(exports.Planner):
     def handle_due(self, message):
         raise Err("python-backoff is not pump-driven")
 
+    def handle_held(self, message):
+        raise Err("python-backoff holds no messages in a stream")
+
     def decide_redelivery(self, request):
         if request.attempt == 0 or request.attempt > Settings.max_attempts:
             return t.RedeliveryDecision_GiveUp(f"{max(request.attempt - 1, 0)} attempts made")

@@ -21,6 +21,11 @@ pub(crate) const SQS_MAX_MESSAGE_ATTRIBUTES: usize = 10;
 pub(crate) const SQS_MAX_ID: usize = 128;
 /// SQS bills every 64 KiB of a request's payload as one request.
 pub(crate) const SQS_BILLED_BYTES: usize = 64 * 1024;
+/// JetStream stream names: the server takes longer ones, but a name becomes a
+/// directory and part of API subjects, and its own advice is to keep them short.
+pub(crate) const NATS_MAX_STREAM_NAME: usize = 255;
+/// A subject (and a header name) we send: far below any server's max payload.
+pub(crate) const NATS_MAX_SUBJECT: usize = 1_024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -126,6 +131,35 @@ pub enum Command {
         group_id: Option<String>,
         dedup_id: Option<String>,
     },
+    NatsEnsureStream {
+        name: String,
+        subjects: Vec<String>,
+        /// The host runs a held-stream consumer on it (`handle-held`).
+        held: bool,
+    },
+    NatsPublish {
+        subject: String,
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// A message a held stream delivered, as its planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldMessage {
+    pub stream: String,
+    pub subject: String,
+    pub destination: String,
+    pub due_at_ms: u64,
+    pub now_ms: u64,
+    pub deliveries: u32,
+}
+
+/// What a planner decides for a held message: deliver it again later, or send it on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum HeldAction {
+    Wait { ms: u64 },
+    HandOver { commands: Vec<Command> },
 }
 
 /// A message that fell due on a pumped queue, as its planner sees it.
@@ -149,6 +183,19 @@ pub enum DueAction {
 }
 
 impl Command {
+    /// Whether this command sends the message being planned (the others declare).
+    pub fn sends_the_message(&self) -> bool {
+        match self {
+            Command::Publish { .. } | Command::SqsSend { .. } | Command::NatsPublish { .. } => true,
+            Command::DeclareExchange { .. }
+            | Command::DeclareQueue { .. }
+            | Command::BindQueue { .. }
+            | Command::BindExchange { .. }
+            | Command::SqsEnsureQueue { .. }
+            | Command::NatsEnsureStream { .. } => false,
+        }
+    }
+
     /// A mandatory publish of the message as it is, to one routing key: how
     /// the host itself forwards, parks and moves messages.
     pub fn forward(exchange: &str, routing_key: &str) -> Command {
@@ -160,10 +207,6 @@ impl Command {
             expiration_ms: None,
             mandatory: true,
         }
-    }
-
-    pub(crate) fn is_sqs(&self) -> bool {
-        matches!(self, Command::SqsEnsureQueue { .. } | Command::SqsSend { .. })
     }
 }
 
@@ -284,6 +327,18 @@ pub enum InvalidCommand {
     FifoSendWithDelay(String),
     #[error("send to {queue}: id {id:?} must be 1 to {SQS_MAX_ID} characters")]
     SqsIdLength { queue: String, id: String },
+    #[error("stream name {0:?} must be 1 to {NATS_MAX_STREAM_NAME} characters without spaces, '.', '*', '>', '/' or '\\'")]
+    NatsStreamName(String),
+    #[error("stream {0} captures no subject")]
+    NatsStreamWithoutSubjects(String),
+    #[error("{what} {subject:?} is not a NATS subject: {why}")]
+    NatsSubject { what: &'static str, subject: String, why: &'static str },
+    #[error("NATS header name {0:?} must be 1 to {NATS_MAX_SUBJECT} printable ASCII characters without ':'")]
+    NatsHeaderName(String),
+    #[error("NATS header {0:?}: a value cannot hold a line break")]
+    NatsHeaderValue(String),
+    #[error("NATS header {0:?} is given twice")]
+    NatsHeaderTwice(String),
 }
 
 pub(crate) fn check_name(what: &'static str, name: &str, empty_ok: bool) -> Result<(), InvalidCommand> {
@@ -303,6 +358,47 @@ pub(crate) fn check_sqs_queue_name(name: &str) -> Result<(), InvalidCommand> {
     let stem = name.strip_suffix(".fifo").unwrap_or(name);
     if !stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         return Err(InvalidCommand::SqsQueueNameCharacters(name.to_string()));
+    }
+    Ok(())
+}
+
+/// A JetStream stream name: the server refuses these characters in one.
+pub(crate) fn check_nats_stream_name(name: &str) -> Result<(), InvalidCommand> {
+    let refused = |c: char| c.is_whitespace() || c.is_control() || matches!(c, '.' | '*' | '>' | '/' | '\\');
+    if name.is_empty() || name.len() > NATS_MAX_STREAM_NAME || name.contains(refused) {
+        return Err(InvalidCommand::NatsStreamName(name.to_string()));
+    }
+    Ok(())
+}
+
+/// A NATS subject: dot-separated tokens, none empty, no spaces; `*` and `>`
+/// are whole tokens, `>` only the last, and only where `wildcards` (a
+/// stream's subjects, not a publish's).
+pub(crate) fn check_nats_subject(what: &'static str, subject: &str, wildcards: bool) -> Result<(), InvalidCommand> {
+    let invalid = |why| Err(InvalidCommand::NatsSubject { what, subject: subject.to_string(), why });
+    if subject.is_empty() || subject.len() > NATS_MAX_SUBJECT {
+        return invalid("it must be 1 to 1,024 bytes");
+    }
+    if subject.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        return invalid("it holds a space or a control character");
+    }
+    let tokens: Vec<&str> = subject.split('.').collect();
+    for (i, token) in tokens.iter().enumerate() {
+        match *token {
+            "" => return invalid("a token between dots is empty"),
+            "*" | ">" if !wildcards => return invalid("a message is published to one subject, without wildcards"),
+            ">" if i + 1 != tokens.len() => return invalid("'>' may only be the last token"),
+            "*" | ">" => {}
+            other if other.contains(['*', '>']) => return invalid("'*' and '>' must be whole tokens"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn check_nats_header_name(name: &str) -> Result<(), InvalidCommand> {
+    if name.is_empty() || name.len() > NATS_MAX_SUBJECT || name.contains(|c: char| c == ':' || !c.is_ascii_graphic()) {
+        return Err(InvalidCommand::NatsHeaderName(name.to_string()));
     }
     Ok(())
 }
@@ -341,6 +437,24 @@ mod tests {
             queue("no-dead-letters", &[("x-queue-type", "classic")]),
         ];
         assert_eq!(at_most_once_dead_lettering(&commands), vec!["classic", "untyped", "drop-head"]);
+    }
+
+    #[test]
+    fn nats_subjects_take_wildcards_only_as_whole_tokens_and_only_in_streams() {
+        for good in ["orders", "orders.created", "a.b.c"] {
+            assert_eq!(check_nats_subject("subject", good, false), Ok(()), "{good}");
+        }
+        for good in ["orders.*", "orders.>", "*.created", ">"] {
+            assert_eq!(check_nats_subject("subject", good, true), Ok(()), "{good}");
+            assert!(check_nats_subject("subject", good, false).is_err(), "{good} published");
+        }
+        for bad in ["", "orders..created", ".orders", "orders.", "orders.>.x", "ord*ers", "or ders", "orders.a>"] {
+            assert!(check_nats_subject("subject", bad, true).is_err(), "{bad:?}");
+        }
+        assert!(check_nats_stream_name("HOURGLASS_HOLD").is_ok());
+        for bad in ["", "a.b", "a b", "a*", "a>", "a/b"] {
+            assert!(check_nats_stream_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -96,6 +96,13 @@ pub fn commands(commands: &[Command]) -> String {
                     }
                     ("sqs send", queue.clone(), detail)
                 }
+                Command::NatsEnsureStream { name, subjects, held } => {
+                    ("ensure nats stream", name.clone(), format!("subjects {}{}", subjects.join(","), if *held { " (held)" } else { "" }))
+                }
+                Command::NatsPublish { subject, headers } => {
+                    let headers: Vec<String> = headers.iter().map(|(name, value)| format!("{name}={value:?}")).collect();
+                    ("nats publish", subject.clone(), if headers.is_empty() { String::new() } else { format!("headers {}", headers.join(" ")) })
+                }
             };
             vec![(i + 1).to_string(), what.to_string(), name, detail.trim().to_string()]
         })
@@ -244,6 +251,7 @@ fn node_list(commands: &[Command]) -> Vec<(char, String, String)> {
             Command::DeclareExchange { name, kind, .. } => Some(('e', name.clone(), format!("exchange {} ({})", name, kind.as_str()))),
             Command::DeclareQueue { name, .. } => Some(('q', name.clone(), format!("queue {name}"))),
             Command::SqsEnsureQueue { name, pumped, .. } => Some(('s', name.clone(), format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" }))),
+            Command::NatsEnsureStream { name, held, .. } => Some(('n', name.clone(), format!("nats stream {name}{}", if *held { " (held)" } else { "" }))),
             _ => None,
         })
         .collect()

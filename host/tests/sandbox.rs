@@ -309,6 +309,24 @@ fn a_planner_built_against_contract_0_2_still_loads_and_plans_with_bcc() {
     assert!(err.to_string().contains("asked to panic while configured"), "{err}");
 }
 
+/// A planner built against 0.3.0 (registered names, no NATS family) still
+/// loads and plans with its registered exchange resolved; asked about a held
+/// message it fails that call naming why, as a planner of another family would.
+#[test]
+fn a_planner_built_against_contract_0_3_still_loads_and_plans_with_registered_names() {
+    use hourglass::command::{Command, HeldMessage};
+    let runtime = common::runtime();
+    let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-3")), "{}".into()).expect("a 0.3.0 planner loads");
+    assert_eq!(planner.info().name, "contract-0-3");
+    let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
+    assert_eq!(plan.delivers_after_ms, 2_000);
+    let [Command::Publish { exchange, routing_key, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    assert_eq!((exchange.as_str(), routing_key.as_str()), ("contract-0-3.wait", "orders"));
+    let held = HeldMessage { stream: "s".into(), subject: "s".into(), destination: "orders".into(), due_at_ms: 1, now_ms: 2, deliveries: 1 };
+    let err = planner.handle_held(&held).unwrap_err();
+    assert!(err.to_string().contains("before 0.4.0"), "{err}");
+}
+
 /// A publish naming a registered name past the planner's list fails that
 /// call with an error naming the planner and the index; the next call works.
 #[test]

@@ -8,6 +8,7 @@ pub mod blackhole;
 pub mod chaos;
 mod cleanup;
 pub mod cluster;
+pub mod nats;
 pub mod ports;
 pub mod private_node;
 pub mod process;

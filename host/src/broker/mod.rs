@@ -3,11 +3,12 @@
 //! [`Executor`] is the neutral seam: declare what a plan needs, check a
 //! destination, send one message through its planned commands and return once
 //! the broker confirmed it. [`memory`] is the embedded in-memory broker;
-//! [`rabbitmq`] and [`sqs`] are the real ones, and the only modules that speak
-//! their client libraries. Which one `delay.toml` names, and how it is opened,
+//! [`rabbitmq`], [`sqs`] and [`nats`] are the real ones, and the only modules
+//! that speak their client libraries. Which one `delay.toml` names, and how it is opened,
 //! is [`registry`]'s to say, and only it tells the brokers apart.
 
 pub mod memory;
+pub mod nats;
 pub mod rabbitmq;
 pub mod registry;
 pub mod sqs;
@@ -19,7 +20,7 @@ use crate::message::Properties;
 
 pub use memory::{Delivered, MemoryExecutor};
 pub(crate) use registry::connect_rabbitmq;
-pub use registry::{Broker, BrokerConfig, RabbitMqSettings, SqsSettings, amqp_url, connect, connect_sqs};
+pub use registry::{Broker, BrokerConfig, NatsSettings, RabbitMqSettings, SqsSettings, amqp_url, connect, connect_nats, connect_sqs, nats_url};
 
 #[derive(Clone, Debug, Error)]
 pub enum ExecutorError {

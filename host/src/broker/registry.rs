@@ -18,6 +18,7 @@ use hourglass_planner_sdk::DurationMs;
 use serde::Deserialize;
 
 use super::memory::{Delivered, MemoryExecutor};
+use super::nats::{self, NatsExecutor};
 use super::rabbitmq::{self, DEFAULT_URL, RabbitMqExecutor};
 use super::sqs::{self, SqsExecutor};
 use super::{Envelope, Executor, ExecutorError};
@@ -59,7 +60,18 @@ pub enum BrokerConfig {
         /// waiting; at most [`MAX_SEND_BATCH_WINDOW_MS`]).
         send_batch_window: Option<DurationMs>,
     },
+    Nats {
+        /// `nats://` URL (several, comma-separated, for a cluster); `url_env`
+        /// names a variable that overrides it (default `HOURGLASS_NATS_URL`).
+        url: Option<String>,
+        url_env: Option<String>,
+        /// Replicas of the streams hourglass creates: 1 on one server, 3 in a cluster (default 1).
+        replicas: Option<usize>,
+    },
 }
+
+/// The most `broker.replicas` may be: JetStream's own limit.
+pub const MAX_NATS_REPLICAS: usize = 5;
 
 /// What a kind of broker can do, for the checks that refuse a config asking more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +99,7 @@ pub struct SettingError {
 
 impl BrokerConfig {
     /// Every kind, as `[broker] kind` spells it, with what it can do.
-    pub const KINDS: [(&'static str, Capabilities); 3] = [
+    pub const KINDS: [(&'static str, Capabilities); 4] = [
         ("memory", Capabilities { cancellation_log: None, exchanges: false, redelivery: false, family: None, cancellable_planner: None }),
         (
             "rabbitmq",
@@ -110,6 +122,7 @@ impl BrokerConfig {
                 cancellable_planner: Some(crate::planner::builtin::SQS_CYCLES),
             },
         ),
+        ("nats", Capabilities { cancellation_log: None, exchanges: false, redelivery: false, family: Some(BrokerFamily::Nats), cancellable_planner: None }),
     ];
 
     fn index(&self) -> usize {
@@ -117,6 +130,7 @@ impl BrokerConfig {
             BrokerConfig::Memory => 0,
             BrokerConfig::Rabbitmq { .. } => 1,
             BrokerConfig::Sqs { .. } => 2,
+            BrokerConfig::Nats { .. } => 3,
         }
     }
 
@@ -156,6 +170,12 @@ impl BrokerConfig {
                 }),
                 _ => Ok(()),
             },
+            BrokerConfig::Nats { replicas, .. } => match replicas {
+                Some(replicas) if !(1..=MAX_NATS_REPLICAS).contains(replicas) => {
+                    Err(SettingError { key: "replicas", reason: format!("{replicas} is not between 1 and {MAX_NATS_REPLICAS}") })
+                }
+                _ => Ok(()),
+            },
         }
     }
 
@@ -164,6 +184,7 @@ impl BrokerConfig {
         match self {
             BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => name,
             BrokerConfig::Sqs { .. } => sqs::safe_name(&name),
+            BrokerConfig::Nats { .. } => nats::release_subject(&name),
         }
     }
 
@@ -173,13 +194,14 @@ impl BrokerConfig {
         match self {
             BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => rabbitmq::release_queue_declaration(name),
             BrokerConfig::Sqs { .. } => sqs::release_queue_declaration(name),
+            BrokerConfig::Nats { .. } => nats::release_stream_declaration(name),
         }
     }
 
     /// How long a first send waits for others to share one batch, where sends are batched.
     pub fn send_batch_window(&self) -> Option<DurationMs> {
         match self {
-            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => None,
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Nats { .. } => None,
             BrokerConfig::Sqs { send_batch_window, .. } => *send_batch_window,
         }
     }
@@ -212,7 +234,7 @@ impl BrokerConfig {
                 management_url: management_url.clone(),
                 publish_channels: *publish_channels,
             }),
-            BrokerConfig::Memory | BrokerConfig::Sqs { .. } => None,
+            BrokerConfig::Memory | BrokerConfig::Sqs { .. } | BrokerConfig::Nats { .. } => None,
         }
     }
 
@@ -222,9 +244,34 @@ impl BrokerConfig {
             BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
                 Some(SqsSettings { region: region.clone(), endpoint_url: endpoint_url.clone(), send_batch_window: *send_batch_window })
             }
-            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => None,
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Nats { .. } => None,
         }
     }
+
+    /// The settings, when this is NATS: for what runs on NATS only (its held streams).
+    pub fn nats(&self) -> Option<NatsSettings> {
+        match self {
+            BrokerConfig::Nats { url, url_env, replicas } => {
+                Some(NatsSettings { url: nats_url(url.as_deref(), url_env.as_deref()), replicas: replicas.unwrap_or(1) })
+            }
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Sqs { .. } => None,
+        }
+    }
+}
+
+/// A NATS server's settings as the work that runs only there takes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsSettings {
+    /// The URL, the environment's override taken.
+    pub url: String,
+    pub replicas: usize,
+}
+
+/// The NATS URL: the environment variable (`url_env`, default
+/// `HOURGLASS_NATS_URL`), else `url`, else the local server.
+pub fn nats_url(url: Option<&str>, url_env: Option<&str>) -> String {
+    let variable = url_env.unwrap_or(nats::URL_ENV);
+    environment_text(variable).or_else(|| url.map(str::to_string)).unwrap_or_else(|| nats::DEFAULT_URL.to_string())
 }
 
 /// The AMQP URL: the environment variable (`url_env`, default
@@ -244,6 +291,14 @@ pub enum Broker {
     RabbitMq(Arc<RabbitMqExecutor>),
     /// Shared with the service's pumps, receivers and fates queue.
     Sqs(Arc<SqsExecutor>),
+    /// Shared with the service's held-stream consumers.
+    Nats(Arc<NatsExecutor>),
+}
+
+impl From<Arc<NatsExecutor>> for Broker {
+    fn from(executor: Arc<NatsExecutor>) -> Broker {
+        Broker::Nats(executor)
+    }
 }
 
 impl From<Arc<MemoryExecutor>> for Broker {
@@ -270,7 +325,14 @@ pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
         BrokerConfig::Memory => Ok(Arc::new(MemoryExecutor::default()).into()),
         BrokerConfig::Rabbitmq { url, url_env, publish_channels, .. } => Ok(connect_rabbitmq(url, url_env, *publish_channels).await?.into()),
         BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => Ok(connect_sqs(region, endpoint_url, *send_batch_window).await?.into()),
+        BrokerConfig::Nats { .. } => Ok(connect_nats(config).await?.into()),
     }
+}
+
+/// Opens the NATS server a `broker.kind = "nats"` config names (`None` for another kind).
+pub async fn connect_nats(config: &BrokerConfig) -> Result<Arc<NatsExecutor>, ExecutorError> {
+    let settings = config.nats().ok_or_else(|| ExecutorError::Refused(format!("broker.kind = {:?} is not NATS", config.kind())))?;
+    Ok(Arc::new(NatsExecutor::connect(&settings.url, settings.replicas).await?))
 }
 
 /// Opens the RabbitMQ a `broker.kind = "rabbitmq"` config names.
@@ -299,6 +361,7 @@ impl Broker {
             Broker::Memory(_) => "the in-memory broker".into(),
             Broker::RabbitMq(r) => format!("RabbitMQ at {}", r.url()),
             Broker::Sqs(_) => "SQS".into(),
+            Broker::Nats(n) => format!("NATS JetStream at {}", n.url()),
         }
     }
 }
@@ -310,6 +373,7 @@ macro_rules! each_executor {
             Broker::Memory($executor) => $call,
             Broker::RabbitMq($executor) => $call,
             Broker::Sqs($executor) => $call,
+            Broker::Nats($executor) => $call,
         }
     };
 }
@@ -358,6 +422,7 @@ impl Executor for Broker {
             // Boxed: the SDK's request futures are large, and inline they would size every
             // RabbitMQ publish's future too (each request's is moved whole when spawned).
             Broker::Sqs(s) => Box::pin(s.send(commands, envelope)).await,
+            Broker::Nats(n) => n.send(commands, envelope).await,
         }
     }
 }

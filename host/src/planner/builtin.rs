@@ -4,8 +4,9 @@ pub(crate) const BINARY_LEVELS: &str = "binary-levels";
 pub(crate) const HOLD_QUEUES: &str = "hold-queues";
 pub(crate) const FIXED_INTERVALS: &str = "fixed-intervals";
 pub(crate) const SQS_CYCLES: &str = "sqs-cycles";
+pub(crate) const NATS_HOLD: &str = "nats-hold";
 
-pub(crate) const NAMES: [&str; 4] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES];
+pub(crate) const NAMES: [&str; 5] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES, NATS_HOLD];
 
 /// The component bytes of a built-in planner, by name.
 pub fn component(name: &str) -> Option<&'static [u8]> {
@@ -14,6 +15,7 @@ pub fn component(name: &str) -> Option<&'static [u8]> {
         HOLD_QUEUES => include_bytes!(concat!(env!("OUT_DIR"), "/hold_queues.wasm")),
         FIXED_INTERVALS => include_bytes!(concat!(env!("OUT_DIR"), "/fixed_intervals.wasm")),
         SQS_CYCLES => include_bytes!(concat!(env!("OUT_DIR"), "/sqs_cycles.wasm")),
+        NATS_HOLD => include_bytes!(concat!(env!("OUT_DIR"), "/nats_hold.wasm")),
         _ => return None,
     })
 }

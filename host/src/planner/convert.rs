@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use super::bindings::hourglass::planner::types as wit;
 use crate::command::{
-    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_queue_arguments,
-    check_sqs_queue_name,
+    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_nats_header_name,
+    check_nats_stream_name, check_nats_subject, check_queue_arguments, check_sqs_queue_name,
 };
 
 /// More than a 32-level strategy needs (one key per bit, and the destination's),
@@ -103,6 +103,31 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
                 dedup_id: s.dedup_id,
             }
         }
+        wit::Command::NatsEnsureStream(stream) => {
+            check_nats_stream_name(&stream.name)?;
+            if stream.subjects.is_empty() {
+                return Err(InvalidCommand::NatsStreamWithoutSubjects(stream.name));
+            }
+            for subject in &stream.subjects {
+                check_nats_subject("stream subject", subject, true)?;
+            }
+            Command::NatsEnsureStream { name: stream.name, subjects: stream.subjects, held: stream.held }
+        }
+        wit::Command::NatsPublish(publish) => {
+            let subject = name_text("subject", publish.subject, names)?;
+            check_nats_subject("publish subject", &subject, false)?;
+            let mut headers = BTreeMap::new();
+            for header in publish.headers {
+                check_nats_header_name(&header.name)?;
+                if header.value.contains(['\r', '\n']) {
+                    return Err(InvalidCommand::NatsHeaderValue(header.name));
+                }
+                if headers.insert(header.name.clone(), header.value).is_some() {
+                    return Err(InvalidCommand::NatsHeaderTwice(header.name));
+                }
+            }
+            Command::NatsPublish { subject, headers }
+        }
     };
     Ok(command)
 }
@@ -110,12 +135,16 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
 /// A publish's exchange or key as a string, checked: a registered one is
 /// copied from the planner's list (its only cost per call), a text one moved.
 fn resolve(what: &'static str, name: wit::Name, names: &[String]) -> Result<String, InvalidCommand> {
-    let name = match name {
-        wit::Name::Registered(index) => names.get(index as usize).cloned().ok_or(InvalidCommand::UnregisteredName { what, index, registered: names.len() })?,
-        wit::Name::Text(text) => text,
-    };
+    let name = name_text(what, name, names)?;
     check_name(what, &name, true)?;
     Ok(name)
+}
+
+fn name_text(what: &'static str, name: wit::Name, names: &[String]) -> Result<String, InvalidCommand> {
+    match name {
+        wit::Name::Registered(index) => names.get(index as usize).cloned().ok_or(InvalidCommand::UnregisteredName { what, index, registered: names.len() }),
+        wit::Name::Text(text) => Ok(text),
+    }
 }
 
 fn field_table(fields: Vec<wit::Field>) -> Result<FieldTable, InvalidCommand> {

@@ -10,13 +10,29 @@ use super::PlannerError;
 use super::bindings::hourglass::planner::types as wit;
 use super::contract::{Contract, ContractPre, PlanRequestRef, StoreState};
 use super::epoch::set_epoch_deadline;
-use crate::command::{Command, DueAction, DueMessage};
+use crate::command::{Command, DueAction, DueMessage, HeldAction, HeldMessage};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BrokerFamily {
     Amqp,
     Sqs,
+    Nats,
+}
+
+impl BrokerFamily {
+    /// The family whose planners write `command`.
+    pub fn of(command: &Command) -> BrokerFamily {
+        match command {
+            Command::DeclareExchange { .. }
+            | Command::DeclareQueue { .. }
+            | Command::BindQueue { .. }
+            | Command::BindExchange { .. }
+            | Command::Publish { .. } => BrokerFamily::Amqp,
+            Command::SqsEnsureQueue { .. } | Command::SqsSend { .. } => BrokerFamily::Sqs,
+            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } => BrokerFamily::Nats,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -327,8 +343,7 @@ impl LoadedPlanner {
                     function,
                     source,
                 })?;
-                let expected_sqs = self.info.family == BrokerFamily::Sqs;
-                if command.is_sqs() != expected_sqs {
+                if BrokerFamily::of(&command) != self.info.family {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));
                 }
                 Ok(command)
@@ -364,6 +379,10 @@ impl LoadedPlanner {
 
     pub fn handle_due(&self, message: &DueMessage) -> Result<DueAction, PlannerError> {
         self.checkout()?.handle_due(message)
+    }
+
+    pub fn handle_held(&self, message: &HeldMessage) -> Result<HeldAction, PlannerError> {
+        self.checkout()?.handle_held(message)
     }
 
     pub fn decide_redelivery(&self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
@@ -445,6 +464,23 @@ impl PlannerInstance<'_> {
         })
     }
 
+    pub fn handle_held(&mut self, message: &HeldMessage) -> Result<HeldAction, PlannerError> {
+        let wit_message = wit::HeldMessage {
+            stream: message.stream.clone(),
+            subject: message.subject.clone(),
+            destination: message.destination.clone(),
+            due_at_ms: message.due_at_ms,
+            now_ms: message.now_ms,
+            deliveries: message.deliveries,
+        };
+        let result = self.call("handle-held", |c, s| c.handle_held(s, &wit_message))?;
+        let planner = self.planner;
+        Ok(match result.map_err(|m| planner.refused(m))? {
+            wit::HeldAction::Wait(ms) => HeldAction::Wait { ms },
+            wit::HeldAction::HandOver(c) => HeldAction::HandOver { commands: planner.commands("handle-held", c, self.names())? },
+        })
+    }
+
     pub fn decide_redelivery(&mut self, queue: &str, attempt: u32, seed: u64, reason: Option<&str>) -> Result<RedeliveryDecision, PlannerError> {
         let request = wit::RedeliveryRequest { queue: queue.into(), attempt, seed, reason: reason.map(Into::into) };
         let result = self.call("decide-redelivery", |c, s| c.decide_redelivery(s, &request))?;
@@ -462,6 +498,7 @@ fn convert_info(info: wit::PlannerInfo) -> PlannerInfo {
         family: match info.family {
             wit::BrokerFamily::Amqp => BrokerFamily::Amqp,
             wit::BrokerFamily::Sqs => BrokerFamily::Sqs,
+            wit::BrokerFamily::Nats => BrokerFamily::Nats,
         },
         config_keys: info.config_keys.into_iter().map(|k| ConfigKey { name: k.name, description: k.description, default_value: k.default_value }).collect(),
     }

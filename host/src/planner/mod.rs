@@ -7,17 +7,26 @@
 //!   instances, so calls run in parallel. Every call goes through it (or
 //!   through a [`PlannerInstance`] checked out of it) and comes back
 //!   converted to host types and validated.
-//! * [`builtin`] holds the four planners embedded in the binary.
+//! * [`builtin`] holds the five planners embedded in the binary.
 
-/// The contract, `hourglass:planner@0.3.0`: what planners are built against.
+/// The contract, `hourglass:planner@0.4.0`: what planners are built against.
 pub mod bindings {
     wasmtime::component::bindgen!({
         world: "planner-world",
         path: "../wit",
     });
 
+    /// `hourglass:planner@0.3.0`, still loaded: its answers are upgraded to
+    /// 0.4.0's types as they leave the planner (see `upgrade`).
+    pub mod v0_3 {
+        wasmtime::component::bindgen!({
+            world: "planner-world",
+            path: "../wit/previous/planner@0.3.0.wit",
+        });
+    }
+
     /// `hourglass:planner@0.2.0`, still loaded: its answers are upgraded to
-    /// 0.3.0's types as they leave the planner (see `upgrade`).
+    /// 0.4.0's types as they leave the planner (see `upgrade`).
     pub mod v0_2 {
         wasmtime::component::bindgen!({
             world: "planner-world",
@@ -26,7 +35,7 @@ pub mod bindings {
     }
 
     /// `hourglass:planner@0.1.0`, still loaded: its answers are upgraded to
-    /// 0.3.0's types as they leave the planner (see `upgrade`).
+    /// 0.4.0's types as they leave the planner (see `upgrade`).
     pub mod v0_1 {
         wasmtime::component::bindgen!({
             world: "planner-world",
@@ -45,7 +54,7 @@ mod instance;
 mod runtime;
 mod upgrade;
 
-pub use crate::command::{DueAction, DueMessage};
+pub use crate::command::{DueAction, DueMessage, HeldAction, HeldMessage};
 pub(crate) use contract::ContractMismatch;
 pub use epoch::epoch_ticker_asleep;
 pub use instance::{
@@ -65,7 +74,7 @@ pub enum PlannerError {
     Read { planner: String, path: String, source: std::io::Error },
     #[error("planner {planner}: {path} is not a WebAssembly component: {reason}")]
     NotAComponent { planner: String, path: String, reason: String },
-    #[error("planner {planner} does not fit the contract hourglass:planner (0.3.0, or 0.2.0 or 0.1.0 before it): {source}")]
+    #[error("planner {planner} does not fit the contract hourglass:planner (0.4.0, or 0.3.0, 0.2.0 or 0.1.0 before it): {source}")]
     WrongContract { planner: String, source: ContractMismatch },
     #[error("planner {planner} rejected its configuration: {message}")]
     Config { planner: String, message: String },

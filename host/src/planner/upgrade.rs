@@ -1,8 +1,10 @@
-//! Answers of a planner built against an earlier contract (`hourglass:planner@0.2.0`
-//! or `@0.1.0`) in 0.3.0's types, so everything past the call sees one
-//! contract. The versions differ only in `publish`: 0.2.0 added `bcc`, and
-//! 0.3.0 names its exchange and keys with `name`, which an earlier planner's
-//! strings become as `name.text`. The host's inputs go the other way.
+//! Answers of a planner built against an earlier contract (`hourglass:planner@0.3.0`,
+//! `@0.2.0` or `@0.1.0`) in 0.4.0's types, so everything past the call sees one
+//! contract. Each version's answers are a subset of the next's: 0.2.0 added
+//! `bcc` to `publish`, 0.3.0 named its exchange and keys with `name` (which an
+//! earlier planner's strings become as `name.text`), and 0.4.0 added the NATS
+//! family, which no earlier planner can answer with. The host's inputs go the
+//! other way.
 
 use super::bindings::hourglass::planner::types as now;
 
@@ -136,6 +138,32 @@ macro_rules! upgrade_from {
             old::RedeliveryRequest { queue: request.queue.clone(), attempt: request.attempt, seed: request.seed, reason: request.reason.clone() }
         }
     };
+}
+
+/// From `hourglass:planner@0.3.0`: the same publish, no NATS commands.
+pub(crate) mod v0_3 {
+    use super::now;
+    use crate::planner::bindings::v0_3::hourglass::planner::types as old;
+
+    fn publish(p: old::Publish) -> now::Publish {
+        now::Publish {
+            exchange: name(p.exchange),
+            routing_key: name(p.routing_key),
+            bcc: p.bcc.into_iter().map(name).collect(),
+            headers: fields(p.headers),
+            expiration_ms: p.expiration_ms,
+            mandatory: p.mandatory,
+        }
+    }
+
+    fn name(name: old::Name) -> now::Name {
+        match name {
+            old::Name::Registered(index) => now::Name::Registered(index),
+            old::Name::Text(text) => now::Name::Text(text),
+        }
+    }
+
+    upgrade_from!();
 }
 
 /// From `hourglass:planner@0.2.0`: every name a string.

@@ -658,7 +658,7 @@ impl<E: Executor> Scheduler<E> {
         let started = Instant::now();
         let plan = generation.call(&strategy, |planner| planner.plan(&plan_request))?;
         self.metrics.observe_planner_call(&strategy, started.elapsed());
-        if !plan.commands.iter().any(|c| matches!(c, Command::Publish { .. } | Command::SqsSend { .. })) {
+        if !plan.commands.iter().any(Command::sends_the_message) {
             return Err(ScheduleError::Unplannable(format!("strategy {strategy:?} planned no publish for this message; nothing was sent")));
         }
         // Only a request that planned cleanly declares anything on the broker.

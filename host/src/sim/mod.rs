@@ -29,6 +29,9 @@ pub(crate) use sqs::DueSqsMessage;
 
 use crate::command::{Command, FieldTable};
 
+/// Why a NATS plan cannot be simulated.
+pub(crate) const NO_NATS_MODEL: &str = "the simulator models AMQP and SQS; NATS JetStream plans run on a real server only";
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SimError {
     #[error("NOT_FOUND: {0}")]
@@ -196,7 +199,10 @@ impl Simulator {
         match command {
             Command::Publish { .. } | Command::SqsSend { .. } => Err(SimError::Invalid("a publish or send needs a message; use execute".into())),
             Command::SqsEnsureQueue { name, attributes, pumped } => self.sqs.ensure_queue(name, attributes, *pumped),
-            other => self.amqp.apply(other, self.now_ms),
+            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } => Err(SimError::Invalid(NO_NATS_MODEL.into())),
+            Command::DeclareExchange { .. } | Command::DeclareQueue { .. } | Command::BindQueue { .. } | Command::BindExchange { .. } => {
+                self.amqp.apply(command, self.now_ms)
+            }
         }
     }
 

@@ -21,6 +21,8 @@ pub enum SimulationError {
     Planner(#[from] PlannerError),
     #[error("planner {planner}: {what} failed on the simulator: {source}")]
     Broker { planner: String, what: String, source: SimError },
+    #[error("planner {planner}: {why}")]
+    Unsupported { planner: String, why: &'static str },
 }
 
 /// What happened to one simulated message.
@@ -67,6 +69,7 @@ impl<'p> Simulation<'p> {
         match planner.info().family {
             BrokerFamily::Amqp => simulator.declare_destination_queue(destination),
             BrokerFamily::Sqs => simulator.declare_destination_sqs_queue(destination),
+            BrokerFamily::Nats => return Err(SimulationError::Unsupported { planner: planner.label().to_string(), why: crate::sim::NO_NATS_MODEL }),
         }
         let mut setup = planner.topology()?;
         setup.extend(planner.destination_setup(destination)?);

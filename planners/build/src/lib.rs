@@ -1,5 +1,5 @@
 //! Builds this workspace's planner crates for `wasm32-wasip2`, in a cargo of
-//! their own: `host/build.rs` the four built-ins it embeds, and the tests,
+//! their own: `host/build.rs` the five built-ins it embeds, and the tests,
 //! benches and fault suite each test planner they load (`tests/planners/*`,
 //! `examples/backoff-planner`), so `cargo run` builds no test planner.
 //!

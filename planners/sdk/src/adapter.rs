@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use crate::__bindings::exports::hourglass::planner::planner::Guest;
 use crate::__bindings::hourglass::planner::diagnostics;
 use crate::{Command, RedeliveryDecision, RedeliveryRequest};
-use crate::{DelayRange, DueAction, DueMessage, Info, Plan, PlanRequest, Planner};
+use crate::{DelayRange, DueAction, DueMessage, HeldAction, HeldMessage, Info, Plan, PlanRequest, Planner};
 
 thread_local! {
     // The configured planner. Components are single-threaded; the host makes
@@ -91,6 +91,10 @@ impl<P: Planner> Guest for Adapter<P> {
 
     fn handle_due(message: DueMessage) -> Result<DueAction, String> {
         with_planner::<P, _>(|p| p.handle_due(&message))
+    }
+
+    fn handle_held(message: HeldMessage) -> Result<HeldAction, String> {
+        with_planner::<P, _>(|p| p.handle_held(&message))
     }
 
     fn decide_redelivery(request: RedeliveryRequest) -> Result<RedeliveryDecision, String> {

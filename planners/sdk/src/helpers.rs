@@ -4,8 +4,8 @@
 pub const AMQP_MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 use crate::{
-    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Name, Publish, SqsAttribute,
-    SqsEnsureQueue, SqsSend, Value,
+    BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Name, NatsEnsureStream, NatsHeader,
+    NatsPublish, Publish, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
 };
 use crate::{BrokerFamily, ConfigKey};
 
@@ -99,6 +99,21 @@ pub fn sqs_ensure_queue(name: &str, attributes: Vec<SqsAttribute>, pumped: bool)
 
 pub fn sqs_send(queue: &str, delay_seconds: u32, attributes: Vec<SqsAttribute>) -> Command {
     Command::SqsSend(SqsSend { queue: queue.into(), delay_seconds, attributes, group_id: None, dedup_id: None })
+}
+
+/// A JetStream stream capturing `subjects`; `held`: the host consumes it and
+/// asks [`Planner::handle_held`](crate::Planner::handle_held) about each message.
+pub fn nats_ensure_stream(name: &str, subjects: &[&str], held: bool) -> Command {
+    Command::NatsEnsureStream(NatsEnsureStream { name: name.into(), subjects: subjects.iter().map(|s| s.to_string()).collect(), held })
+}
+
+/// Publishes the message to `subject` (a [`Key`](crate::Key) registered once, or text), acknowledged by JetStream.
+pub fn nats_publish(subject: impl Into<Name>, headers: Vec<NatsHeader>) -> Command {
+    Command::NatsPublish(NatsPublish { subject: subject.into(), headers })
+}
+
+pub fn nats_header(name: &str, value: impl Into<String>) -> NatsHeader {
+    NatsHeader { name: name.into(), value: value.into() }
 }
 
 /// Looks up a string attribute by name.

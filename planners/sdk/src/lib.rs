@@ -52,8 +52,8 @@ pub mod __bindings {
 
 pub use __bindings::hourglass::planner::types::{
     BindExchange, BindQueue, BrokerFamily, Command, ConfigKey, DeclareExchange, DeclareQueue, DelayPlan as Plan, DelayRange, DueAction, DueMessage,
-    ExchangeKind, Field, Granularity, Name, PlanRequest, PlannerInfo as Info, Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue,
-    SqsSend, Value,
+    ExchangeKind, Field, Granularity, HeldAction, HeldMessage, Name, NatsEnsureStream, NatsHeader, NatsPublish, PlanRequest, PlannerInfo as Info, Publish,
+    RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
 };
 #[doc(hidden)]
 pub use adapter::Adapter;
@@ -94,6 +94,12 @@ pub trait Planner: Sized + 'static {
     /// For pump-driven strategies: what to do with a message that became visible.
     fn handle_due(&self, _message: &DueMessage) -> Result<DueAction, String> {
         Err(format!("planner {} is not pump-driven", Self::info().name))
+    }
+
+    /// For strategies with a held stream (NATS): a message it delivered (again)
+    /// waits longer, or is handed over.
+    fn handle_held(&self, _message: &HeldMessage) -> Result<HeldAction, String> {
+        Err(format!("planner {} holds no messages in a stream", Self::info().name))
     }
 
     /// Attempt `n` failed: wait how long before the next one, or give up.

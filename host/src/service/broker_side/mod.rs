@@ -9,11 +9,13 @@
 //!   and the connection keeper.
 //! * [`sqs`]: a pump per pumped queue (and finding them), the SQS ingress and
 //!   canary, the fates queue with its release receivers.
+//! * [`nats`]: a consumer per held stream, asking its strategy's planner.
 //!
 //! [`connect`] opens the broker a config names together with its side:
 //! adding a broker adds a file here and one arm there.
 
 mod memory;
+mod nats;
 mod rabbitmq;
 mod sqs;
 
@@ -60,6 +62,7 @@ pub(super) async fn connect(config: &Config) -> Result<(Broker, Arc<dyn BrokerSi
         BrokerConfig::Memory => Ok(memory::connect()),
         BrokerConfig::Rabbitmq { url, url_env, publish_channels, management_url } => rabbitmq::connect(url, url_env, *publish_channels, management_url).await,
         BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => sqs::connect(region, endpoint_url, *send_batch_window).await,
+        BrokerConfig::Nats { .. } => nats::connect(&config.broker).await,
     }
 }
 

@@ -118,6 +118,10 @@ export const planner = {
     throw "{{name}} is not pump-driven";
   },
 
+  handleHeld(_message) {
+    throw "{{name}} holds no messages in a stream";
+  },
+
   decideRedelivery(_request) {
     throw "{{name}} does not decide redeliveries";
   },

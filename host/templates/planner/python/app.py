@@ -69,5 +69,8 @@ class Planner(exports.Planner):
     def handle_due(self, message):
         raise Err("{{name}} is not pump-driven")
 
+    def handle_held(self, message):
+        raise Err("{{name}} holds no messages in a stream")
+
     def decide_redelivery(self, request):
         raise Err("{{name}} does not decide redeliveries")

@@ -1,0 +1,260 @@
+//! A held stream's consumer: where a NATS message waits until it is due.
+//!
+//! JetStream before 2.12 cannot publish later, but a consumer can decline a
+//! message for a while: a negative acknowledgement with a delay (`Nak`)
+//! makes the server deliver it again after that delay. Every host serving
+//! the strategy pulls from the one durable consumer of the held stream, so
+//! they share the work, and the server keeps each waiting message as
+//! pending on it.
+//!
+//! For each delivery the strategy's planner decides ([`HeldHandler`]): wait
+//! (nak with the delay it names, never more than its own cap) or hand over
+//! (publish on, and acknowledge the held copy only once the publish is
+//! acknowledged). The due time is the absolute `hourglass-due-at` the message
+//! was scheduled with, compared with the earliest the clock can read, so a
+//! delivery that comes early (after a server restart, say) only waits again.
+//! A message that can never go on (its destination has no stream, the planner
+//! refuses it, hourglass's headers are missing) is parked in the held stream's
+//! parked stream with the reason ([`super::parked_stream`]); one that cannot go
+//! on now (the server is away, the planner ran out of time) is delivered
+//! again a little later. Nothing is acknowledged before it is somewhere else.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::{AckKind, Message};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::NatsExecutor;
+use super::convert::text;
+use crate::broker::ExecutorError;
+use crate::clock::Clock;
+use crate::command::{Command, HeldAction, HeldMessage};
+use crate::headers::{DUE_AT_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
+use crate::planner::{LoadedPlanner, PlannerError};
+
+/// The durable consumer every host of a held stream pulls from.
+pub const CONSUMER: &str = "hourglass-hold";
+/// How long a delivery may go unanswered before the server gives it to another
+/// host: far more than a planner call and a publish take.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// Deliveries handled at once by one host.
+const IN_FLIGHT: usize = 64;
+/// How soon a message that cannot go on now comes back.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Who decides about a held message: the strategy's planner.
+pub trait HeldHandler: Send + Sync {
+    /// Who decides, for logs and parking reasons.
+    fn label(&self) -> &str;
+    fn handle_held(&self, message: &HeldMessage) -> Result<HeldAction, PlannerError>;
+}
+
+impl HeldHandler for LoadedPlanner {
+    fn label(&self) -> &str {
+        LoadedPlanner::label(self)
+    }
+    fn handle_held(&self, message: &HeldMessage) -> Result<HeldAction, PlannerError> {
+        LoadedPlanner::handle_held(self, message)
+    }
+}
+
+/// What became of the deliveries a host handled.
+#[derive(Debug, Default)]
+pub struct HoldCounters {
+    pub waited: AtomicU64,
+    pub handed_over: AtomicU64,
+    pub parked: AtomicU64,
+    /// Delivered again later: the server or the planner could not answer now.
+    pub retried: AtomicU64,
+}
+
+/// Why a held message can never go on: it is parked with this as its reason.
+#[derive(Debug, thiserror::Error)]
+enum Undeliverable {
+    #[error("no {0} header: it was not scheduled by hourglass")]
+    MissingHeader(&'static str),
+    #[error("{DUE_AT_HEADER} {0:?} is not Unix milliseconds")]
+    BadDueTime(String),
+    #[error("{0}")]
+    Planner(PlannerError),
+    #[error("planner {planner} handed it over with {command:?}, which is no NATS publish")]
+    NotAPublish { planner: String, command: Box<Command> },
+    #[error(transparent)]
+    Broker(ExecutorError),
+}
+
+/// Why a delivery was left to come back later.
+#[derive(Debug, thiserror::Error)]
+enum NotNow {
+    #[error(transparent)]
+    Broker(ExecutorError),
+    #[error(transparent)]
+    Planner(PlannerError),
+}
+
+/// One held stream, consumed for one strategy.
+pub struct HeldStream {
+    executor: Arc<NatsExecutor>,
+    handler: Arc<dyn HeldHandler>,
+    stream: String,
+    clock: Arc<Clock>,
+    consuming: AtomicBool,
+    pub counters: Arc<HoldCounters>,
+}
+
+impl HeldStream {
+    pub fn new(executor: Arc<NatsExecutor>, handler: Arc<dyn HeldHandler>, stream: &str, clock: Arc<Clock>) -> HeldStream {
+        HeldStream { executor, handler, stream: stream.to_string(), clock, consuming: AtomicBool::new(false), counters: Arc::default() }
+    }
+
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Pulling from the stream now.
+    pub fn is_consuming(&self) -> bool {
+        self.consuming.load(Ordering::Relaxed)
+    }
+
+    /// Pulls and decides until `stop`; returns with the error that broke the pull.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
+        let result = tokio::select! {
+            result = self.pull() => result,
+            _ = stop.wait_for(|stopped| *stopped) => Ok(()),
+        };
+        self.consuming.store(false, Ordering::Relaxed);
+        result
+    }
+
+    async fn pull(&self) -> Result<(), ExecutorError> {
+        let unavailable = |e: &dyn std::fmt::Display| ExecutorError::Unavailable(format!("held stream {}: {e}", self.stream));
+        let stream = self.executor.jetstream().get_stream(&self.stream).await.map_err(|e| unavailable(&e))?;
+        let config = pull::Config {
+            durable_name: Some(CONSUMER.to_string()),
+            description: Some("hourglass: delayed messages, delivered again until due".to_string()),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            // Every waiting message is pending on this consumer: a bound would
+            // leave messages due sooner behind those that wait longer.
+            max_ack_pending: -1,
+            max_deliver: -1,
+            ..Default::default()
+        };
+        let consumer = stream.get_or_create_consumer(CONSUMER, config).await.map_err(|e| unavailable(&e))?;
+        let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+        self.consuming.store(true, Ordering::Relaxed);
+        tracing::info!(stream = %self.stream, planner = self.handler.label(), "holding");
+        let mut failure = None;
+        messages
+            .take_while(|next| {
+                let broken = next.as_ref().err().map(|e| unavailable(e));
+                let go_on = broken.is_none();
+                failure = failure.take().or(broken);
+                async move { go_on }
+            })
+            .for_each_concurrent(IN_FLIGHT, |next| async move {
+                if let Ok(message) = next {
+                    self.handle(message).await;
+                }
+            })
+            .await;
+        Err(failure.unwrap_or_else(|| unavailable(&"the consumer's message stream ended")))
+    }
+
+    async fn handle(&self, message: Message) {
+        let answer = match self.decide(&message).await {
+            Ok(Some(wait)) => {
+                self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                AckKind::Nak(Some(wait))
+            }
+            Ok(None) => {
+                self.counters.handed_over.fetch_add(1, Ordering::Relaxed);
+                AckKind::Ack
+            }
+            Err(Left::NotNow(why)) => {
+                tracing::warn!(stream = %self.stream, error = %why, "a held message could not go on now; it comes back in {RETRY_AFTER:?}");
+                self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                AckKind::Nak(Some(RETRY_AFTER))
+            }
+            Err(Left::Never(why)) => match self.park(&message, &why.to_string()).await {
+                Ok(()) => {
+                    self.counters.parked.fetch_add(1, Ordering::Relaxed);
+                    AckKind::Ack
+                }
+                Err(e) => {
+                    tracing::warn!(stream = %self.stream, error = %e, reason = %why, "parking a held message failed; it comes back in {RETRY_AFTER:?}");
+                    self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                    AckKind::Nak(Some(RETRY_AFTER))
+                }
+            },
+        };
+        // A lost answer is not lost work: the server delivers the message again after ACK_WAIT.
+        if let Err(e) = message.ack_with(answer).await {
+            tracing::warn!(stream = %self.stream, error = %e, "answering a held delivery failed; the server delivers it again");
+        }
+    }
+
+    /// `Some(wait)`: deliver again after it; `None`: handed over.
+    async fn decide(&self, message: &Message) -> Result<Option<Duration>, Left> {
+        let empty = HeaderMap::new();
+        let headers = message.headers.as_ref().unwrap_or(&empty);
+        let destination = text(headers, TARGET_HEADER).ok_or(Undeliverable::MissingHeader(TARGET_HEADER))?;
+        let due = text(headers, DUE_AT_HEADER).ok_or(Undeliverable::MissingHeader(DUE_AT_HEADER))?;
+        let due_at_ms = due.parse().map_err(|_| Undeliverable::BadDueTime(due.to_string()))?;
+        let deliveries = message.info().map(|info| info.delivered).unwrap_or(1);
+        let held = HeldMessage {
+            stream: self.stream.clone(),
+            subject: message.subject.to_string(),
+            destination: destination.to_string(),
+            due_at_ms,
+            now_ms: self.clock.earliest_ms(),
+            deliveries: u32::try_from(deliveries).unwrap_or(u32::MAX),
+        };
+        let commands = match self.handler.handle_held(&held) {
+            Ok(HeldAction::Wait { ms }) => return Ok(Some(Duration::from_millis(ms.max(1)))),
+            Ok(HeldAction::HandOver { commands }) => commands,
+            Err(e) if e.is_timeout() => return Err(Left::NotNow(NotNow::Planner(e))),
+            Err(e) => return Err(Undeliverable::Planner(e).into()),
+        };
+        for command in commands {
+            let Command::NatsPublish { subject, headers: extra } = &command else {
+                return Err(Undeliverable::NotAPublish { planner: self.handler.label().to_string(), command: Box::new(command) }.into());
+            };
+            let mut headers = headers.clone();
+            for (name, value) in extra {
+                headers.insert(name.as_str(), value.as_str());
+            }
+            self.executor.publish(subject, headers, message.payload.clone()).await.map_err(|e| match e {
+                ExecutorError::Unavailable(_) => Left::NotNow(NotNow::Broker(e)),
+                ExecutorError::Refused(_) | ExecutorError::Invalid(_) | ExecutorError::Unroutable(_) => Undeliverable::Broker(e).into(),
+            })?;
+        }
+        Ok(None)
+    }
+
+    async fn park(&self, message: &Message, reason: &str) -> Result<(), ExecutorError> {
+        let (_, subject) = super::parked_stream(&self.stream);
+        let mut headers = message.headers.clone().unwrap_or_default();
+        headers.insert(PARKED_REASON_HEADER, reason.replace(['\r', '\n'], " ").as_str());
+        tracing::warn!(stream = %self.stream, %reason, "parked a held message");
+        self.executor.publish(&subject, headers, message.payload.clone()).await
+    }
+}
+
+/// What keeps a delivery from being handed over.
+enum Left {
+    NotNow(NotNow),
+    Never(Undeliverable),
+}
+
+impl From<Undeliverable> for Left {
+    fn from(why: Undeliverable) -> Left {
+        Left::Never(why)
+    }
+}

@@ -1,0 +1,222 @@
+//! NATS JetStream: the executor, and the only module that speaks async-nats.
+//!
+//! * [`NatsExecutor`] (this file): one client connection, reconnected by the
+//!   client; streams ensured (`nats-ensure-stream`), a destination checked
+//!   (a stream must capture its subject), messages published with JetStream's
+//!   acknowledgement (`nats-publish`).
+//! * [`convert`]: a message's headers and properties as NATS headers.
+//! * [`hold`]: the durable consumer of a held stream, which asks the
+//!   strategy's planner about every delivery: wait (a negative acknowledgement
+//!   with a delay) or hand over (publish on, then acknowledge), and parks what
+//!   can never go on.
+//!
+//! A destination is a subject some stream captures: publishing to one no
+//! stream captures is refused, as a missing queue is on RabbitMQ.
+
+pub mod convert;
+pub mod hold;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+
+use super::{Envelope, Executor, ExecutorError};
+use crate::command::Command;
+
+/// `[broker] url` when none is given.
+pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+/// The environment variable that overrides the URL unless `url_env` names another.
+pub(crate) const URL_ENV: &str = "HOURGLASS_NATS_URL";
+/// How long a JetStream request (a publish's acknowledgement, a stream look-up) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Parked messages of the held stream `S` go to `hourglass.parked.S`, kept in stream `S-parked`.
+const PARKED_SUBJECT_PREFIX: &str = "hourglass.parked";
+
+/// Where a held stream's messages that can never go on are kept, with the reason.
+pub(crate) fn parked_stream(held: &str) -> (String, String) {
+    (format!("{held}-parked"), format!("{PARKED_SUBJECT_PREFIX}.{held}"))
+}
+
+/// A release step's subject: release queues are for cancellable strategies,
+/// which NATS does not run yet ([`super::registry::Capabilities`]); the name is
+/// made a valid subject all the same.
+pub(crate) fn release_subject(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect()
+}
+
+/// The stream that would capture a release subject.
+pub(crate) fn release_stream_declaration(subject: &str) -> Command {
+    let stream = subject.replace('.', "_");
+    Command::NatsEnsureStream { name: stream, subjects: vec![subject.to_string()], held: false }
+}
+
+/// Commands of a NATS plan, run on one client connection.
+pub struct NatsExecutor {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    url: String,
+    /// Replicas of every stream hourglass creates (1 on a single server, 3 in a cluster).
+    replicas: usize,
+    reconnects: Arc<AtomicU64>,
+}
+
+impl NatsExecutor {
+    pub async fn connect(url: &str, replicas: usize) -> Result<NatsExecutor, ExecutorError> {
+        let reconnects = Arc::new(AtomicU64::new(0));
+        let counted = reconnects.clone();
+        let seen_first = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let options =
+            async_nats::ConnectOptions::new().name("hourglass").connection_timeout(REQUEST_TIMEOUT).request_timeout(Some(REQUEST_TIMEOUT)).event_callback(
+                move |event| {
+                    let (counted, seen_first) = (counted.clone(), seen_first.clone());
+                    async move {
+                        match event {
+                            // The first is the connection itself; each later one a reconnect.
+                            async_nats::Event::Connected if seen_first.swap(true, Ordering::Relaxed) => {
+                                counted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; the client reconnects"),
+                            _ => {}
+                        }
+                    }
+                },
+            );
+        let client = options.connect(url).await.map_err(|e| ExecutorError::Unavailable(format!("NATS at {url}: {e}")))?;
+        let mut jetstream = jetstream::new(client.clone());
+        jetstream.set_timeout(REQUEST_TIMEOUT);
+        Ok(NatsExecutor { client, jetstream, url: url.to_string(), replicas: replicas.max(1), reconnects })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub(crate) fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    /// Creates the stream if missing; an existing one must capture every subject asked.
+    pub(crate) async fn ensure_stream(&self, name: &str, subjects: &[String], held: bool) -> Result<(), ExecutorError> {
+        let config = stream::Config {
+            name: name.to_string(),
+            subjects: subjects.to_vec(),
+            // A held stream keeps a message until its hand-over is acknowledged, and no longer.
+            retention: if held { stream::RetentionPolicy::WorkQueue } else { stream::RetentionPolicy::Limits },
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas,
+            ..Default::default()
+        };
+        let mut stream = self.jetstream.get_or_create_stream(config).await.map_err(|e| self.refused(&format!("stream {name}"), e))?;
+        let info = stream.info().await.map_err(|e| self.refused(&format!("stream {name}"), e))?;
+        let missing: Vec<&String> = subjects.iter().filter(|s| !info.config.subjects.contains(s)).collect();
+        if !missing.is_empty() {
+            return Err(ExecutorError::Refused(format!(
+                "stream {name} exists without subjects {missing:?} (it captures {:?}); add them, or give the strategy a stream of its own",
+                info.config.subjects
+            )));
+        }
+        Ok(())
+    }
+
+    /// Publishes `body` with `headers` to `subject` and waits for the stream's acknowledgement.
+    pub(crate) async fn publish(&self, subject: &str, headers: async_nats::HeaderMap, body: bytes::Bytes) -> Result<(), ExecutorError> {
+        let publish = jetstream::message::PublishMessage::build().headers(headers).payload(body);
+        let sent = self.jetstream.send_publish(subject.to_string(), publish).await.map_err(|e| publish_error(subject, e))?;
+        sent.await.map_err(|e| publish_error(subject, e))?;
+        Ok(())
+    }
+
+    fn refused(&self, what: &str, error: impl std::fmt::Display) -> ExecutorError {
+        let text = error.to_string();
+        // Anything the server answered is a refusal; a lost or timed-out request is the broker being away.
+        if text.contains("timed out") || text.contains("timeout") || text.contains("disconnected") || text.contains("broken pipe") {
+            ExecutorError::Unavailable(format!("{what}: {text}"))
+        } else {
+            ExecutorError::Refused(format!("{what}: {text}"))
+        }
+    }
+}
+
+fn publish_error(subject: &str, error: jetstream::context::PublishError) -> ExecutorError {
+    match error.kind() {
+        PublishErrorKind::StreamNotFound => ExecutorError::Unroutable(format!("no stream captures subject {subject:?}")),
+        PublishErrorKind::MaxPayloadExceeded => ExecutorError::Invalid(format!("publish to {subject:?}: {error}")),
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => {
+            ExecutorError::Unavailable(format!("publish to {subject:?}: {error}"))
+        }
+        PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence | PublishErrorKind::Other => {
+            ExecutorError::Refused(format!("publish to {subject:?}: {error}"))
+        }
+    }
+}
+
+impl Executor for NatsExecutor {
+    async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
+        for command in commands {
+            match command {
+                Command::NatsEnsureStream { name, subjects, held } => {
+                    self.ensure_stream(name, subjects, *held).await?;
+                    if *held {
+                        let (parked, subject) = parked_stream(name);
+                        self.ensure_stream(&parked, &[subject], false).await?;
+                    }
+                }
+                Command::NatsPublish { .. } => return Err(ExecutorError::Refused("a publish needs a message".into())),
+                Command::DeclareExchange { .. }
+                | Command::DeclareQueue { .. }
+                | Command::BindQueue { .. }
+                | Command::BindExchange { .. }
+                | Command::Publish { .. }
+                | Command::SqsEnsureQueue { .. }
+                | Command::SqsSend { .. } => {
+                    return Err(ExecutorError::Refused(format!("{command:?} is not a NATS command: the strategy is for another broker")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_destination(&self, destination: &str) -> Result<(), ExecutorError> {
+        crate::command::check_nats_subject("destination", destination, false).map_err(|e| ExecutorError::Refused(e.to_string()))?;
+        match self.jetstream.stream_by_subject(destination).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {
+                Err(ExecutorError::Refused(format!("NOT_FOUND - no stream captures subject {destination:?}")))
+            }
+            Err(e) => Err(ExecutorError::Unavailable(format!("looking up the stream of {destination:?}: {e}"))),
+        }
+    }
+
+    async fn send(&self, commands: &[Command], envelope: &Envelope) -> Result<(), ExecutorError> {
+        let headers = convert::headers(envelope)?;
+        let body = bytes::Bytes::from(envelope.body.clone());
+        for command in commands {
+            match command {
+                Command::NatsPublish { subject, headers: extra } => {
+                    let mut headers = headers.clone();
+                    for (name, value) in extra {
+                        headers.insert(name.as_str(), value.as_str());
+                    }
+                    self.publish(subject, headers, body.clone()).await?;
+                }
+                other => self.apply(std::slice::from_ref(other)).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn is_ready(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    async fn queue_depth(&self, queue: &str) -> Option<u64> {
+        let mut stream = self.jetstream.get_stream(queue).await.ok()?;
+        Some(stream.info().await.ok()?.state.messages)
+    }
+}

@@ -1,0 +1,107 @@
+//! NATS JetStream's side of the service: a supervised consumer for every held
+//! stream the strategies declare (`hold:<stream>`), each asking its strategy's
+//! planner about the messages it delivers. A held stream belongs to one
+//! strategy: two strategies naming the same one are refused at start, since
+//! its consumer could ask only one of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::BrokerSide;
+use crate::broker::nats::NatsExecutor;
+use crate::broker::nats::hold::HeldStream;
+use crate::broker::{Broker, connect_nats};
+use crate::command::Command;
+use crate::config::{BrokerConfig, Config};
+use crate::scheduler::strategies::Strategies;
+use crate::service::pending::DepthReading;
+use crate::service::{Service, ServiceError};
+
+/// How often stream depths are read unless `service.depth_poll` says: one request per stream.
+const DEPTH_POLL: Duration = Duration::from_secs(5);
+
+struct NatsSide {
+    nats: Arc<NatsExecutor>,
+    /// The held streams this host consumes, so a reload starts only the new ones.
+    holding: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+pub(super) async fn connect(config: &BrokerConfig) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
+    let nats = connect_nats(config).await?;
+    Ok((nats.clone().into(), Arc::new(NatsSide { nats, holding: Default::default() })))
+}
+
+impl BrokerSide for NatsSide {
+    fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(async move { self.hold_every_stream(service, config) })
+    }
+
+    fn start_added<'a>(&'a self, service: &'a Service, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
+        Box::pin(async move { self.hold_every_stream(service, config) })
+    }
+
+    fn depth_reading(&self, _config: &Config) -> Option<DepthReading> {
+        Some(DepthReading { every: DEPTH_POLL, unparking: false, redeclare_deleted: false, management: None })
+    }
+}
+
+/// Each held stream the strategies declare, with the one strategy it belongs to.
+fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, String>, ServiceError> {
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
+    for strategy in config.strategies.keys() {
+        let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::Other(format!("strategy {strategy}: {e}")))?;
+        for command in topology {
+            let Command::NatsEnsureStream { name, held: true, .. } = command else { continue };
+            if let Some(other) = held.insert(name.clone(), strategy.clone())
+                && other != *strategy
+            {
+                return Err(ServiceError::Other(format!(
+                    "{}: strategies {other} and {strategy} both hold messages in stream {name}; give one of them a stream of its own (its planner's `stream` key)",
+                    config.path.display()
+                )));
+            }
+        }
+    }
+    Ok(held)
+}
+
+impl NatsSide {
+    /// Starts a consumer for each held stream not consumed yet.
+    fn hold_every_stream(&self, service: &Service, config: &Config) -> Result<(), ServiceError> {
+        for (stream, strategy) in held_streams(service, config)? {
+            if self.holding.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.clone()) {
+                self.hold(service, config, &stream, &strategy);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the held stream's consumer under the supervisor, up while it pulls.
+    fn hold(&self, service: &Service, config: &Config, stream: &str, strategy: &str) {
+        let (nats, clock, stop) = (self.nats.clone(), service.scheduler.clock().clone(), service.background.stop.subscribe());
+        let (config, strategy, stream) = (Arc::new(config.clone()), strategy.to_string(), stream.to_string());
+        let probe_slot: Arc<std::sync::Mutex<Option<Arc<HeldStream>>>> = Arc::default();
+        let probe = probe_slot.clone();
+        service.background.supervisor.spawn(
+            format!("hold:{stream}"),
+            Some(Box::new(move || probe.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|held| held.is_consuming()))),
+            move || {
+                let (nats, clock, stop, config, strategy, stream, slot) =
+                    (nats.clone(), clock.clone(), stop.clone(), config.clone(), strategy.clone(), stream.clone(), probe_slot.clone());
+                async move {
+                    // Loading may compile the component: off the async workers, as SQS's pumps load theirs.
+                    let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
+                        .await
+                        .map_err(|e| format!("loading the held stream's planner: {e}"))?
+                        .map_err(|e| format!("loading the held stream's planner: {e}"))?;
+                    let held = Arc::new(HeldStream::new(nats, Arc::new(planner), &stream, clock));
+                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
+                    held.run(stop).await.map_err(|e| format!("held stream stopped: {e}").into())
+                }
+            },
+        );
+    }
+}

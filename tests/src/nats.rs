@@ -1,0 +1,138 @@
+//! NATS JetStream helpers: the test server from the environment, streams of
+//! the test's own (unique names, deleted on drop), a consumer recording
+//! arrival times, and a config for a `nats-hold` strategy.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use hourglass::clock::unix_now_ms;
+use hourglass::config::Config;
+use tokio::sync::{mpsc, watch};
+
+/// The server under test: `HOURGLASS_TEST_NATS_URL` (scripts/test sets it), else the machine's own.
+pub fn nats_url() -> String {
+    std::env::var("HOURGLASS_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_string())
+}
+
+pub async fn connect() -> jetstream::Context {
+    let url = nats_url();
+    let client = async_nats::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("NATS at {url}: {e}; start one with JetStream: nats-server -a 127.0.0.1 -p 4222 -js (or run the tests with scripts/test)"));
+    jetstream::new(client)
+}
+
+/// A stream name and a subject of the test's own.
+pub fn unique(stem: &str) -> (String, String) {
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    (format!("e2e-{stem}-{suffix}"), format!("e2e.{stem}.{suffix}"))
+}
+
+/// A config on the server under test whose default strategy `hold` holds in a stream of its own.
+pub fn hold_config(stem: &str, strategy_table: &str) -> (Config, String) {
+    let (stream, subject) = unique(&format!("{stem}-hold"));
+    let text = format!(
+        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n",
+        nats_url()
+    );
+    (Config::parse(std::path::Path::new("e2e-nats.toml"), text).expect("test config"), stream)
+}
+
+pub struct NatsReceived {
+    pub body: String,
+    pub headers: async_nats::HeaderMap,
+    pub at_ms: u64,
+}
+
+impl NatsReceived {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.as_str())
+    }
+}
+
+/// A stream capturing one subject, consumed in a task that records when each message arrived.
+pub struct NatsDestination {
+    pub stream: String,
+    pub subject: String,
+    jetstream: jetstream::Context,
+    received: mpsc::UnboundedReceiver<NatsReceived>,
+    stop: watch::Sender<bool>,
+}
+
+impl NatsDestination {
+    pub async fn create(stem: &str) -> NatsDestination {
+        let jetstream = connect().await;
+        let (stream, subject) = unique(stem);
+        let config = stream::Config { name: stream.clone(), subjects: vec![subject.clone()], ..Default::default() };
+        let created = jetstream.create_stream(config).await.unwrap_or_else(|e| panic!("create stream {stream}: {e}"));
+        let consumer = created
+            .create_consumer(consumer::pull::Config { durable_name: Some("e2e".into()), ack_policy: consumer::AckPolicy::Explicit, ..Default::default() })
+            .await
+            .expect("destination consumer");
+        let (sender, received) = mpsc::unbounded_channel();
+        let (stop, mut stopped) = watch::channel(false);
+        let mut messages = consumer.messages().await.expect("destination messages");
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    next = messages.next() => next,
+                    _ = stopped.wait_for(|s| *s) => return,
+                };
+                let Some(Ok(message)) = next else { continue };
+                let at_ms = unix_now_ms();
+                message.ack().await.ok();
+                let received =
+                    NatsReceived { body: String::from_utf8_lossy(&message.payload).into_owned(), headers: message.headers.clone().unwrap_or_default(), at_ms };
+                if sender.send(received).is_err() {
+                    return;
+                }
+            }
+        });
+        NatsDestination { stream, subject, jetstream, received, stop }
+    }
+
+    pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<NatsReceived> {
+        crate::receive_within(&mut self.received, count, deadline, &self.stream).await
+    }
+
+    /// Whatever else arrives within `quiet`.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<NatsReceived> {
+        let mut out = Vec::new();
+        while let Ok(Some(r)) = tokio::time::timeout(quiet, self.received.recv()).await {
+            out.push(r);
+        }
+        out
+    }
+
+    pub async fn delete(self) {
+        let _ = self.stop.send(true);
+        self.jetstream.delete_stream(&self.stream).await.ok();
+    }
+}
+
+/// Deletes the streams a held strategy made (the held stream and its parked stream).
+pub async fn delete_held(stream: &str) {
+    let jetstream = connect().await;
+    for name in [stream.to_string(), format!("{stream}-parked")] {
+        jetstream.delete_stream(&name).await.ok();
+    }
+}
+
+/// The messages parked from held stream `stream`, with their reasons.
+pub async fn parked(stream: &str) -> Vec<NatsReceived> {
+    let jetstream = connect().await;
+    let Ok(parked) = jetstream.get_stream(format!("{stream}-parked")).await else { return Vec::new() };
+    let consumer =
+        parked.create_consumer(consumer::pull::Config { ack_policy: consumer::AckPolicy::None, ..Default::default() }).await.expect("parked consumer");
+    let mut batch = consumer.fetch().max_messages(1_000).expires(Duration::from_secs(1)).messages().await.expect("parked fetch");
+    let mut out = Vec::new();
+    while let Some(Ok(message)) = batch.next().await {
+        out.push(NatsReceived {
+            body: String::from_utf8_lossy(&message.payload).into_owned(),
+            headers: message.headers.clone().unwrap_or_default(),
+            at_ms: unix_now_ms(),
+        });
+    }
+    out
+}
