@@ -134,6 +134,64 @@ ensure_machine_rabbitmq() {
   fi
 }
 
+# The NATS server the tests run on: VERSION 2.9 (the default) is the
+# machine's own on 4222, with JetStream; 2.10 and 2.15 are servers of their
+# own from Debian roots (trixie and sid, scripts/roots.sh) on 42xx (4210,
+# 4215) with fresh storage, stopped when the script exits. Exports
+# HOURGLASS_TEST_NATS_URL and HOURGLASS_TEST_NATS.
+ensure_nats() {
+  local version=${1:-2.9}
+  export HOURGLASS_TEST_NATS=$version
+  case "$version" in
+    2.9) ensure_machine_nats ;;
+    2.10) start_nats_version "$version" trixie ;;
+    2.15) start_nats_version "$version" sid ;;
+    *) echo "error: no NATS server $version here (known: 2.9, the machine's own; 2.10 and 2.15 from Debian roots)" >&2; exit 1 ;;
+  esac
+  echo "NATS under test: $version at $HOURGLASS_TEST_NATS_URL" >&2
+}
+
+ensure_machine_nats() {
+  export HOURGLASS_TEST_NATS_URL=nats://127.0.0.1:4222
+  port_open 4222 && return 0
+  echo "nats-server is down; starting it with JetStream on 127.0.0.1:4222" >&2
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  for _ in $(seq 1 50); do
+    port_open 4222 && return 0
+    sleep 0.2
+  done
+  echo "error: nats-server did not open 127.0.0.1:4222 within 10 s; see /var/log/nats-server.log" >&2
+  exit 1
+}
+
+start_nats_version() {
+  local version=$1 suite=$2 root port dir
+  root=$(debian_root "$suite") || exit 1
+  port=$((4200 + ${version#*.}))
+  dir="$(realpath "${TMPDIR:-/tmp}")/hourglass-nats-$version"
+  # A server left by a run that was killed before it could stop it.
+  [ -f "$dir/pid" ] && kill "$(cat "$dir/pid")" 2>/dev/null && sleep 0.5
+  if port_open "$port"; then
+    echo "error: 127.0.0.1:$port is taken; nats-server $version's test server needs it (stop what listens there)" >&2
+    exit 1
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  chroot "$root" nats-server -a 127.0.0.1 -p "$port" -js -sd "$dir/jetstream" -l "$dir/log" -P "$dir/pid" &
+  on_exit "kill \$(cat '$dir/pid' 2>/dev/null) 2>/dev/null"
+  for _ in $(seq 1 50); do
+    if port_open "$port"; then
+      export HOURGLASS_TEST_NATS_URL=nats://127.0.0.1:$port
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "error: nats-server $version did not open 127.0.0.1:$port within 10 s; log tail:" >&2
+  tail -n 20 "$dir/log" >&2
+  exit 1
+}
+
 # A local SQS-compatible server (moto) on a free loopback port, stopped when
 # the calling script exits. The venv is kept between runs.
 ensure_sqs() {

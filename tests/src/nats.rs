@@ -16,8 +16,11 @@ pub fn nats_url() -> String {
 }
 
 pub async fn connect() -> jetstream::Context {
-    let url = nats_url();
-    let client = async_nats::connect(&url)
+    connect_to(&nats_url()).await
+}
+
+pub async fn connect_to(url: &str) -> jetstream::Context {
+    let client = async_nats::connect(url)
         .await
         .unwrap_or_else(|e| panic!("NATS at {url}: {e}; start one with JetStream: nats-server -a 127.0.0.1 -p 4222 -js (or run the tests with scripts/test)"));
     jetstream::new(client)
@@ -31,10 +34,14 @@ pub fn unique(stem: &str) -> (String, String) {
 
 /// A config on the server under test whose default strategy `hold` holds in a stream of its own.
 pub fn hold_config(stem: &str, strategy_table: &str) -> (Config, String) {
+    hold_config_on(&nats_url(), stem, strategy_table)
+}
+
+/// [`hold_config`] on the server at `url`.
+pub fn hold_config_on(url: &str, stem: &str, strategy_table: &str) -> (Config, String) {
     let (stream, subject) = unique(&format!("{stem}-hold"));
     let text = format!(
-        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n",
-        nats_url()
+        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n"
     );
     (Config::parse(std::path::Path::new("e2e-nats.toml"), text).expect("test config"), stream)
 }
@@ -62,7 +69,11 @@ pub struct NatsDestination {
 
 impl NatsDestination {
     pub async fn create(stem: &str) -> NatsDestination {
-        let jetstream = connect().await;
+        Self::create_on(&nats_url(), stem).await
+    }
+
+    pub async fn create_on(url: &str, stem: &str) -> NatsDestination {
+        let jetstream = connect_to(url).await;
         let (stream, subject) = unique(stem);
         let config = stream::Config { name: stream.clone(), subjects: vec![subject.clone()], ..Default::default() };
         let created = jetstream.create_stream(config).await.unwrap_or_else(|e| panic!("create stream {stream}: {e}"));
@@ -79,7 +90,12 @@ impl NatsDestination {
                     next = messages.next() => next,
                     _ = stopped.wait_for(|s| *s) => return,
                 };
-                let Some(Ok(message)) = next else { continue };
+                let message = match next {
+                    Some(Ok(message)) => message,
+                    // A missed heartbeat or a lost connection: the stream pulls again.
+                    Some(Err(_)) => continue,
+                    None => return,
+                };
                 let at_ms = unix_now_ms();
                 message.ack().await.ok();
                 let received =
@@ -135,4 +151,58 @@ pub async fn parked(stream: &str) -> Vec<NatsReceived> {
         });
     }
     out
+}
+
+/// A nats-server of the version under test (`scripts/nats-server`) that only
+/// this test uses, with JetStream on a port and store of its own: one the
+/// test may kill and start again. Killed on drop, its store removed.
+pub struct PrivateNats {
+    pub port: u16,
+    store: std::path::PathBuf,
+    server: Option<std::process::Child>,
+}
+
+impl PrivateNats {
+    pub async fn start() -> PrivateNats {
+        let port = crate::ports::free_ports(&[0]).expect("a free port for a private nats-server");
+        let temp = std::env::temp_dir().canonicalize().expect("the temporary directory");
+        let store = temp.join(format!("hourglass-nats-{port}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]));
+        std::fs::create_dir_all(&store).expect("the server's store");
+        let mut server = PrivateNats { port, store, server: None };
+        server.run().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again) on its port and store; returns once it takes connections.
+    pub async fn run(&mut self) {
+        let child = std::process::Command::new(crate::repo_root().join("scripts/nats-server"))
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-sd"])
+            .arg(self.store.join("jetstream"))
+            .arg("-l")
+            .arg(self.store.join("log"))
+            .spawn()
+            .expect("scripts/nats-server starts");
+        self.server = Some(child);
+        let url = self.url();
+        crate::until(&format!("a private nats-server on {url}"), Duration::from_secs(20), async || async_nats::connect(&url).await.is_ok()).await;
+    }
+
+    /// `kill -9`, and waits for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.kill9();
+        std::fs::remove_dir_all(&self.store).ok();
+    }
 }
