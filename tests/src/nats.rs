@@ -37,11 +37,20 @@ pub fn hold_config(stem: &str, strategy_table: &str) -> (Config, String) {
     hold_config_on(&nats_url(), stem, strategy_table)
 }
 
-/// [`hold_config`] on the server at `url`.
+/// [`hold_config`] on the server at `url`, with `more` TOML after the strategy.
+/// Unless `more` configures `[service.ingress]` or `[service.canary]`, they
+/// are off: their default subjects have fixed names, which a test must never
+/// use on a shared server.
 pub fn hold_config_on(url: &str, stem: &str, strategy_table: &str) -> (Config, String) {
+    hold_config_with(url, stem, strategy_table, "")
+}
+
+pub fn hold_config_with(url: &str, stem: &str, strategy_table: &str, more: &str) -> (Config, String) {
     let (stream, subject) = unique(&format!("{stem}-hold"));
+    let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
+    let canary = if more.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
     let text = format!(
-        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n"
+        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n\n{more}\n{ingress}{canary}"
     );
     (Config::parse(std::path::Path::new("e2e-nats.toml"), text).expect("test config"), stream)
 }
@@ -50,6 +59,8 @@ pub struct NatsReceived {
     pub body: String,
     pub headers: async_nats::HeaderMap,
     pub at_ms: u64,
+    /// When the destination stream stored it (the server's clock), for messages a consumer received.
+    pub stored_ms: Option<u64>,
 }
 
 impl NatsReceived {
@@ -98,8 +109,9 @@ impl NatsDestination {
                 };
                 let at_ms = unix_now_ms();
                 message.ack().await.ok();
-                let received =
-                    NatsReceived { body: String::from_utf8_lossy(&message.payload).into_owned(), headers: message.headers.clone().unwrap_or_default(), at_ms };
+                let stored_ms = message.info().ok().map(|info| (info.published.unix_timestamp_nanos() / 1_000_000) as u64);
+                let body = String::from_utf8_lossy(&message.payload).into_owned();
+                let received = NatsReceived { body, headers: message.headers.clone().unwrap_or_default(), at_ms, stored_ms };
                 if sender.send(received).is_err() {
                     return;
                 }
@@ -137,20 +149,7 @@ pub async fn delete_held(stream: &str) {
 
 /// The messages parked from held stream `stream`, with their reasons.
 pub async fn parked(stream: &str) -> Vec<NatsReceived> {
-    let jetstream = connect().await;
-    let Ok(parked) = jetstream.get_stream(format!("{stream}-parked")).await else { return Vec::new() };
-    let consumer =
-        parked.create_consumer(consumer::pull::Config { ack_policy: consumer::AckPolicy::None, ..Default::default() }).await.expect("parked consumer");
-    let mut batch = consumer.fetch().max_messages(1_000).expires(Duration::from_secs(1)).messages().await.expect("parked fetch");
-    let mut out = Vec::new();
-    while let Some(Ok(message)) = batch.next().await {
-        out.push(NatsReceived {
-            body: String::from_utf8_lossy(&message.payload).into_owned(),
-            headers: message.headers.clone().unwrap_or_default(),
-            at_ms: unix_now_ms(),
-        });
-    }
-    out
+    read_stream(&format!("{stream}-parked")).await
 }
 
 /// A nats-server of the version under test (`scripts/nats-server`) that only
@@ -205,4 +204,31 @@ impl Drop for PrivateNats {
         self.kill9();
         std::fs::remove_dir_all(&self.store).ok();
     }
+}
+
+/// Deletes streams by name (those a test's config made hourglass create).
+pub async fn delete_streams(names: &[String]) {
+    let jetstream = connect().await;
+    for name in names {
+        jetstream.delete_stream(name).await.ok();
+    }
+}
+
+/// Every message in stream `name` (read without consuming it), e.g. an invalid-messages stream.
+pub async fn read_stream(name: &str) -> Vec<NatsReceived> {
+    let jetstream = connect().await;
+    let Ok(stream) = jetstream.get_stream(name).await else { return Vec::new() };
+    let consumer =
+        stream.create_consumer(consumer::pull::Config { ack_policy: consumer::AckPolicy::None, ..Default::default() }).await.expect("a reading consumer");
+    let mut batch = consumer.fetch().max_messages(10_000).expires(Duration::from_secs(1)).messages().await.expect("fetch");
+    let mut out = Vec::new();
+    while let Some(Ok(message)) = batch.next().await {
+        out.push(NatsReceived {
+            body: String::from_utf8_lossy(&message.payload).into_owned(),
+            headers: message.headers.clone().unwrap_or_default(),
+            at_ms: unix_now_ms(),
+            stored_ms: None,
+        });
+    }
+    out
 }

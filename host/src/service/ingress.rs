@@ -23,9 +23,10 @@
 //! milliseconds, delivered when due through the exchange's `deliver_to`
 //! with its own routing key.
 //!
-//! The same handler runs under the SQS consumer for the SQS ingress queue
-//! ([`Ingress::for_sqs`]): there the producer's plain attributes stay plain
-//! attributes on the way to the destination.
+//! The same handler runs under the SQS consumer for the SQS ingress queue and
+//! under the NATS consumer for the ingress subject ([`Ingress::with_plain_headers`]):
+//! there the producer's text attributes or headers stay plain on the way to
+//! the destination.
 //!
 //! [`Consumer`]: crate::broker::rabbitmq::consume::Consumer
 
@@ -55,8 +56,9 @@ impl Ingress {
         Arc::new(Ingress { config, scheduler, plain_headers: false })
     }
 
-    /// The handler of the SQS ingress queue.
-    pub fn for_sqs(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
+    /// The handler of an ingress whose messages carry text headers (SQS
+    /// attributes, NATS headers) rather than typed AMQP ones; no delayed exchanges.
+    pub fn with_plain_headers(config: IngressConfig, scheduler: Arc<Scheduler<Broker>>) -> Arc<Ingress> {
         Arc::new(Ingress { config, scheduler, plain_headers: true })
     }
 

@@ -34,20 +34,30 @@ pub(crate) fn headers(envelope: &Envelope) -> Result<HeaderMap, ExecutorError> {
     Ok(map)
 }
 
+/// The headers that carry the neutral properties, and hourglass's id; a consumer reads them back as properties.
+pub(crate) const PROPERTY_HEADERS: [&str; 11] =
+    ["Content-Type", "Content-Encoding", "Correlation-Id", "Reply-To", "Message-Id", "Type", "User-Id", "App-Id", "Priority", "Timestamp", MSG_ID];
+
+/// The text properties by header name.
+fn text_property<'a>(properties: &'a mut Properties, name: &str) -> Option<&'a mut Option<String>> {
+    Some(match name {
+        "Content-Type" => &mut properties.content_type,
+        "Content-Encoding" => &mut properties.content_encoding,
+        "Correlation-Id" => &mut properties.correlation_id,
+        "Reply-To" => &mut properties.reply_to,
+        "Message-Id" => &mut properties.message_id,
+        "Type" => &mut properties.kind,
+        "User-Id" => &mut properties.user_id,
+        "App-Id" => &mut properties.app_id,
+        _ => return None,
+    })
+}
+
 fn properties(map: &mut HeaderMap, properties: &Properties) -> Result<(), ExecutorError> {
-    let text = [
-        ("Content-Type", &properties.content_type),
-        ("Content-Encoding", &properties.content_encoding),
-        ("Correlation-Id", &properties.correlation_id),
-        ("Reply-To", &properties.reply_to),
-        ("Message-Id", &properties.message_id),
-        ("Type", &properties.kind),
-        ("User-Id", &properties.user_id),
-        ("App-Id", &properties.app_id),
-    ];
-    for (name, value) in text {
-        if let Some(value) = value {
-            put(map, name, value.clone())?;
+    let mut copy = properties.clone();
+    for name in PROPERTY_HEADERS {
+        if let Some(Some(value)) = text_property(&mut copy, name).map(|v| v.take()) {
+            put(map, name, value)?;
         }
     }
     if let Some(priority) = properties.priority {
@@ -57,9 +67,29 @@ fn properties(map: &mut HeaderMap, properties: &Properties) -> Result<(), Execut
         put(map, "Timestamp", timestamp.to_string())?;
     }
     for (name, value) in &properties.headers {
-        put(map, name, typed_text(name, value)?)?;
+        put_typed(map, name, value)?;
     }
     Ok(())
+}
+
+/// Sets the property header `name` carries; false for any other header.
+/// Headers the server reads (`Nats-…`) are taken as properties too: they are not carried on.
+pub(crate) fn set_property(properties: &mut Properties, name: &str, value: &str) -> bool {
+    if let Some(slot) = text_property(properties, name) {
+        *slot = Some(value.to_string());
+        return true;
+    }
+    match name {
+        "Priority" => properties.priority = value.parse().ok(),
+        "Timestamp" => properties.timestamp = value.parse().ok(),
+        other => return other.starts_with("Nats-"),
+    }
+    true
+}
+
+/// A typed header, as text.
+pub(crate) fn put_typed(map: &mut HeaderMap, name: &str, value: &Typed) -> Result<(), ExecutorError> {
+    put(map, name, typed_text(name, value)?)
 }
 
 /// A typed header's value as NATS carries it: text.

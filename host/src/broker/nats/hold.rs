@@ -8,7 +8,8 @@
 //! pending on it.
 //!
 //! For each delivery the strategy's planner decides ([`HeldHandler`]): wait
-//! (nak with the delay it names, never more than its own cap) or hand over
+//! (nak with the delay it names, never more than its own cap, answered in
+//! bursts on a 100 ms grid for a reason [`answer_declines`] gives) or hand over
 //! (publish on, and acknowledge the held copy only once the publish is
 //! acknowledged). The due time is the absolute `hourglass-due-at` the message
 //! was scheduled with, compared with the earliest the clock can read, so a
@@ -21,13 +22,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::NatsExecutor;
 use super::convert::text;
@@ -49,6 +50,8 @@ const ACK_WAIT: Duration = Duration::from_secs(5);
 const IN_FLIGHT: usize = 64;
 /// How soon a message that cannot go on now comes back.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The grid declines are answered on ([`answer_declines`]).
+const DECLINE_EVERY: Duration = Duration::from_millis(100);
 
 /// Who decides about a held message: the strategy's planner.
 pub trait HeldHandler: Send + Sync {
@@ -153,28 +156,38 @@ impl HeldStream {
         let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
         self.consuming.store(true, Ordering::Relaxed);
         tracing::info!(stream = %self.stream, planner = self.handler.label(), "holding");
+        let (declines, declined) = mpsc::unbounded_channel();
         let mut failure = None;
-        messages
+        let consume = messages
             .take_while(|next| {
                 let broken = next.as_ref().err().map(|e| unavailable(e));
                 let go_on = broken.is_none();
                 failure = failure.take().or(broken);
                 async move { go_on }
             })
-            .for_each_concurrent(IN_FLIGHT, |next| async move {
-                if let Ok(message) = next {
-                    self.handle(message).await;
+            .for_each_concurrent(IN_FLIGHT, |next| {
+                let declines = declines.clone();
+                async move {
+                    if let Ok(message) = next {
+                        self.handle(message, &declines).await;
+                    }
                 }
-            })
-            .await;
+            });
+        // Declines still in hand when the pull breaks go unanswered: the server delivers them again after ACK_WAIT.
+        tokio::select! {
+            _ = consume => {}
+            _ = answer_declines(declined) => {}
+        }
         Err(failure.unwrap_or_else(|| unavailable(&"the consumer's message stream ended")))
     }
 
-    async fn handle(&self, message: Message) {
+    async fn handle(&self, message: Message, declines: &mpsc::UnboundedSender<Decline>) {
         let answer = match self.decide(&message).await {
             Ok(Some(wait)) => {
                 self.counters.waited.fetch_add(1, Ordering::Relaxed);
-                AckKind::Nak(Some(wait))
+                // Answered on the next tick of the grid (`answer_declines`), the wait counted from now.
+                let _ = declines.send(Decline { message, decided: Instant::now(), wait });
+                return;
             }
             Ok(None) => {
                 self.counters.handed_over.fetch_add(1, Ordering::Relaxed);
@@ -247,6 +260,41 @@ impl HeldStream {
         headers.insert(PARKED_REASON_HEADER, reason.replace(['\r', '\n'], " ").as_str());
         tracing::warn!(stream = %self.stream, %reason, "parked a held message");
         self.executor.publish(&subject, headers, message.payload.clone()).await
+    }
+}
+
+/// A delivery the planner said to wait on, not answered yet.
+struct Decline {
+    message: Message,
+    decided: Instant,
+    wait: Duration,
+}
+
+/// Answers declines in bursts, on the wall clock's [`DECLINE_EVERY`] grid.
+///
+/// nats-server (2.9 to 2.15) re-arms a consumer's redelivery timer to 10 ms
+/// on every negative acknowledgement with a delay, so declines arriving more
+/// often than that, one by one, keep it from ever firing: measured, a steady
+/// 1,000 schedules a second held every due message back until the schedules
+/// stopped (1.9 s late). Answered together on a shared grid, the declines of
+/// every host leave the timer quiet stretches to fire in, and a message is
+/// delivered again at most one grid step after its wait, usually at it.
+async fn answer_declines(mut declined: mpsc::UnboundedReceiver<Decline>) {
+    while let Some(first) = declined.recv().await {
+        let now = crate::clock::unix_now_ms();
+        let step = DECLINE_EVERY.as_millis() as u64;
+        tokio::time::sleep(Duration::from_millis(step - now % step)).await;
+        let mut batch = vec![first];
+        while let Ok(next) = declined.try_recv() {
+            batch.push(next);
+        }
+        for decline in batch {
+            let wait = decline.wait.saturating_sub(decline.decided.elapsed()).max(Duration::from_millis(1));
+            // A lost answer is not lost work: the server delivers the message again after ACK_WAIT.
+            if let Err(e) = decline.message.ack_with(AckKind::Nak(Some(wait))).await {
+                tracing::warn!(error = %e, "declining a held delivery failed; the server delivers it again");
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //!   (a stream must capture its subject), messages published with JetStream's
 //!   acknowledgement (`nats-publish`).
 //! * [`convert`]: a message's headers and properties as NATS headers.
+//! * [`consume`]: a JetStream consumer under the neutral `Handler` (the NATS ingress).
 //! * [`hold`]: the durable consumer of a held stream, which asks the
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
@@ -13,6 +14,7 @@
 //! A destination is a subject some stream captures: publishing to one no
 //! stream captures is refused, as a missing queue is on RabbitMQ.
 
+pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
 
@@ -98,12 +100,13 @@ impl NatsExecutor {
     }
 
     /// Creates the stream if missing; an existing one must capture every subject asked.
-    pub(crate) async fn ensure_stream(&self, name: &str, subjects: &[String], held: bool) -> Result<(), ExecutorError> {
+    /// A `work_queue` keeps a message until it is acknowledged, and no longer
+    /// (a held stream, an ingress); another keeps what it takes within its limits.
+    pub(crate) async fn ensure_stream(&self, name: &str, subjects: &[String], work_queue: bool) -> Result<(), ExecutorError> {
         let config = stream::Config {
             name: name.to_string(),
             subjects: subjects.to_vec(),
-            // A held stream keeps a message until its hand-over is acknowledged, and no longer.
-            retention: if held { stream::RetentionPolicy::WorkQueue } else { stream::RetentionPolicy::Limits },
+            retention: if work_queue { stream::RetentionPolicy::WorkQueue } else { stream::RetentionPolicy::Limits },
             storage: stream::StorageType::File,
             num_replicas: self.replicas,
             ..Default::default()

@@ -26,6 +26,7 @@ use futures_util::future::BoxFuture;
 use super::pending::DepthReading;
 use super::{Background, Service, ServiceError};
 use crate::broker::Broker;
+use crate::broker::nats::consume::NatsConsumer;
 use crate::broker::rabbitmq::consume::Consumer;
 use crate::broker::sqs::consume::SqsConsumer;
 use crate::config::{BrokerConfig, Config};
@@ -66,9 +67,9 @@ pub(super) async fn connect(config: &Config) -> Result<(Broker, Arc<dyn BrokerSi
     }
 }
 
-/// A queue consumer of either broker, as the supervisor runs it.
+/// A queue consumer of any broker, as the supervisor runs it.
 trait QueueConsumer: Send + Sync + 'static {
-    /// Attached to its queue (AMQP) or reaching it (SQS).
+    /// Attached to its queue (AMQP), reaching it (SQS), pulling from it (NATS).
     fn is_consuming(&self) -> bool;
     fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()> + Send;
 }
@@ -88,6 +89,15 @@ impl<H: Handler> QueueConsumer for SqsConsumer<H> {
     }
     async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         SqsConsumer::run(&self, stop).await
+    }
+}
+
+impl<H: Handler> QueueConsumer for NatsConsumer<H> {
+    fn is_consuming(&self) -> bool {
+        NatsConsumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        NatsConsumer::run(&self, stop).await
     }
 }
 

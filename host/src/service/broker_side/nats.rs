@@ -1,8 +1,10 @@
 //! NATS JetStream's side of the service: a supervised consumer for every held
 //! stream the strategies declare (`hold:<stream>`), each asking its strategy's
-//! planner about the messages it delivers. A held stream belongs to one
-//! strategy: two strategies naming the same one are refused at start, since
-//! its consumer could ask only one of them.
+//! planner about the messages it delivers, and the ingress and canary
+//! subjects (`[service.ingress]`, `[service.canary]`), each captured by a
+//! stream of its own. A held stream belongs to one strategy: two strategies
+//! naming the same one are refused at start, since its consumer could ask
+//! only one of them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,13 +12,17 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::BrokerSide;
+use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
 use crate::broker::nats::NatsExecutor;
+use crate::broker::nats::consume::NatsConsumer;
 use crate::broker::nats::hold::HeldStream;
 use crate::broker::{Broker, connect_nats};
 use crate::command::Command;
-use crate::config::{BrokerConfig, Config};
+use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::message::Handler;
 use crate::scheduler::strategies::Strategies;
+use crate::service::canary::Canary;
+use crate::service::ingress::Ingress;
 use crate::service::pending::DepthReading;
 use crate::service::{Service, ServiceError};
 
@@ -36,7 +42,19 @@ pub(super) async fn connect(config: &BrokerConfig) -> Result<(Broker, Arc<dyn Br
 
 impl BrokerSide for NatsSide {
     fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
-        Box::pin(async move { self.hold_every_stream(service, config) })
+        Box::pin(async move {
+            let declaring = service.topology == TopologyAtStart::Apply;
+            if config.service.ingress.enabled {
+                let ingress = Ingress::with_plain_headers(config.service.ingress.clone(), service.scheduler.clone());
+                supervise_consumer(&service.background, "nats-ingress", self.consumer(ingress, declaring).await?);
+            }
+            if config.service.canary.enabled {
+                let canary = Canary::new(config.service.canary.clone(), service.scheduler.clone());
+                supervise_consumer(&service.background, "canary", self.consumer(canary, declaring).await?);
+                supervise_canary_probes(service, config);
+            }
+            self.hold_every_stream(service, config)
+        })
     }
 
     fn start_added<'a>(&'a self, service: &'a Service, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
@@ -69,6 +87,15 @@ fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, S
 }
 
 impl NatsSide {
+    /// A consumer of this server for `handler`, its subjects' streams created when `declaring`.
+    async fn consumer<H: Handler>(&self, handler: Arc<H>, declaring: bool) -> Result<Arc<NatsConsumer<H>>, ServiceError> {
+        let consumer = NatsConsumer::new(self.nats.clone(), handler);
+        if declaring {
+            consumer.declare().await?;
+        }
+        Ok(consumer)
+    }
+
     /// Starts a consumer for each held stream not consumed yet.
     fn hold_every_stream(&self, service: &Service, config: &Config) -> Result<(), ServiceError> {
         for (stream, strategy) in held_streams(service, config)? {

@@ -57,7 +57,7 @@ impl BrokerSide for SqsSide {
             let releases = self.cancellation(service, config, declaring, wait_seconds).await?;
             let ingress = match config.service.sqs_ingress.enabled {
                 true => {
-                    let ingress = Ingress::for_sqs(config.service.sqs_ingress.as_ingress(), scheduler.clone());
+                    let ingress = Ingress::with_plain_headers(config.service.sqs_ingress.as_ingress(), scheduler.clone());
                     Some(self.consumer(ingress, wait_seconds, declaring).await?)
                 }
                 false => None,
