@@ -182,10 +182,7 @@ fn run_in(program: &str, args: &[&str], dir: &Path) -> Result<Output, NodeError>
 
 #[cfg(test)]
 mod tests {
-    use std::net::{TcpListener, TcpStream};
-
-    use super::*;
-
+    // Imported inside the test: host/benches/pending.rs includes this file, and its harness compiles no tests.
     /// `kill9` kills the node's VM, then waits for the node's AMQP port to
     /// close: a port still open after [`KILL_TIMEOUT`] is `StillUp`, neither a
     /// success nor a wait without end. The node is a real one and its VM is
@@ -193,6 +190,10 @@ mod tests {
     /// of the node's (the same node adopted under it), answering every connection.
     #[test]
     fn kill9_fails_still_up_when_the_port_stays_open_after_the_kill() {
+        use std::net::{TcpListener, TcpStream};
+
+        use super::*;
+
         let node = PrivateNode::start().expect("a private RabbitMQ node starts");
         let held = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let held_port = held.local_addr().unwrap().port();

@@ -278,3 +278,58 @@ async fn three_thousand_messages_over_http_and_ingress_with_1_to_60_s_delays_all
     delete_held(&held).await;
     delete_streams(&[input.replace('.', "-"), invalid.replace('.', "-")]).await;
 }
+
+/// Cancel 20 of 40 messages in flight, move 5 later and ask to cancel 5 already delivered:
+/// none cancelled arrives, the moved ones arrive at their new time, the delivered ones answer 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_new_time_on_nats() {
+    let (_, bucket) = unique("cancel");
+    let (config, held) = hold_config_with(&nats_url(), "cancel", "cancellable = true", &format!("[service.cancel]\nlog = \"{bucket}\"\n"));
+    let mut destination = NatsDestination::create("cancel-dest").await;
+    let served = Served::start_ready(&config).await;
+    let target = destination.subject.clone();
+
+    let mut ids = Vec::new();
+    for i in 0..45u64 {
+        // Five due at once, delivered before they are asked about; forty due in 3-4 s.
+        let delay = if i < 5 { 0 } else { 3_000 + i * 25 };
+        let (status, answer) = served.http.schedule(None, json!({ "destination": target, "delay": delay, "body": format!("c-{i}") })).await;
+        assert_eq!(status, 202, "{answer}");
+        ids.push((answer["id"].as_str().unwrap().to_string(), answer["due_at"].as_u64().unwrap()));
+    }
+    let delivered = destination.receive(5, Duration::from_secs(5)).await;
+    assert!(delivered.iter().all(|m| m.body.starts_with("c-") && m.body[2..].parse::<u64>().unwrap() < 5), "only the undelayed five came first");
+    for (id, _) in &ids[..5] {
+        let (status, body) = served.http.call("DELETE", &format!("/v1/messages/{id}"), None, None).await;
+        assert_eq!(status, 409, "a delivered message cannot be cancelled: {body}");
+    }
+    let mut moved_due = HashMap::new();
+    for (i, (id, _)) in ids.iter().enumerate().skip(5) {
+        if i % 2 == 1 {
+            let (status, body) = served.http.call("DELETE", &format!("/v1/messages/{id}"), None, None).await;
+            assert_eq!(status, 200, "cancel c-{i}: {body}");
+        } else if i % 10 == 0 {
+            let (status, body) = served.http.call("PATCH", &format!("/v1/messages/{id}"), None, Some(json!({ "delay": "6s" }))).await;
+            assert_eq!(status, 200, "reschedule c-{i}: {body}");
+            let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+            moved_due.insert(format!("c-{i}"), answer["due_at"].as_u64().unwrap());
+        }
+    }
+    let kept = (5..45).filter(|i: &usize| i.is_multiple_of(2)).count();
+    let arrived = destination.receive(kept, Duration::from_secs(20)).await;
+    for message in &arrived {
+        let i: usize = message.body[2..].parse().unwrap();
+        assert!(i.is_multiple_of(2), "{} was cancelled, and arrived", message.body);
+        let due = moved_due.get(&message.body).copied().unwrap_or(ids[i].1);
+        let late = message.at_ms as i64 - due as i64;
+        assert!((0..=ON_TIME_MS).contains(&late), "{} arrived {late} ms from its due time (moved: {})", message.body, moved_due.contains_key(&message.body));
+    }
+    assert!(destination.drain(Duration::from_secs(2)).await.is_empty(), "nothing cancelled arrives later");
+    let (status, body) = served.http.call("DELETE", &format!("/v1/messages/{}", ids[5].0), None, None).await;
+    assert_eq!(status, 200, "cancelling twice answers as the first time: {body}");
+
+    served.stop().await;
+    destination.delete().await;
+    delete_held(&held).await;
+    connect().await.delete_key_value(&bucket).await.ok();
+}

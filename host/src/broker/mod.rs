@@ -7,6 +7,7 @@
 //! that speak their client libraries. Which one `delay.toml` names, and how it is opened,
 //! is [`registry`]'s to say, and only it tells the brokers apart.
 
+pub mod cancellations;
 pub mod memory;
 pub mod nats;
 pub mod rabbitmq;

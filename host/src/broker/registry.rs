@@ -86,6 +86,10 @@ pub struct Capabilities {
     pub family: Option<BrokerFamily>,
     /// A cancellable strategy needs this built-in planner (its release step is the broker's own), if any.
     pub cancellable_planner: Option<&'static str>,
+    /// A cancellable strategy delivers through a release queue that asks the
+    /// cancellation log before forwarding; without one, the broker's own hold
+    /// asks it at hand-over (NATS).
+    pub release_queue: bool,
 }
 
 /// A `[broker]` setting out of its bounds: the key and why.
@@ -100,7 +104,7 @@ pub struct SettingError {
 impl BrokerConfig {
     /// Every kind, as `[broker] kind` spells it, with what it can do.
     pub const KINDS: [(&'static str, Capabilities); 4] = [
-        ("memory", Capabilities { cancellation_log: None, exchanges: false, redelivery: false, family: None, cancellable_planner: None }),
+        ("memory", Capabilities { cancellation_log: None, exchanges: false, redelivery: false, family: None, cancellable_planner: None, release_queue: false }),
         (
             "rabbitmq",
             Capabilities {
@@ -109,6 +113,7 @@ impl BrokerConfig {
                 redelivery: true,
                 family: Some(BrokerFamily::Amqp),
                 cancellable_planner: None,
+                release_queue: true,
             },
         ),
         (
@@ -120,9 +125,21 @@ impl BrokerConfig {
                 family: Some(BrokerFamily::Sqs),
                 // The release step is a standard queue reached with DelaySeconds: only an SQS planner plans to it.
                 cancellable_planner: Some(crate::planner::builtin::SQS_CYCLES),
+                release_queue: true,
             },
         ),
-        ("nats", Capabilities { cancellation_log: None, exchanges: false, redelivery: false, family: Some(BrokerFamily::Nats), cancellable_planner: None }),
+        (
+            "nats",
+            Capabilities {
+                cancellation_log: Some("a KV bucket keeps cancellations"),
+                exchanges: false,
+                redelivery: false,
+                family: Some(BrokerFamily::Nats),
+                // The held stream asks the bucket at hand-over: only the planner that holds there can be cancelled.
+                cancellable_planner: Some(crate::planner::builtin::NATS_HOLD),
+                release_queue: false,
+            },
+        ),
     ];
 
     fn index(&self) -> usize {

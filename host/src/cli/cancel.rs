@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
+use hourglass::broker::nats::cancel::NatsCancel;
 use hourglass::broker::{self, RabbitMqSettings, SqsSettings};
 use hourglass::clock::Clock;
 use hourglass::config::BrokerConfig;
@@ -92,6 +93,12 @@ fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&dyn Cancellations, &
             let _ = listener.await;
             cancel.close().await;
             answer
+        } else if config.broker.nats().is_some() {
+            let nats = broker::connect_nats(&config.broker).await?;
+            let bucket = hourglass::broker::nats::cancellation_bucket(config.service.cancel.log());
+            // The bucket is made by `serve`; without it nothing here is cancellable.
+            let cancel = NatsCancel::open(&nats, &bucket, config.service.cancel.retention_ms(), false).await?;
+            ask(&cancel, &Clock::system()).await
         } else {
             bail!("cancellation needs {}", BrokerConfig::kinds_that(|can| can.cancellation_log))
         }

@@ -257,6 +257,12 @@ impl Generation {
         self.config.strategies.get(strategy).is_some_and(|s| s.cancellable)
     }
 
+    /// Whether the strategy's messages end in its release queue, which asks the
+    /// cancellation log before forwarding (on a broker whose hold asks it itself, never).
+    fn releases_to_cancel(&self, strategy: &str) -> bool {
+        self.is_cancellable(strategy) && self.config.broker.capabilities().release_queue
+    }
+
     fn check_strategy(&self, strategy: &str) -> Result<(), ScheduleError> {
         if self.names.iter().any(|n| n == strategy) {
             Ok(())
@@ -559,7 +565,7 @@ impl<E: Executor> Scheduler<E> {
         }
         // A cancellable strategy delivers every message to its release queue, and
         // every strategy a message due to an exchange; the host forwards it from there.
-        let released = generation.is_cancellable(strategy) || matches!(target, Target::Exchange(_));
+        let released = generation.releases_to_cancel(strategy) || matches!(target, Target::Exchange(_));
         let ends_in = match target {
             Target::Queue(queue) if !released => queue.to_string(),
             _ => generation.config.release_queue(strategy),
@@ -638,7 +644,7 @@ impl<E: Executor> Scheduler<E> {
         let id = request.id.take().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let cancellable = generation.is_cancellable(&strategy);
         // Due to an exchange, a message ends in its strategy's release queue, which publishes it there.
-        let released = cancellable || request.exchange.is_some();
+        let released = generation.releases_to_cancel(&strategy) || request.exchange.is_some();
         if cancellable {
             let retention_ms = generation.config.service.cancel.retention_ms();
             if request.delay_ms > retention_ms {

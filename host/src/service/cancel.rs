@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::broker::rabbitmq::stream;
@@ -63,7 +62,7 @@ pub struct Record {
     pub at_ms: u64,
 }
 
-pub use crate::cancellation::Answer;
+pub use crate::broker::cancellations::{Answer, CancelError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {
@@ -151,16 +150,6 @@ impl Fates {
             newest.saturating_sub(*at) <= keep_for
         });
     }
-}
-
-#[derive(Debug, Error)]
-pub enum CancelError {
-    #[error(transparent)]
-    Broker(#[from] ExecutorError),
-    /// Appended, but this host has not read the log that far in time: the
-    /// event takes effect all the same, and asking again is safe.
-    #[error("the cancellation log on the broker has not been read back within {0:?}; the request was recorded and asking again is safe")]
-    Unanswered(Duration),
 }
 
 /// What the reader keeps.

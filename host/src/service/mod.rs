@@ -110,6 +110,8 @@ struct Background {
     cancel: OnceLock<Arc<cancel::CancelLog>>,
     /// On SQS, the fates queue and this host's reply queue, when a strategy is cancellable.
     sqs_cancel: OnceLock<Arc<sqs_cancel::SqsCancel>>,
+    /// Whatever keeps cancellations on this broker (one of the above, or the broker's own), when a strategy is cancellable.
+    cancellations: OnceLock<Arc<dyn cancellations::Cancellations>>,
     /// Pumped queues with a pump, and the strategy each belongs to.
     pumps: std::sync::Mutex<BTreeMap<String, String>>,
 }
@@ -124,6 +126,7 @@ impl Background {
             redelivery: OnceLock::new(),
             cancel: OnceLock::new(),
             sqs_cancel: OnceLock::new(),
+            cancellations: OnceLock::new(),
             pumps: Default::default(),
         }
     }
@@ -211,11 +214,6 @@ impl Service {
         self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
     }
 
-    /// The cancellation log, when a strategy has `cancellable = true`.
-    pub(crate) fn cancel_log(&self) -> Option<&Arc<cancel::CancelLog>> {
-        self.background.cancel.get()
-    }
-
     /// On SQS, cancel and reschedule through the fates queue, when a strategy has `cancellable = true`.
     pub fn sqs_cancel(&self) -> Option<&Arc<sqs_cancel::SqsCancel>> {
         self.background.sqs_cancel.get()
@@ -223,8 +221,7 @@ impl Service {
 
     /// Whatever decides cancels and reschedules here, when a strategy has `cancellable = true`.
     pub fn cancellations(&self) -> Option<&dyn cancellations::Cancellations> {
-        let log = self.cancel_log().map(|log| log.as_ref() as &dyn cancellations::Cancellations);
-        log.or_else(|| self.sqs_cancel().map(|sqs| sqs.as_ref() as &dyn cancellations::Cancellations))
+        self.background.cancellations.get().map(|keeper| keeper.as_ref())
     }
 
     pub fn scheduler(&self) -> &Arc<Scheduler<Broker>> {

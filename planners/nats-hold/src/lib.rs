@@ -10,8 +10,9 @@
 //! The due time is absolute (fixed when the message was scheduled), so a
 //! delivery that comes early, after a server restart say, only waits again.
 //! One wait is at most `max_wait`: a long delay is a few deliveries, and a
-//! timer the server loses costs at most that much lateness. A zero delay is
-//! published straight to the destination.
+//! timer the server loses costs at most that much lateness. A zero delay goes
+//! through the held stream too (handed over on its first delivery), so every
+//! message passes the one place that asks about cancellations.
 
 use hourglass_planner_sdk::*;
 use serde::Deserialize;
@@ -91,11 +92,7 @@ impl Planner for NatsHold {
         if request.delay_ms > self.max_delay_ms {
             return Err(format!("delay {}ms is above max_delay {}ms", request.delay_ms, self.max_delay_ms));
         }
-        let command = match request.delay_ms {
-            0 => nats_publish(request.destination.as_str(), vec![]),
-            _ => nats_publish(self.subject, vec![]),
-        };
-        Ok(Plan { commands: vec![command], delivers_after_ms: request.delay_ms })
+        Ok(Plan { commands: vec![nats_publish(self.subject, vec![])], delivers_after_ms: request.delay_ms })
     }
 
     fn handle_held(&self, message: &HeldMessage) -> Result<HeldAction, String> {
@@ -131,7 +128,7 @@ mod tests {
     }
 
     #[test]
-    fn a_delay_goes_to_the_hold_subject_and_none_straight_to_the_destination() {
+    fn every_delay_goes_to_the_hold_subject_none_included() {
         let p = planner(None);
         let request = |delay_ms| PlanRequest { destination: "orders.created".into(), delay_ms, message_id: "m".into(), routing_key: None };
         let plan = p.plan(&request(5_000)).unwrap();
@@ -140,7 +137,7 @@ mod tests {
         assert_eq!(plan.delivers_after_ms, 5_000);
         let plan = p.plan(&request(0)).unwrap();
         let [Command::NatsPublish(publish)] = plan.commands.as_slice() else { panic!("one publish") };
-        assert_eq!(publish.subject, "orders.created");
+        assert_eq!(publish.subject, DEFAULT_SUBJECT);
         assert_eq!(p.topology().unwrap(), vec![nats_ensure_stream(DEFAULT_STREAM, &[DEFAULT_SUBJECT], true)]);
     }
 

@@ -31,11 +31,13 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
 use super::NatsExecutor;
+use super::cancel::NatsCancel;
 use super::convert::text;
 use crate::broker::ExecutorError;
+use crate::cancellation::Answer;
 use crate::clock::Clock;
 use crate::command::{Command, HeldAction, HeldMessage};
-use crate::headers::{DUE_AT_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
+use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::planner::{LoadedPlanner, PlannerError};
 
 /// The durable consumer every host of a held stream pulls from.
@@ -75,6 +77,8 @@ pub struct HoldCounters {
     pub waited: AtomicU64,
     pub handed_over: AtomicU64,
     pub parked: AtomicU64,
+    /// Dropped at hand-over: cancelled.
+    pub cancelled: AtomicU64,
     /// Delivered again later: the server or the planner could not answer now.
     pub retried: AtomicU64,
 }
@@ -109,13 +113,21 @@ pub struct HeldStream {
     handler: Arc<dyn HeldHandler>,
     stream: String,
     clock: Arc<Clock>,
+    /// For a cancellable strategy: asked at every hand-over.
+    cancellations: Option<Arc<NatsCancel>>,
     consuming: AtomicBool,
     pub counters: Arc<HoldCounters>,
 }
 
 impl HeldStream {
     pub fn new(executor: Arc<NatsExecutor>, handler: Arc<dyn HeldHandler>, stream: &str, clock: Arc<Clock>) -> HeldStream {
-        HeldStream { executor, handler, stream: stream.to_string(), clock, consuming: AtomicBool::new(false), counters: Arc::default() }
+        HeldStream { executor, handler, stream: stream.to_string(), clock, cancellations: None, consuming: AtomicBool::new(false), counters: Arc::default() }
+    }
+
+    /// Asks `cancellations` before each hand-over of a message scheduled with an id (a cancellable strategy's).
+    pub fn cancellable(mut self, cancellations: Arc<NatsCancel>) -> HeldStream {
+        self.cancellations = Some(cancellations);
+        self
     }
 
     pub fn stream(&self) -> &str {
@@ -198,6 +210,10 @@ impl HeldStream {
                 self.counters.retried.fetch_add(1, Ordering::Relaxed);
                 AckKind::Nak(Some(RETRY_AFTER))
             }
+            Err(Left::Cancelled) => {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                AckKind::Ack
+            }
             Err(Left::Never(why)) => match self.park(&message, &why.to_string()).await {
                 Ok(()) => {
                     self.counters.parked.fetch_add(1, Ordering::Relaxed);
@@ -232,11 +248,18 @@ impl HeldStream {
             now_ms: self.clock.earliest_ms(),
             deliveries: u32::try_from(deliveries).unwrap_or(u32::MAX),
         };
-        let commands = match self.handler.handle_held(&held) {
-            Ok(HeldAction::Wait { ms }) => return Ok(Some(Duration::from_millis(ms.max(1)))),
-            Ok(HeldAction::HandOver { commands }) => commands,
-            Err(e) if e.is_timeout() => return Err(Left::NotNow(NotNow::Planner(e))),
-            Err(e) => return Err(Undeliverable::Planner(e).into()),
+        let mut asked = self.ask(&held)?;
+        if let (Some(cancellations), Some(id), Asked::HandOver(_)) = (&self.cancellations, text(headers, ID_HEADER), &asked) {
+            match cancellations.claim(id, held.now_ms).await.map_err(|e| Left::NotNow(NotNow::Broker(e)))? {
+                Answer::Drop => return Err(Left::Cancelled),
+                // Moved later: the planner decides again, against the new due time.
+                Answer::Replan { due_at_ms } => asked = self.ask(&HeldMessage { due_at_ms, ..held })?,
+                _ => {}
+            }
+        }
+        let commands = match asked {
+            Asked::Wait(wait) => return Ok(Some(wait)),
+            Asked::HandOver(commands) => commands,
         };
         for command in commands {
             let Command::NatsPublish { subject, headers: extra } = &command else {
@@ -252,6 +275,15 @@ impl HeldStream {
             })?;
         }
         Ok(None)
+    }
+
+    fn ask(&self, held: &HeldMessage) -> Result<Asked, Left> {
+        match self.handler.handle_held(held) {
+            Ok(HeldAction::Wait { ms }) => Ok(Asked::Wait(Duration::from_millis(ms.max(1)))),
+            Ok(HeldAction::HandOver { commands }) => Ok(Asked::HandOver(commands)),
+            Err(e) if e.is_timeout() => Err(Left::NotNow(NotNow::Planner(e))),
+            Err(e) => Err(Undeliverable::Planner(e).into()),
+        }
     }
 
     async fn park(&self, message: &Message, reason: &str) -> Result<(), ExecutorError> {
@@ -298,10 +330,18 @@ async fn answer_declines(mut declined: mpsc::UnboundedReceiver<Decline>) {
     }
 }
 
+/// What the planner said of a delivery.
+enum Asked {
+    Wait(Duration),
+    HandOver(Vec<Command>),
+}
+
 /// What keeps a delivery from being handed over.
 enum Left {
     NotNow(NotNow),
     Never(Undeliverable),
+    /// Cancelled: its held copy is dropped.
+    Cancelled,
 }
 
 impl From<Undeliverable> for Left {

@@ -6,6 +6,7 @@
 //!   acknowledgement (`nats-publish`).
 //! * [`convert`]: a message's headers and properties as NATS headers.
 //! * [`consume`]: a JetStream consumer under the neutral `Handler` (the NATS ingress).
+//! * [`cancel`]: cancels and reschedules, a KV bucket the held streams ask at hand-over.
 //! * [`hold`]: the durable consumer of a held stream, which asks the
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
@@ -14,6 +15,7 @@
 //! A destination is a subject some stream captures: publishing to one no
 //! stream captures is refused, as a missing queue is on RabbitMQ.
 
+pub mod cancel;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
@@ -54,6 +56,12 @@ pub(crate) fn release_stream_declaration(subject: &str) -> Command {
     Command::NatsEnsureStream { name: stream, subjects: vec![subject.to_string()], held: false }
 }
 
+/// The KV bucket that keeps cancellations, named after `service.cancel.log`
+/// (bucket names take letters, digits, '-' and '_').
+pub fn cancellation_bucket(log: &str) -> String {
+    log.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect()
+}
+
 /// Commands of a NATS plan, run on one client connection.
 pub struct NatsExecutor {
     client: async_nats::Client,
@@ -85,7 +93,10 @@ impl NatsExecutor {
                     }
                 },
             );
-        let client = options.connect(url).await.map_err(|e| ExecutorError::Unavailable(format!("NATS at {url}: {e}")))?;
+        // A cluster's servers, comma-separated: the client takes any and reconnects to another
+        // (async-nats parses a single string as one URL, and refuses the list as an invalid port).
+        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+        let client = options.connect(servers).await.map_err(|e| ExecutorError::Unavailable(format!("NATS at {url}: {e}")))?;
         let mut jetstream = jetstream::new(client.clone());
         jetstream.set_timeout(REQUEST_TIMEOUT);
         Ok(NatsExecutor { client, jetstream, url: url.to_string(), replicas: replicas.max(1), reconnects })

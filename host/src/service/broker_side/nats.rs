@@ -4,7 +4,9 @@
 //! subjects (`[service.ingress]`, `[service.canary]`), each captured by a
 //! stream of its own. A held stream belongs to one strategy: two strategies
 //! naming the same one are refused at start, since its consumer could ask
-//! only one of them.
+//! only one of them. When a strategy is cancellable, the KV bucket of
+//! cancellations (`broker::nats::cancel`), which its held stream asks at every
+//! hand-over and the HTTP API and `hourglass cancel` write to.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,9 +15,10 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
-use crate::broker::nats::NatsExecutor;
+use crate::broker::nats::cancel::NatsCancel;
 use crate::broker::nats::consume::NatsConsumer;
 use crate::broker::nats::hold::HeldStream;
+use crate::broker::nats::{NatsExecutor, cancellation_bucket};
 use crate::broker::{Broker, connect_nats};
 use crate::command::Command;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
@@ -31,13 +34,15 @@ const DEPTH_POLL: Duration = Duration::from_secs(5);
 
 struct NatsSide {
     nats: Arc<NatsExecutor>,
+    /// The KV bucket of cancellations, opened at start when a strategy is cancellable.
+    cancellations: std::sync::OnceLock<Arc<NatsCancel>>,
     /// The held streams this host consumes, so a reload starts only the new ones.
     holding: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 pub(super) async fn connect(config: &BrokerConfig) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
     let nats = connect_nats(config).await?;
-    Ok((nats.clone().into(), Arc::new(NatsSide { nats, holding: Default::default() })))
+    Ok((nats.clone().into(), Arc::new(NatsSide { nats, cancellations: Default::default(), holding: Default::default() })))
 }
 
 impl BrokerSide for NatsSide {
@@ -52,6 +57,12 @@ impl BrokerSide for NatsSide {
                 let canary = Canary::new(config.service.canary.clone(), service.scheduler.clone());
                 supervise_consumer(&service.background, "canary", self.consumer(canary, declaring).await?);
                 supervise_canary_probes(service, config);
+            }
+            if config.strategies.values().any(|s| s.cancellable) {
+                let bucket = cancellation_bucket(config.service.cancel.log());
+                let cancellations = Arc::new(NatsCancel::open(&self.nats, &bucket, config.service.cancel.retention_ms(), declaring).await?);
+                let _ = service.background.cancellations.set(cancellations.clone());
+                let _ = self.cancellations.set(cancellations);
             }
             self.hold_every_stream(service, config)
         })
@@ -109,6 +120,7 @@ impl NatsSide {
     /// Runs the held stream's consumer under the supervisor, up while it pulls.
     fn hold(&self, service: &Service, config: &Config, stream: &str, strategy: &str) {
         let (nats, clock, stop) = (self.nats.clone(), service.scheduler.clock().clone(), service.background.stop.subscribe());
+        let cancellations = config.strategies.get(strategy).filter(|s| s.cancellable).and_then(|_| self.cancellations.get().cloned());
         let (config, strategy, stream) = (Arc::new(config.clone()), strategy.to_string(), stream.to_string());
         let probe_slot: Arc<std::sync::Mutex<Option<Arc<HeldStream>>>> = Arc::default();
         let probe = probe_slot.clone();
@@ -116,15 +128,19 @@ impl NatsSide {
             format!("hold:{stream}"),
             Some(Box::new(move || probe.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|held| held.is_consuming()))),
             move || {
-                let (nats, clock, stop, config, strategy, stream, slot) =
-                    (nats.clone(), clock.clone(), stop.clone(), config.clone(), strategy.clone(), stream.clone(), probe_slot.clone());
+                let (nats, clock, stop, config, strategy, stream, slot, cancellations) =
+                    (nats.clone(), clock.clone(), stop.clone(), config.clone(), strategy.clone(), stream.clone(), probe_slot.clone(), cancellations.clone());
                 async move {
                     // Loading may compile the component: off the async workers, as SQS's pumps load theirs.
                     let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
                         .await
                         .map_err(|e| format!("loading the held stream's planner: {e}"))?
                         .map_err(|e| format!("loading the held stream's planner: {e}"))?;
-                    let held = Arc::new(HeldStream::new(nats, Arc::new(planner), &stream, clock));
+                    let held = HeldStream::new(nats, Arc::new(planner), &stream, clock);
+                    let held = Arc::new(match cancellations {
+                        Some(cancellations) => held.cancellable(cancellations),
+                        None => held,
+                    });
                     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
                     held.run(stop).await.map_err(|e| format!("held stream stopped: {e}").into())
                 }

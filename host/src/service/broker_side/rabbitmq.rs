@@ -91,7 +91,9 @@ impl BrokerSide for RabbitMqSide {
                 let _ = service.background.redelivery.set(redelivery);
             }
             if config.strategies.values().any(|s| s.cancellable) {
-                let _ = service.background.cancel.set(CancelLog::new(&self.amqp, &config.service.cancel, scheduler.clone()));
+                let log = CancelLog::new(&self.amqp, &config.service.cancel, scheduler.clone());
+                let _ = service.background.cancellations.set(log.clone());
+                let _ = service.background.cancel.set(log);
             }
             let per_strategy = self.strategy_consumers(config, scheduler, service.background.cancel.get(), declaring, |_| false).await?;
             let canary = match config.service.canary.enabled {

@@ -129,6 +129,7 @@ impl SqsSide {
             }
             releases.push(SqsRelease::new(self.sqs.clone(), strategy, &queue, cancel.fates().clone(), wait_seconds));
         }
+        let _ = service.background.cancellations.set(cancel.clone());
         let _ = service.background.sqs_cancel.set(cancel);
         Ok(releases)
     }
