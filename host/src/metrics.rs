@@ -100,6 +100,7 @@ struct QueueOutcome {
 struct Mirrored {
     sqs: Vec<Arc<RequestCounts>>,
     pumps: Vec<(String, Arc<PumpCounters>)>,
+    holds: Vec<(String, Arc<HoldCounters>)>,
     channels: Vec<ChannelCounts>,
     /// The host's clock, whose offset from the broker's is read at each scrape.
     clock: Option<Arc<crate::clock::Clock>>,
@@ -135,6 +136,7 @@ pub struct Metrics {
     pump_parked: Family<Queue, Counter>,
     pump_empty_polls: Family<Queue, Counter>,
     pump_bundled: Family<Queue, Counter>,
+    held_deliveries: Family<QueueOutcome, Counter>,
     ingress: Family<Outcome, Counter>,
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
@@ -193,6 +195,7 @@ impl Default for Metrics {
             pump_parked: Family::default(),
             pump_empty_polls: Family::default(),
             pump_bundled: Family::default(),
+            held_deliveries: Family::default(),
             ingress: Family::default(),
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
@@ -218,6 +221,11 @@ impl Default for Metrics {
         registry.register("planner_call_seconds", "One plan call into a planner's sandbox", metrics.planner_call_seconds.clone());
         registry.register("broker_confirm_seconds", "From first publish to the broker's last confirm, per message", metrics.confirm_seconds.clone());
         registry.register("sqs_requests", "SQS API requests by kind", metrics.sqs_requests.clone());
+        registry.register(
+            "held_deliveries",
+            "Deliveries of a NATS held stream (queue) by what became of them: waited, handed_over, parked, cancelled, retried",
+            metrics.held_deliveries.clone(),
+        );
         registry.register("pump_cycles", "Messages a pump received and sent on (around again or to the destination)", metrics.pump_cycles.clone());
         registry.register(
             "pump_parked",
@@ -474,6 +482,10 @@ impl Metrics {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).pumps.push((queue.to_string(), counters));
     }
 
+    pub(crate) fn watch_hold(&self, stream: &str, counters: Arc<HoldCounters>) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).holds.push((stream.to_string(), counters));
+    }
+
     fn mirror(&self) {
         fn raise(counter: &Counter, to: u64) {
             counter.inc_by(to.saturating_sub(counter.get()));
@@ -503,6 +515,16 @@ impl Metrics {
             raise(&self.pump_empty_polls.get_or_create(&Queue { queue: queue.into() }), empty_polls);
             raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), cycles);
             raise(&self.pump_parked.get_or_create(&Queue { queue: queue.into() }), parked);
+        }
+        // Per held stream and outcome, summed over its consumers (a restarted one counts on from zero).
+        let mut by_outcome = std::collections::BTreeMap::<(&str, &str), u64>::new();
+        for (stream, counters) in &mirrored.holds {
+            for (outcome, value) in counters.by_outcome() {
+                *by_outcome.entry((stream, outcome)).or_default() += value;
+            }
+        }
+        for ((stream, outcome), value) in by_outcome {
+            raise(&self.held_deliveries.get_or_create(&QueueOutcome { queue: stream.into(), outcome: outcome.into() }), value);
         }
         for counts in &mirrored.channels {
             for (connection, open) in counts() {
@@ -625,6 +647,31 @@ impl RequestCounts {
             ("ListQueueTags", s.list_queue_tags),
             ("TagQueue", s.tag_queue),
             ("SetQueueAttributes", s.set_queue_attributes),
+        ]
+    }
+}
+
+/// What became of the deliveries a NATS held stream's consumer handled (`broker::nats::hold`).
+#[derive(Debug, Default)]
+pub struct HoldCounters {
+    pub waited: AtomicU64,
+    pub handed_over: AtomicU64,
+    pub parked: AtomicU64,
+    /// Dropped at hand-over: cancelled.
+    pub cancelled: AtomicU64,
+    /// Delivered again later: the server or the planner could not answer now.
+    pub retried: AtomicU64,
+}
+
+impl HoldCounters {
+    fn by_outcome(&self) -> [(&'static str, u64); 5] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("waited", get(&self.waited)),
+            ("handed_over", get(&self.handed_over)),
+            ("parked", get(&self.parked)),
+            ("cancelled", get(&self.cancelled)),
+            ("retried", get(&self.retried)),
         ]
     }
 }

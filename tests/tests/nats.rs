@@ -22,7 +22,7 @@ use hourglass::service::Service;
 use hourglass_e2e::nats::{
     NatsDestination, PrivateNats, connect, delete_held, delete_streams, hold_config, hold_config_on, hold_config_with, nats_url, parked, read_stream, unique,
 };
-use hourglass_e2e::serve::Served;
+use hourglass_e2e::serve::{Served, metric_sum};
 use serde_json::json;
 
 const ON_TIME_MS: i64 = 250;
@@ -327,6 +327,11 @@ async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_ne
     assert!(destination.drain(Duration::from_secs(2)).await.is_empty(), "nothing cancelled arrives later");
     let (status, body) = served.http.call("DELETE", &format!("/v1/messages/{}", ids[5].0), None, None).await;
     assert_eq!(status, 200, "cancelling twice answers as the first time: {body}");
+    let (status, metrics) = served.http.call("GET", "/metrics", None, None).await;
+    assert_eq!(status, 200);
+    let counted = |outcome: &str| metric_sum(&metrics, &format!("hourglass_held_deliveries_total{{queue=\"{held}\",outcome=\"{outcome}\"}}"));
+    assert_eq!(counted("cancelled"), 20.0, "every cancelled message dropped at hand-over is counted:\n{metrics}");
+    assert_eq!(counted("handed_over"), kept as f64 + 5.0, "every delivered one is counted");
 
     served.stop().await;
     destination.delete().await;

@@ -21,7 +21,7 @@
 //! again a little later. Nothing is acknowledged before it is somewhere else.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -38,6 +38,7 @@ use crate::cancellation::Answer;
 use crate::clock::Clock;
 use crate::command::{Command, HeldAction, HeldMessage};
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
+use crate::metrics::HoldCounters;
 use crate::planner::{LoadedPlanner, PlannerError};
 
 /// The durable consumer every host of a held stream pulls from.
@@ -69,18 +70,6 @@ impl HeldHandler for LoadedPlanner {
     fn handle_held(&self, message: &HeldMessage) -> Result<HeldAction, PlannerError> {
         LoadedPlanner::handle_held(self, message)
     }
-}
-
-/// What became of the deliveries a host handled.
-#[derive(Debug, Default)]
-pub struct HoldCounters {
-    pub waited: AtomicU64,
-    pub handed_over: AtomicU64,
-    pub parked: AtomicU64,
-    /// Dropped at hand-over: cancelled.
-    pub cancelled: AtomicU64,
-    /// Delivered again later: the server or the planner could not answer now.
-    pub retried: AtomicU64,
 }
 
 /// Why a held message can never go on: it is parked with this as its reason.

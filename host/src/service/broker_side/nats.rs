@@ -119,7 +119,7 @@ impl NatsSide {
 
     /// Runs the held stream's consumer under the supervisor, up while it pulls.
     fn hold(&self, service: &Service, config: &Config, stream: &str, strategy: &str) {
-        let (nats, clock, stop) = (self.nats.clone(), service.scheduler.clock().clone(), service.background.stop.subscribe());
+        let (nats, clock, stop, metrics) = (self.nats.clone(), service.scheduler.clock().clone(), service.background.stop.subscribe(), service.metrics.clone());
         let cancellations = config.strategies.get(strategy).filter(|s| s.cancellable).and_then(|_| self.cancellations.get().cloned());
         let (config, strategy, stream) = (Arc::new(config.clone()), strategy.to_string(), stream.to_string());
         let probe_slot: Arc<std::sync::Mutex<Option<Arc<HeldStream>>>> = Arc::default();
@@ -128,8 +128,17 @@ impl NatsSide {
             format!("hold:{stream}"),
             Some(Box::new(move || probe.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|held| held.is_consuming()))),
             move || {
-                let (nats, clock, stop, config, strategy, stream, slot, cancellations) =
-                    (nats.clone(), clock.clone(), stop.clone(), config.clone(), strategy.clone(), stream.clone(), probe_slot.clone(), cancellations.clone());
+                let (nats, clock, stop, config, strategy, stream, slot, cancellations, metrics) = (
+                    nats.clone(),
+                    clock.clone(),
+                    stop.clone(),
+                    config.clone(),
+                    strategy.clone(),
+                    stream.clone(),
+                    probe_slot.clone(),
+                    cancellations.clone(),
+                    metrics.clone(),
+                );
                 async move {
                     // Loading may compile the component: off the async workers, as SQS's pumps load theirs.
                     let planner = tokio::task::spawn_blocking(move || Strategies::load_one(&config, &strategy))
@@ -141,6 +150,7 @@ impl NatsSide {
                         Some(cancellations) => held.cancellable(cancellations),
                         None => held,
                     });
+                    metrics.watch_hold(held.stream(), held.counters.clone());
                     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
                     held.run(stop).await.map_err(|e| format!("held stream stopped: {e}").into())
                 }
