@@ -338,3 +338,38 @@ async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_ne
     delete_held(&held).await;
     connect().await.delete_key_value(&bucket).await.ok();
 }
+
+/// `hourglass verify` on NATS: passes once `serve` made the strategy's streams and the destination has one,
+/// fails naming a destination no stream captures and a held stream that is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_proves_the_server_s_mechanism_and_names_what_is_missing_on_nats() {
+    let (held, subject) = unique("verify-hold");
+    let text = format!(
+        "[broker]\nkind = \"nats\"\nurl = \"{}\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{subject}\"\n\
+         [service.ingress]\nenabled = false\n[service.canary]\nenabled = false\n",
+        nats_url()
+    );
+    let file = std::env::temp_dir().join(format!("{held}.toml"));
+    std::fs::write(&file, &text).unwrap();
+    let config = hourglass::config::Config::load(&file).unwrap();
+    let destination = NatsDestination::create("verify-dest").await;
+    let verify = |to: &str| {
+        let output = std::process::Command::new(hourglass_e2e::hourglass_binary()).args(["--config"]).arg(&file).args(["verify", "--to", to]).output().unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr))
+    };
+    let (passed, before) = verify(&destination.subject);
+    assert!(!passed, "the held stream is missing before `serve` made it:\n{before}");
+    assert!(before.contains(&format!("stream {held}")) && before.contains("missing"), "{before}");
+    assert!(before.contains("probe: a declined message comes back after its delay  passed"), "the probe passes:\n{before}");
+
+    let served = Served::start_ready(&config).await;
+    let (passed, after) = verify(&destination.subject);
+    assert!(passed, "{after}");
+    let (passed, nowhere) = verify(&format!("{}.nowhere", destination.subject));
+    assert!(!passed && nowhere.contains("no stream captures"), "{nowhere}");
+
+    served.stop().await;
+    destination.delete().await;
+    delete_held(&held).await;
+    std::fs::remove_file(&file).ok();
+}

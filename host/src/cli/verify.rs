@@ -1,12 +1,15 @@
 //! `hourglass verify`: compare the broker with the strategy's topology (and
 //! each --to destination's setup), probe the broker mechanisms the
 //! configured strategies rely on, and weigh their quorum queues against the
-//! nodes' file handle limits.
+//! nodes' file handle limits. On NATS: the server's version and JetStream,
+//! a probe of a declined message, every strategy's streams and each --to
+//! destination's stream (`broker::nats::verify`).
 
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use hourglass::broker::RabbitMqSettings;
+use hourglass::broker::nats::verify as nats_verify;
 use hourglass::broker::rabbitmq::capacity::{self, CapacityReport};
 use hourglass::broker::rabbitmq::probe::{self, Outcome, ProbeResult};
 use hourglass::broker::rabbitmq::release_queue_declaration;
@@ -42,8 +45,11 @@ struct Verified {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { destinations, no_probes, format } = args;
     let (config, mut strategies) = load(cli)?;
+    if config.broker.nats().is_some() {
+        return run_on_nats(&config, &mut strategies, args);
+    }
     let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
-        bail!("{}: verify needs broker.kind = \"rabbitmq\"", config.path.display());
+        bail!("{}: verify needs broker.kind = \"rabbitmq\" or \"nats\"", config.path.display());
     };
     // Probes and capacity concern every configured strategy, and the release queue a serving host declares for each.
     let mut everything: Vec<Command> = Vec::new();
@@ -85,6 +91,28 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// On NATS: every strategy's streams, the destinations asked about, and a probe of the held streams' mechanism.
+fn run_on_nats(config: &hourglass::config::Config, strategies: &mut hourglass::scheduler::strategies::Strategies, args: &Args) -> Result<ExitCode> {
+    let mut everything: Vec<Command> = Vec::new();
+    for strategy in strategies.names().map(str::to_string).collect::<Vec<_>>() {
+        everything.extend(strategies.get(&strategy).map_err(anyhow::Error::msg)?.topology()?);
+    }
+    let report = tokio_runtime()?.block_on(async {
+        let nats = hourglass::broker::connect_nats(&config.broker).await?;
+        anyhow::Ok(nats_verify::verify(&nats, &everything, &args.destinations, !args.no_probes).await)
+    })?;
+    match args.format {
+        TextOrJson::Json => print_json(&report)?,
+        TextOrJson::Table => {
+            println!("nats-server {}", report.server_version);
+            let rows: Vec<Vec<String>> =
+                report.checks.iter().map(|c| vec![c.name.clone(), if c.passed { "passed".into() } else { "FAILED".into() }, c.detail.clone()]).collect();
+            print!("{}", render::table(&["CHECK", "RESULT", "DETAIL"], &rows));
+        }
+    }
+    Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn print_probes(skipped: bool, mechanisms: &[probe::Mechanism], probes: &[ProbeResult]) {

@@ -7,6 +7,7 @@
 //! * [`convert`]: a message's headers and properties as NATS headers.
 //! * [`consume`]: a JetStream consumer under the neutral `Handler` (the NATS ingress).
 //! * [`cancel`]: cancels and reschedules, a KV bucket the held streams ask at hand-over.
+//! * [`verify`]: what the strategies rely on, proven on the user's server.
 //! * [`hold`]: the durable consumer of a held stream, which asks the
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
@@ -19,6 +20,7 @@ pub mod cancel;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
+pub mod verify;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -138,8 +140,27 @@ impl NatsExecutor {
     pub(crate) async fn publish(&self, subject: &str, headers: async_nats::HeaderMap, body: bytes::Bytes) -> Result<(), ExecutorError> {
         let publish = jetstream::message::PublishMessage::build().headers(headers).payload(body);
         let sent = self.jetstream.send_publish(subject.to_string(), publish).await.map_err(|e| publish_error(subject, e))?;
-        sent.await.map_err(|e| publish_error(subject, e))?;
-        Ok(())
+        match sent.await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => Err(self.unanswered(subject).await),
+            Err(e) => Err(publish_error(subject, e)),
+        }
+    }
+
+    /// A publish no stream answered ("no responders"): no stream captures the
+    /// subject, or, in a cluster, the one that does has no leader while one is
+    /// elected (its leader killed: 3.7 s on 2.9). The meta leader's list of
+    /// streams tells which: only the first is unroutable; the second is the
+    /// broker away for now (taken as unroutable, every hand-over of those
+    /// seconds was parked).
+    async fn unanswered(&self, subject: &str) -> ExecutorError {
+        match self.jetstream.stream_by_subject(subject).await {
+            Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {
+                ExecutorError::Unroutable(format!("no stream captures subject {subject:?}"))
+            }
+            Ok(stream) => ExecutorError::Unavailable(format!("publish to {subject:?}: stream {stream} captures it but did not answer (no leader yet?)")),
+            Err(e) => ExecutorError::Unavailable(format!("publish to {subject:?}: no stream answered, and looking one up failed: {e}")),
+        }
     }
 
     fn refused(&self, what: &str, error: impl std::fmt::Display) -> ExecutorError {

@@ -1,0 +1,161 @@
+//! `hourglass verify` on NATS: what the strategies rely on, proven on the
+//! user's server. Each check passes or fails with a reason:
+//!
+//! * JetStream answers for this account (the held streams live there);
+//! * the server is 2.7.2 or later (a negative acknowledgement with a delay);
+//! * a probe: a message declined for 300 ms on a stream of the probe's own is
+//!   delivered again no sooner, and within a second (the held stream's
+//!   whole mechanism, then deleted);
+//! * each stream a strategy declares exists with its subjects and, for a
+//!   held stream, work-queue retention (`serve` creates a missing one; one
+//!   with other settings it cannot mend);
+//! * each destination asked about (`--to`) is captured by a stream.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::{AckKind, stream};
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use super::NatsExecutor;
+use crate::broker::{Executor, ExecutorError};
+use crate::command::Command;
+
+/// The oldest server whose consumers take a delay with a negative acknowledgement.
+const OLDEST_SERVER: (u64, u64, u64) = (2, 7, 2);
+/// How long the probe declines its message.
+const PROBE_DELAY: Duration = Duration::from_millis(300);
+
+/// One thing verified, and what was found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub server_version: String,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+}
+
+fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
+    match result {
+        Ok(detail) => Check { name: name.into(), passed: true, detail },
+        Err(detail) => Check { name: name.into(), passed: false, detail },
+    }
+}
+
+/// Verifies `commands` (the strategies' declarations), `destinations`, and the server's mechanisms.
+pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations: &[String], probe: bool) -> Report {
+    let server_version = executor.client.server_info().version;
+    let mut checks = vec![check("server version", version_is_enough(&server_version)), check("JetStream", jetstream_answers(executor).await)];
+    if probe {
+        checks.push(check("probe: a declined message comes back after its delay", probe_decline(executor).await));
+    }
+    for command in commands {
+        if let Command::NatsEnsureStream { name, subjects, held } = command {
+            checks.push(check(format!("stream {name}"), stream_matches(executor, name, subjects, *held).await));
+        }
+    }
+    for destination in destinations {
+        let found = executor.check_destination(destination).await.map(|()| "a stream captures it".to_string()).map_err(|e| e.to_string());
+        checks.push(check(format!("destination {destination}"), found));
+    }
+    Report { server_version, checks }
+}
+
+fn version_is_enough(version: &str) -> Result<String, String> {
+    let mut parts = version.trim_start_matches('v').split(['.', '-']).map(|p| p.parse::<u64>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found >= OLDEST_SERVER {
+        Ok(format!("{version}: declines with a delay"))
+    } else {
+        Err(format!("{version} is older than 2.7.2, which added a delay to a negative acknowledgement; the held streams need it"))
+    }
+}
+
+async fn jetstream_answers(executor: &NatsExecutor) -> Result<String, String> {
+    let answer = executor.client.request("$JS.API.INFO", "".into()).await.map_err(|e| format!("no answer from JetStream: {e}"))?;
+    let info: serde_json::Value = serde_json::from_slice(&answer.payload).map_err(|e| format!("JetStream answered what is not JSON: {e}"))?;
+    match info.get("error") {
+        Some(error) => Err(format!("JetStream refused: {error}; enable it on the server (nats-server -js) for this account")),
+        None => Ok(format!("enabled ({} streams)", info["streams"].as_u64().unwrap_or(0))),
+    }
+}
+
+async fn stream_matches(executor: &NatsExecutor, name: &str, subjects: &[String], held: bool) -> Result<String, String> {
+    let mut stream = match executor.jetstream.get_stream(name).await {
+        Ok(stream) => stream,
+        Err(e) => return Err(format!("missing ({e}); `serve` creates it")),
+    };
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    let missing: Vec<&String> = subjects.iter().filter(|s| !info.config.subjects.contains(s)).collect();
+    if !missing.is_empty() {
+        return Err(format!("captures {:?}, not {missing:?}", info.config.subjects));
+    }
+    if held && info.config.retention != stream::RetentionPolicy::WorkQueue {
+        return Err(format!("retention is {:?}: a held stream must be a work queue, so a handed-over message is gone", info.config.retention));
+    }
+    Ok(format!("{} messages, {} replicas", info.state.messages, info.config.num_replicas))
+}
+
+/// A message on a stream of the probe's own, declined for [`PROBE_DELAY`]; the stream is deleted after.
+async fn probe_decline(executor: &NatsExecutor) -> Result<String, String> {
+    let name = format!("hourglass-probe-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let subject = format!("hourglass.probe.{name}");
+    let measured = async {
+        let config = stream::Config { name: name.clone(), subjects: vec![subject.clone()], max_age: Duration::from_secs(60), ..Default::default() };
+        let stream = executor.jetstream.create_stream(config).await.map_err(|e| format!("creating the probe's stream: {e}"))?;
+        let consumer = stream
+            .create_consumer(pull::Config { ack_policy: AckPolicy::Explicit, ack_wait: Duration::from_secs(10), ..Default::default() })
+            .await
+            .map_err(|e| format!("creating the probe's consumer: {e}"))?;
+        executor.publish(&subject, async_nats::HeaderMap::new(), "probe".into()).await.map_err(|e: ExecutorError| e.to_string())?;
+        let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        let first =
+            tokio::time::timeout(Duration::from_secs(5), messages.next()).await.ok().flatten().and_then(Result::ok).ok_or("the probe was not delivered")?;
+        first.ack_with(AckKind::Nak(Some(PROBE_DELAY))).await.map_err(|e| e.to_string())?;
+        let declined = Instant::now();
+        let again = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .ok()
+            .flatten()
+            .and_then(Result::ok)
+            .ok_or("the declined probe never came back")?;
+        let after = declined.elapsed();
+        again.ack().await.map_err(|e| e.to_string())?;
+        if after < PROBE_DELAY {
+            return Err(format!("it came back after {after:?}, before its {PROBE_DELAY:?} delay"));
+        }
+        if after > PROBE_DELAY + Duration::from_secs(1) {
+            return Err(format!("it came back after {after:?}, more than a second after its {PROBE_DELAY:?} delay"));
+        }
+        Ok(format!("declined for {PROBE_DELAY:?}, back after {after:?}"))
+    }
+    .await;
+    let _ = executor.jetstream.delete_stream(&name).await;
+    measured
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_before_2_7_2_is_refused_naming_why() {
+        assert!(version_is_enough("2.9.10").is_ok());
+        assert!(version_is_enough("2.7.2").is_ok());
+        assert!(version_is_enough("v2.15.1-beta").is_ok());
+        assert!(version_is_enough("2.7.1").unwrap_err().contains("2.7.2"));
+        assert!(version_is_enough("2.6.6").is_err());
+    }
+}
