@@ -223,14 +223,15 @@ ensure_sqs() {
   export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
 }
 
-# Python with pika, for the example consumer's test (examples/redelivery_consumer.py).
+# Python with pika and nats-py, for the tests of the example programs
+# (examples/redelivery_consumer.py, examples/delayed-exchange, examples/nats-python).
 # The venv is kept between runs.
 ensure_example_python() {
   local venv="${HOURGLASS_EXAMPLES_VENV:-$HOME/.cache/hourglass/examples-venv}"
-  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import pika' 2>/dev/null; then
-    echo "installing pika from PyPI into $venv (for the example consumer's test)" >&2
-    if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'pika==1.3.2'; }; then
-      echo "error: could not install pika into $venv; the example consumer's test needs it (python3 with venv and pip, and PyPI)" >&2
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import pika, nats' 2>/dev/null; then
+    echo "installing pika and nats-py from PyPI into $venv (for the example programs' tests)" >&2
+    if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'pika==1.3.2' 'nats-py==2.16.0'; }; then
+      echo "error: could not install pika and nats-py into $venv; the example programs' tests need them (python3 with venv and pip, and PyPI)" >&2
       exit 1
     fi
   fi

@@ -37,6 +37,18 @@ impl ServeProcess {
         if crate::same_broker(amqp_url, &crate::amqp_url()) {
             command.env("HOURGLASS_MANAGEMENT_URL", crate::management_url());
         }
+        Self::spawn(command)
+    }
+
+    /// `hourglass --config CONFIG serve` on a free port with `env` set, as a
+    /// user overrides a config's settings (`HOURGLASS_NATS_URL`, say).
+    pub fn start_with_env(config: &Path, env: &[(&str, &str)]) -> ServeProcess {
+        let mut command = Command::new(crate::hourglass_binary());
+        command.arg("--config").arg(config).args(["serve", "--listen", "127.0.0.1:0"]).env("RUST_LOG", "info").envs(env.iter().copied());
+        Self::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> ServeProcess {
         let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn hourglass serve");
         let (log, address_rx) = follow_stderr(&mut child);
         let Ok(address) = address_rx.recv_timeout(Duration::from_secs(60)) else {

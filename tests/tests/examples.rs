@@ -153,3 +153,102 @@ async fn examples_delayed_exchange_with_its_pika_producer_and_consumer_fans_out_
     drop(serve);
     drop(vhost);
 }
+
+/// How late the NATS example's messages may reach its Python consumer, as the
+/// consumer measures it (its clock when a message arrives minus the message's
+/// `hourglass-due-at`, both on this machine): measured 3–19 ms (20 messages a
+/// run, 2026-12-02: five runs on nats-server 2.9.10, two of them beside the
+/// 3,000-message NATS test, and three on 2.15.1; printed). The host answers
+/// declines on a 100 ms grid, so a message may come up to a grid step after
+/// its wait; the window is tests/tests/nats.rs's, which allows for a loaded machine.
+const NATS_EXAMPLE_ON_TIME_MS: i64 = 250;
+
+/// examples/nats.toml, as `hourglass serve` on the NATS server under test
+/// (`HOURGLASS_NATS_URL`, as a user overrides its `url`), with
+/// examples/nats-python: the consumer creates the destination's stream, the
+/// producer publishes to the ingress subject with `hourglass-destination` and
+/// `hourglass-delay`, and every message arrives, none early, its other headers
+/// with it. The example's names are fixed ("hourglass-hold",
+/// "hourglass.ingress", …) and a NATS server has no vhosts: every quoted name
+/// starting with `hourglass` gets a prefix of this run's own, and the test
+/// checks that this covers every stream and subject the config makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_nats_toml_with_its_python_producer_and_consumer_delivers_on_time_on_nats() {
+    use hourglass::command::Command as BrokerCommand;
+    use hourglass_e2e::nats::{delete_streams, nats_url};
+    use std::io::{BufRead, BufReader};
+    let python = std::env::var("HOURGLASS_TEST_PYTHON")
+        .unwrap_or_else(|_| panic!("HOURGLASS_TEST_PYTHON is not set: run the tests with scripts/test, which installs nats-py into a venv for this test"));
+    let prefix = format!("{}-", unique("example"));
+    let text = std::fs::read_to_string(repo_root().join("examples/nats.toml"))
+        .unwrap()
+        .replace("\"hourglass-", &format!("\"{prefix}hourglass-"))
+        .replace("\"hourglass.", &format!("\"{prefix}hourglass."));
+    let path = std::env::temp_dir().join(format!("{prefix}nats.toml"));
+    std::fs::write(&path, &text).unwrap();
+
+    // Every stream and subject the config makes is this run's own.
+    let config = hourglass::config::Config::parse(&path, text.clone()).expect("examples/nats.toml parses");
+    let names: Vec<&str> = config.strategies.keys().map(String::as_str).collect();
+    let mut streams = Vec::new();
+    for command in topologies_of(&config, &names) {
+        if let BrokerCommand::NatsEnsureStream { name, subjects, held } = command {
+            assert!(name.starts_with(&prefix) && subjects.iter().all(|s| s.starts_with(&prefix)), "stream {name} ({subjects:?}) is not this run's own");
+            if held {
+                streams.push(format!("{name}-parked"));
+            }
+            streams.push(name);
+        }
+    }
+    assert!(!streams.is_empty(), "the example's strategies hold messages in streams");
+    let (ingress, canary) = (&config.service.ingress, &config.service.canary);
+    for subject in [&ingress.queue, &ingress.invalid_queue, &canary.queue] {
+        assert!(subject.starts_with(&prefix), "subject {subject} is not this run's own");
+        streams.push(subject.replace('.', "-"));
+    }
+    assert!(ingress.enabled, "the example's ingress is on");
+    let destination = format!("{}.orders", prefix.trim_end_matches('-'));
+    streams.push(destination.replace('.', "-"));
+
+    let url = nats_url();
+    let mut serve = ServeProcess::start_with_env(&path, &[("HOURGLASS_NATS_URL", &url)]);
+    until("the example service ready", Duration::from_secs(20), async || serve.http.call("GET", "/readyz", None, None).await.0 == 200).await;
+
+    let examples = repo_root().join("examples/nats-python");
+    let (consumer_py, producer_py) = (examples.join("consumer.py"), examples.join("producer.py"));
+    let (ingress_subject, target) = (ingress.queue.clone(), destination.clone());
+    let (stdout, produced) = tokio::task::spawn_blocking(move || {
+        let mut consumer = Command::new(&python)
+            .arg(consumer_py)
+            .args(["--url", &url, "--subject", &target, "--count", "20", "--timeout", "30"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the example consumer");
+        let mut lines = BufReader::new(consumer.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert_eq!(first, "ready", "the consumer creates the destination's stream before the producer publishes");
+        let produced = Command::new(&python)
+            .arg(producer_py)
+            .args(["--url", &url, "--ingress", &ingress_subject, "--subject", &target, "--count", "20", "--delay", "2s", "--step", "100ms"])
+            .output()
+            .unwrap();
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = consumer.wait().unwrap();
+        (format!("{}\nexit: {status}", rest.join("\n")), produced)
+    })
+    .await
+    .unwrap();
+    serve.signal("TERM");
+    let stopped = serve.wait(Duration::from_secs(30));
+    delete_streams(&streams).await;
+    std::fs::remove_file(&path).ok();
+
+    assert!(produced.status.success(), "{}{}", String::from_utf8_lossy(&produced.stdout), String::from_utf8_lossy(&produced.stderr));
+    assert!(stdout.contains("received 20 of 20, 0 early") && stdout.ends_with("exit: exit status: 0"), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.contains(" tenant=acme ")).count(), 20, "the producer's headers travel on: {stdout}");
+    let late: Vec<i64> =
+        stdout.lines().filter_map(|l| l.split(" late_ms=").nth(1)).map(|n| n.trim().parse().unwrap_or_else(|_| panic!("late_ms in {n:?}"))).collect();
+    eprintln!("NATS example: late_ms {late:?} (window {NATS_EXAMPLE_ON_TIME_MS} ms)");
+    assert!(late.len() == 20 && late.iter().all(|&l| (0..=NATS_EXAMPLE_ON_TIME_MS).contains(&l)), "lateness {late:?} ms, window {NATS_EXAMPLE_ON_TIME_MS} ms");
+    assert!(stopped.success(), "hourglass serve stops on SIGTERM: {:#?}", serve.log());
+}
