@@ -373,3 +373,32 @@ async fn verify_proves_the_server_s_mechanism_and_names_what_is_missing_on_nats(
     delete_held(&held).await;
     std::fs::remove_file(&file).ok();
 }
+
+/// The canary probes every strategy through its held stream, a second strategy's held stream
+/// included (made at start, so `/readyz` is 200 at once), and measures each probe on arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_canary_probes_every_strategy_and_a_second_held_stream_is_ready_at_start_on_nats() {
+    let (other, other_subject) = unique("canary-other");
+    let (_, canary) = unique("canary");
+    let more = format!(
+        "[strategies.other]\nplanner = \"nats-hold\"\nstream = \"{other}\"\nsubject = \"{other_subject}\"\n\n\
+         [service.canary]\nqueue = \"{canary}\"\nevery = \"1s\"\ndelay = \"1s\"\n"
+    );
+    let (config, held) = hold_config_with(&nats_url(), "canary", "", &more);
+    let served = Served::start_ready(&config).await;
+    for strategy in ["hold", "other"] {
+        let label = format!("strategy=\"{strategy}\"");
+        hourglass_e2e::until(&format!("a canary probe of {strategy} measured"), Duration::from_secs(15), async || {
+            served.http.histogram_max_bucket("hourglass_delivery_lateness_seconds", &label).await.0 >= 2
+        })
+        .await;
+        let (_, worst) = served.http.histogram_max_bucket("hourglass_delivery_lateness_seconds", &label).await;
+        assert!(worst <= 0.25, "{strategy}'s probes were up to {worst} s late");
+    }
+    assert_eq!(served.http.metric("hourglass_delivery_early_total").await, 0.0, "no probe early");
+
+    served.stop().await;
+    delete_held(&held).await;
+    delete_held(&other).await;
+    delete_streams(&[canary.replace('.', "-")]).await;
+}

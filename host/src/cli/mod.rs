@@ -31,7 +31,7 @@ mod transfer;
 mod verify;
 
 #[derive(Parser)]
-#[command(name = "hourglass", version, about = "Delayed message delivery for RabbitMQ and SQS, planned by WebAssembly strategies")]
+#[command(name = "hourglass", version, about = "Delayed message delivery for RabbitMQ, SQS and NATS JetStream, planned by WebAssembly strategies")]
 struct Cli {
     /// The configuration file.
     #[arg(long, global = true, default_value = "delay.toml", env = "HOURGLASS_CONFIG")]

@@ -7,8 +7,9 @@
 //! subject) by a stream that keeps what it takes for people to look at. The
 //! consumer pulls from one durable consumer that every host shares, turns each
 //! message into a neutral [`Delivery`] (the property headers
-//! [`super::convert`] writes become properties again, every other header a
-//! text header) and carries out each [`Outcome`]: `Ack` acknowledges;
+//! [`super::convert`] writes become properties again, hourglass's own headers
+//! holding a whole number (due times, delays in ms) whole numbers, every other
+//! header a text header) and carries out each [`Outcome`]: `Ack` acknowledges;
 //! `Requeue` and `Retry` decline it for a second; `MoveTo` publishes it as it
 //! came, plus the outcome's headers, to the named subject and acknowledges it
 //! only once the stream acknowledged that publish. A host killed meanwhile
@@ -33,6 +34,7 @@ use super::NatsExecutor;
 use super::convert;
 use crate::broker::ExecutorError;
 use crate::command::Command;
+use crate::headers::is_reserved;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 
 /// A message the handler panicked on this many deliveries is moved aside.
@@ -161,9 +163,15 @@ fn delivery(subject: &str, message: &Message, redelivered: bool) -> Delivery {
     let mut properties = Properties::default();
     for (name, values) in headers.iter() {
         let (name, value) = (name.to_string(), values.first().map(|v| v.as_str().to_string()).unwrap_or_default());
-        if !convert::set_property(&mut properties, &name, &value) {
-            properties.headers.insert(name, HeaderValue::text(&value));
+        if convert::set_property(&mut properties, &name, &value) {
+            continue;
         }
+        // hourglass's own headers carry whole numbers (due times, delays in ms) as text on NATS: typed again here.
+        let typed = match value.parse::<i64>() {
+            Ok(number) if is_reserved(&name) => HeaderValue::I64(number),
+            _ => HeaderValue::text(&value),
+        };
+        properties.headers.insert(name, typed);
     }
     Delivery {
         queue: subject.to_string(),

@@ -64,12 +64,12 @@ impl BrokerSide for NatsSide {
                 let _ = service.background.cancellations.set(cancellations.clone());
                 let _ = self.cancellations.set(cancellations);
             }
-            self.hold_every_stream(service, config)
+            self.hold_every_stream(service, config).await
         })
     }
 
     fn start_added<'a>(&'a self, service: &'a Service, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
-        Box::pin(async move { self.hold_every_stream(service, config) })
+        Box::pin(async move { self.hold_every_stream(service, config).await })
     }
 
     fn depth_reading(&self, _config: &Config) -> Option<DepthReading> {
@@ -107,9 +107,14 @@ impl NatsSide {
         Ok(consumer)
     }
 
-    /// Starts a consumer for each held stream not consumed yet.
-    fn hold_every_stream(&self, service: &Service, config: &Config) -> Result<(), ServiceError> {
+    /// Starts a consumer for each held stream not consumed yet, its strategy's
+    /// topology applied first (the service applies only the default strategy's at start).
+    async fn hold_every_stream(&self, service: &Service, config: &Config) -> Result<(), ServiceError> {
         for (stream, strategy) in held_streams(service, config)? {
+            if self.holding.lock().unwrap_or_else(|p| p.into_inner()).contains(&stream) {
+                continue;
+            }
+            service.scheduler.apply_topology(&strategy).await?;
             if self.holding.lock().unwrap_or_else(|p| p.into_inner()).insert(stream.clone()) {
                 self.hold(service, config, &stream, &strategy);
             }

@@ -1,7 +1,7 @@
 //! The chaos soak (RELIABILITY.md, "Soak"): canaries flow for a set time
 //! through HTTP on two RabbitMQ hosts, the AMQP ingress, a delayed exchange
-//! (`x-delay`), cancel/reschedule, and HTTP on a host on the local SQS server
-//! (`sqs-cycles`), while a seeded schedule of faults hits the broker,
+//! (`x-delay`), cancel/reschedule, HTTP on a host on the local SQS server
+//! (`sqs-cycles`) and HTTP on a host on NATS JetStream (`nats-hold`), while a seeded schedule of faults hits the broker,
 //! the hosts, their connections, the destinations and the config, often
 //! several at once. Then a checker reads every acknowledged canary's fate:
 //! arrived (the first copy not before its due time), set aside with a reason
@@ -15,10 +15,11 @@
 //!
 //! Layout: [`schedule`] draws the faults from the seed; [`world`] is the
 //! broker, hosts and proxy and how each fault is done to them; [`cancels`]
-//! the cancel/reschedule canaries; [`sqs`] the SQS host's side; [`fates`] what the checker reads at the end.
+//! the cancel/reschedule canaries; [`sqs`] the SQS host's side; [`nats`] the NATS host's side; [`fates`] what the checker reads at the end.
 
 mod cancels;
 mod fates;
+mod nats;
 mod schedule;
 mod sqs;
 mod world;
@@ -90,6 +91,8 @@ async fn soak(args: &Args) -> anyhow::Result<bool> {
     canaries.add_consumer(&world.victim);
     canaries.add_http_with_delays("soak-s", world.bases[2].clone(), &world.sqs.destination, sqs::delay_of);
     canaries.add_consumer_with(world.sqs.consume());
+    canaries.add_http_with_delays("soak-n", world.bases[3].clone(), &world.nats.destination, nats::delay_of);
+    canaries.add_consumer_with(world.nats.consume());
     // The RabbitMQ hosts: cancel is RabbitMQ only.
     let (bases, destination) = (world.bases[..2].to_vec(), world.setup.destination.clone());
     canaries.add_sender(move |ledger, stop| cancels::send("soak-c".into(), bases, destination, ledger, stop));
@@ -113,6 +116,7 @@ async fn soak(args: &Args) -> anyhow::Result<bool> {
     let unparked = world.metric_lines("hourglass_unparked_messages_total{").await;
     world.stop_hosts().await;
     fates::read_set_aside(&world, &ledger, fates::Where::Everywhere).await;
+    world.nats.delete().await;
     let set_aside = fates::summary(&world);
     let tally = ledger.tally();
 
@@ -214,7 +218,7 @@ fn print_faults(injected: &[Injected]) {
 }
 
 /// Each way in: the canaries' ids start with its tag.
-const ROUTES: [(&str, &str); 7] = [
+const ROUTES: [(&str, &str); 8] = [
     ("soak-h", "HTTP, host 0 (through the proxy)"),
     ("soak-b", "HTTP, host 1"),
     ("soak-i", "AMQP ingress"),
@@ -222,6 +226,7 @@ const ROUTES: [(&str, &str); 7] = [
     ("soak-v", "HTTP to the victim destination"),
     ("soak-c", "cancel / reschedule (HTTP)"),
     ("soak-s", "SQS cycles (HTTP, host 2)"),
+    ("soak-n", "NATS hold (HTTP, host 3)"),
 ];
 
 /// The tally of each way in.

@@ -25,6 +25,7 @@ use tokio::sync::Mutex as Turn;
 
 use crate::cancels;
 use crate::fates::SetAside;
+use crate::nats::NatsSide;
 use crate::schedule::{Kind, Planned};
 use crate::sqs::SqsSide;
 
@@ -52,6 +53,8 @@ pub struct World {
     pub cancellable_prefix: String,
     /// The SQS host's config and destination.
     pub sqs: SqsSide,
+    /// The NATS host's config and destination.
+    pub nats: NatsSide,
     /// A destination the soak deletes and declares again; its own canaries go there.
     pub victim: String,
     configs: Vec<PathBuf>,
@@ -84,7 +87,9 @@ impl World {
         std::fs::write(&through_proxy, std::fs::read_to_string(&setup.config)?.replace(&node.url(), &proxy.url))?;
         // Host 2 on the local SQS server.
         let sqs = SqsSide::prepare(&setup.config).await?;
-        let configs = vec![through_proxy, setup.config.clone(), sqs.config.clone()];
+        // Host 3 on the NATS server.
+        let nats = NatsSide::prepare(&setup.config).await?;
+        let configs = vec![through_proxy, setup.config.clone(), sqs.config.clone(), nats.config.clone()];
         let mut hosts = Vec::new();
         let mut bases = Vec::new();
         for config in &configs {
@@ -99,6 +104,7 @@ impl World {
             cancellable_prefix,
             victim,
             sqs,
+            nats,
             configs,
             hosts,
             bases,
