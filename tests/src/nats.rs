@@ -19,8 +19,10 @@ pub async fn connect() -> jetstream::Context {
     connect_to(&nats_url()).await
 }
 
+/// A client of the server at `url`, or of any of several comma-separated (a cluster's).
 pub async fn connect_to(url: &str) -> jetstream::Context {
-    let client = async_nats::connect(url)
+    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+    let client = async_nats::connect(servers)
         .await
         .unwrap_or_else(|e| panic!("NATS at {url}: {e}; start one with JetStream: nats-server -a 127.0.0.1 -p 4222 -js (or run the tests with scripts/test)"));
     jetstream::new(client)
@@ -46,11 +48,16 @@ pub fn hold_config_on(url: &str, stem: &str, strategy_table: &str) -> (Config, S
 }
 
 pub fn hold_config_with(url: &str, stem: &str, strategy_table: &str, more: &str) -> (Config, String) {
+    hold_config_replicated(url, 1, stem, strategy_table, more)
+}
+
+/// [`hold_config_with`] whose streams hourglass creates with `replicas` (a cluster's).
+pub fn hold_config_replicated(url: &str, replicas: usize, stem: &str, strategy_table: &str, more: &str) -> (Config, String) {
     let (stream, subject) = unique(&format!("{stem}-hold"));
     let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
     let canary = if more.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
     let text = format!(
-        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n\n{more}\n{ingress}{canary}"
+        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\nreplicas = {replicas}\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n\n{more}\n{ingress}{canary}"
     );
     (Config::parse(std::path::Path::new("e2e-nats.toml"), text).expect("test config"), stream)
 }
@@ -61,6 +68,9 @@ pub struct NatsReceived {
     pub at_ms: u64,
     /// When the destination stream stored it (the server's clock), for messages a consumer received.
     pub stored_ms: Option<u64>,
+    /// Its sequence in the destination stream, for messages a consumer received: a
+    /// delivery again of one sequence is the test consumer's, a second sequence of one body the publisher's.
+    pub stream_sequence: Option<u64>,
 }
 
 impl NatsReceived {
@@ -84,9 +94,14 @@ impl NatsDestination {
     }
 
     pub async fn create_on(url: &str, stem: &str) -> NatsDestination {
+        Self::create_replicated(url, stem, 1).await
+    }
+
+    /// A destination whose stream (and so its consumer) has `replicas` (a cluster's).
+    pub async fn create_replicated(url: &str, stem: &str, replicas: usize) -> NatsDestination {
         let jetstream = connect_to(url).await;
         let (stream, subject) = unique(stem);
-        let config = stream::Config { name: stream.clone(), subjects: vec![subject.clone()], ..Default::default() };
+        let config = stream::Config { name: stream.clone(), subjects: vec![subject.clone()], num_replicas: replicas, ..Default::default() };
         let created = jetstream.create_stream(config).await.unwrap_or_else(|e| panic!("create stream {stream}: {e}"));
         let consumer = created
             .create_consumer(consumer::pull::Config { durable_name: Some("e2e".into()), ack_policy: consumer::AckPolicy::Explicit, ..Default::default() })
@@ -109,9 +124,11 @@ impl NatsDestination {
                 };
                 let at_ms = unix_now_ms();
                 message.ack().await.ok();
-                let stored_ms = message.info().ok().map(|info| (info.published.unix_timestamp_nanos() / 1_000_000) as u64);
+                let info = message.info().ok();
+                let stored_ms = info.as_ref().map(|info| (info.published.unix_timestamp_nanos() / 1_000_000) as u64);
+                let stream_sequence = info.as_ref().map(|info| info.stream_sequence);
                 let body = String::from_utf8_lossy(&message.payload).into_owned();
-                let received = NatsReceived { body, headers: message.headers.clone().unwrap_or_default(), at_ms, stored_ms };
+                let received = NatsReceived { body, headers: message.headers.clone().unwrap_or_default(), at_ms, stored_ms, stream_sequence };
                 if sender.send(received).is_err() {
                     return;
                 }
@@ -122,6 +139,11 @@ impl NatsDestination {
 
     pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<NatsReceived> {
         crate::receive_within(&mut self.received, count, deadline, &self.stream).await
+    }
+
+    /// The next message, or `None` when none arrives within `wait`.
+    pub async fn receive_one(&mut self, wait: Duration) -> Option<NatsReceived> {
+        tokio::time::timeout(wait, self.received.recv()).await.ok().flatten()
     }
 
     /// Whatever else arrives within `quiet`.
@@ -228,7 +250,139 @@ pub async fn read_stream(name: &str) -> Vec<NatsReceived> {
             headers: message.headers.clone().unwrap_or_default(),
             at_ms: unix_now_ms(),
             stored_ms: None,
+            stream_sequence: None,
         });
     }
     out
+}
+
+/// Three nats-servers of the version under test (`scripts/nats-server`),
+/// clustered with each other with JetStream, on ports and stores of their own:
+/// a cluster only this test uses, whose servers it may kill and start again.
+/// Every server killed on drop and the stores removed (kept, with the servers'
+/// logs, when the test failed).
+pub struct PrivateCluster {
+    /// The cluster's name; server `i` is `{name}-{i}`.
+    pub name: String,
+    /// Client ports are `first`, `first + 1`, `first + 2`; route ports the three after.
+    first: u16,
+    store: std::path::PathBuf,
+    servers: Vec<Option<std::process::Child>>,
+}
+
+impl PrivateCluster {
+    pub const SIZE: u16 = 3;
+
+    /// Starts the three servers; returns once JetStream has a meta leader and
+    /// a stream of three replicas can be made (every server a peer of it).
+    pub async fn start() -> PrivateCluster {
+        let offsets: Vec<u16> = (0..2 * Self::SIZE).collect();
+        let first = crate::ports::free_ports(&offsets).expect("free ports for a private nats cluster");
+        let temp = std::env::temp_dir().canonicalize().expect("the temporary directory");
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let store = temp.join(format!("hourglass-nats-cluster-{first}-{suffix}"));
+        std::fs::create_dir_all(&store).expect("the cluster's store");
+        let mut cluster = PrivateCluster { name: format!("hg-{suffix}"), first, store, servers: (0..Self::SIZE).map(|_| None).collect() };
+        for i in 0..Self::SIZE as usize {
+            cluster.spawn(i);
+        }
+        for i in 0..Self::SIZE as usize {
+            cluster.wait_for_clients(i).await;
+        }
+        cluster.wait_for_jetstream().await;
+        cluster
+    }
+
+    /// Server `i`'s client URL.
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.first + i as u16)
+    }
+
+    /// Every server's client URL, comma-separated: hourglass's `[broker] url` for the cluster.
+    pub fn urls(&self) -> String {
+        (0..Self::SIZE as usize).map(|i| self.url(i)).collect::<Vec<_>>().join(",")
+    }
+
+    /// Server `i`'s name (`--server_name`), as a stream's cluster info names its leader.
+    pub fn server_name(&self, i: usize) -> String {
+        format!("{}-{i}", self.name)
+    }
+
+    /// The index of the server named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        (0..Self::SIZE as usize).find(|&i| self.server_name(i) == name)
+    }
+
+    /// Where server `i`'s log is.
+    pub fn log(&self, i: usize) -> std::path::PathBuf {
+        self.store.join(format!("{i}.log"))
+    }
+
+    fn route(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.first + Self::SIZE + i as u16)
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let routes: Vec<String> = (0..Self::SIZE as usize).filter(|&j| j != i).map(|j| self.route(j)).collect();
+        let child = std::process::Command::new(crate::repo_root().join("scripts/nats-server"))
+            .args(["-a", "127.0.0.1", "-p", &(self.first + i as u16).to_string(), "-js", "-sd"])
+            .arg(self.store.join(i.to_string()))
+            .args(["--cluster", &self.route(i), "--routes", &routes.join(","), "--cluster_name", &self.name, "--server_name", &self.server_name(i)])
+            .arg("-l")
+            .arg(self.log(i))
+            .spawn()
+            .expect("scripts/nats-server starts");
+        self.servers[i] = Some(child);
+    }
+
+    async fn wait_for_clients(&self, i: usize) {
+        let url = self.url(i);
+        crate::until(&format!("cluster server {i} on {url}"), Duration::from_secs(20), async || async_nats::connect(&url).await.is_ok()).await;
+    }
+
+    /// Until JetStream takes a stream of three replicas: a meta leader elected, every server its peer.
+    /// (Not `$JS.API.INFO`: async-nats 0.51 cannot read the answer of 2.9 to it.)
+    async fn wait_for_jetstream(&self) {
+        let jetstream = self.jetstream().await;
+        let (probe, subject) = unique("cluster-probe");
+        crate::until(&format!("a stream of three replicas in cluster {}", self.name), Duration::from_secs(30), async || {
+            let config = stream::Config { name: probe.clone(), subjects: vec![subject.clone()], num_replicas: 3, ..Default::default() };
+            jetstream.get_or_create_stream(config).await.is_ok()
+        })
+        .await;
+        jetstream.delete_stream(&probe).await.ok();
+    }
+
+    /// A client of the cluster (any server up).
+    pub async fn jetstream(&self) -> jetstream::Context {
+        connect_to(&self.urls()).await
+    }
+
+    /// Starts server `i` again on its ports and store; returns once it takes connections.
+    pub async fn run(&mut self, i: usize) {
+        assert!(self.servers[i].is_none(), "cluster server {i} is running already");
+        self.spawn(i);
+        self.wait_for_clients(i).await;
+    }
+
+    /// `kill -9` server `i`, and waits for the process to be gone.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for i in 0..Self::SIZE as usize {
+            self.kill9(i);
+        }
+        if std::thread::panicking() {
+            eprintln!("the cluster's stores and logs are kept in {}", self.store.display());
+        } else {
+            std::fs::remove_dir_all(&self.store).ok();
+        }
+    }
 }
