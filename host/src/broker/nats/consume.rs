@@ -103,13 +103,24 @@ impl<H: Handler> NatsConsumer<H> {
             ..Default::default()
         };
         let consumer = stream.get_or_create_consumer(CONSUMER, config).await.map_err(|e| unavailable(&e))?;
-        let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+        let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
         self.consuming.store(true, Ordering::Relaxed);
-        while let Some(next) = messages.next().await {
-            let message = next.map_err(|e| unavailable(&e))?;
-            self.handle(message).await;
-        }
-        Err(unavailable(&"the consumer's message stream ended"))
+        // Up to prefetch deliveries in hand at once, as the AMQP consumer's prefetch allows.
+        let mut failure = None;
+        messages
+            .take_while(|next| {
+                let broken = next.as_ref().err().map(|e| unavailable(e));
+                let go_on = broken.is_none();
+                failure = failure.take().or(broken);
+                async move { go_on }
+            })
+            .for_each_concurrent(usize::from(self.handler.prefetch().max(1)), |next| async move {
+                if let Ok(message) = next {
+                    self.handle(message).await;
+                }
+            })
+            .await;
+        Err(failure.unwrap_or_else(|| unavailable(&"the consumer's message stream ended")))
     }
 
     async fn handle(&self, message: Message) {

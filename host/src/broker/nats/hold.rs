@@ -129,16 +129,13 @@ impl HeldStream {
     }
 
     /// Pulls and decides until `stop`; returns with the error that broke the pull.
-    pub async fn run(&self, mut stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
-        let result = tokio::select! {
-            result = self.pull() => result,
-            _ = stop.wait_for(|stopped| *stopped) => Ok(()),
-        };
+    pub async fn run(&self, stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
+        let result = self.pull(stop).await;
         self.consuming.store(false, Ordering::Relaxed);
         result
     }
 
-    async fn pull(&self) -> Result<(), ExecutorError> {
+    async fn pull(&self, mut stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
         let unavailable = |e: &dyn std::fmt::Display| ExecutorError::Unavailable(format!("held stream {}: {e}", self.stream));
         let stream = self.executor.jetstream().get_stream(&self.stream).await.map_err(|e| unavailable(&e))?;
         let config = pull::Config {
@@ -166,18 +163,31 @@ impl HeldStream {
                 failure = failure.take().or(broken);
                 async move { go_on }
             })
-            .for_each_concurrent(IN_FLIGHT, |next| {
-                let declines = declines.clone();
-                async move {
-                    if let Ok(message) = next {
-                        self.handle(message, &declines).await;
+            .for_each_concurrent(IN_FLIGHT, {
+                let sender = declines.clone();
+                move |next| {
+                    let declines = sender.clone();
+                    async move {
+                        if let Ok(message) = next {
+                            self.handle(message, &declines).await;
+                        }
                     }
                 }
             });
-        // Declines still in hand when the pull breaks go unanswered: the server delivers them again after ACK_WAIT.
-        tokio::select! {
-            _ = consume => {}
-            _ = answer_declines(declined) => {}
+        // On a stop or a broken pull, the declines in hand are still answered (the channel closes
+        // once `consume` and `declines` are gone), so none waits out ACK_WAIT; a hand-over cut
+        // short comes back after it, and its repeat is dropped by the destination (Nats-Msg-Id).
+        let consuming = async {
+            let stopped = tokio::select! {
+                _ = consume => false,
+                _ = stop.wait_for(|stopped| *stopped) => true,
+            };
+            drop(declines);
+            stopped
+        };
+        let (stopped, ()) = tokio::join!(consuming, answer_declines(declined));
+        if stopped {
+            return Ok(());
         }
         Err(failure.unwrap_or_else(|| unavailable(&"the consumer's message stream ended")))
     }
