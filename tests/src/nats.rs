@@ -86,6 +86,8 @@ pub struct NatsDestination {
     jetstream: jetstream::Context,
     received: mpsc::UnboundedReceiver<NatsReceived>,
     stop: watch::Sender<bool>,
+    /// Deletes the stream if the test ends without [`Self::delete`] (it failed).
+    _cleanup: Cleanup,
 }
 
 impl NatsDestination {
@@ -134,7 +136,8 @@ impl NatsDestination {
                 }
             }
         });
-        NatsDestination { stream, subject, jetstream, received, stop }
+        let cleanup = Cleanup::on(url, std::slice::from_ref(&stream));
+        NatsDestination { stream, subject, jetstream, received, stop, _cleanup: cleanup }
     }
 
     pub async fn receive(&mut self, count: usize, deadline: Duration) -> Vec<NatsReceived> {
@@ -384,5 +387,48 @@ impl Drop for PrivateCluster {
         } else {
             std::fs::remove_dir_all(&self.store).ok();
         }
+    }
+}
+
+/// Streams a test made on a shared server, deleted when this is dropped: at
+/// the end of a test that passed, and while one that failed unwinds, so a
+/// failing run leaves nothing behind. Drop cannot await: the deletes run on a
+/// thread of their own with a runtime of its own, joined before the drop ends.
+pub struct Cleanup {
+    url: String,
+    streams: Vec<String>,
+}
+
+impl Cleanup {
+    /// `streams` on the server at `url`.
+    pub fn on(url: &str, streams: &[String]) -> Cleanup {
+        Cleanup { url: url.to_string(), streams: streams.to_vec() }
+    }
+
+    /// A held stream and its parked stream on the server under test.
+    pub fn held(held: &str) -> Cleanup {
+        Cleanup::on(&nats_url(), &[held.to_string(), format!("{held}-parked")])
+    }
+
+    /// The streams hourglass makes for subjects (its ingress, canary): each named like the subject with '.' as '-'.
+    pub fn subjects(subjects: &[&str]) -> Cleanup {
+        Cleanup::on(&nats_url(), &subjects.iter().map(|s| s.replace('.', "-")).collect::<Vec<_>>())
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (url, streams) = (self.url.clone(), std::mem::take(&mut self.streams));
+        let deleting = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            runtime.block_on(async {
+                let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url.as_str())).await else { return };
+                let jetstream = jetstream::new(client);
+                for stream in streams {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), jetstream.delete_stream(&stream)).await;
+                }
+            });
+        });
+        let _ = deleting.join();
     }
 }

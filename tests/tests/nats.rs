@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use hourglass::service::Service;
 use hourglass_e2e::nats::{
-    NatsDestination, PrivateNats, connect, delete_held, delete_streams, hold_config, hold_config_on, hold_config_with, nats_url, parked, read_stream, unique,
+    Cleanup, NatsDestination, PrivateNats, connect, delete_held, delete_streams, hold_config, hold_config_on, hold_config_with, nats_url, parked, read_stream,
+    unique,
 };
 use hourglass_e2e::serve::{Served, metric_sum};
 use serde_json::json;
@@ -50,6 +51,7 @@ fn lateness(received: &[hourglass_e2e::nats::NatsReceived], due: &HashMap<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_over_http_wait_in_the_held_stream_and_arrive_on_time() {
     let (config, held) = hold_config("http", "max_wait = \"2s\"");
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("http-dest").await;
     let served = Served::start_ready(&config).await;
 
@@ -74,6 +76,7 @@ async fn messages_over_http_wait_in_the_held_stream_and_arrive_on_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subject_no_stream_captures_is_refused_and_valid_traffic_beside_it_arrives() {
     let (config, held) = hold_config("refused", "");
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("refused-dest").await;
     let served = Served::start_ready(&config).await;
 
@@ -103,6 +106,7 @@ async fn a_subject_no_stream_captures_is_refused_and_valid_traffic_beside_it_arr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_deleted_while_messages_wait_leaves_them_parked_with_the_reason() {
     let (config, held) = hold_config("parking", "");
+    let _held = Cleanup::held(&held);
     let destination = NatsDestination::create("parking-dest").await;
     let served = Served::start_ready(&config).await;
 
@@ -129,6 +133,7 @@ async fn a_destination_deleted_while_messages_wait_leaves_them_parked_with_the_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_starts_later_delivers_what_another_held() {
     let (config, held) = hold_config("takeover", "max_wait = \"1s\"");
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("takeover-dest").await;
     let first = Served::start(Service::start(config.clone()).await.expect("first host starts")).await;
     let due = schedule_many(&first, &destination.subject, 30).await;
@@ -190,7 +195,9 @@ async fn publish_to_ingress(jetstream: &async_nats::jetstream::Context, ingress:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ingress_subject_schedules_what_it_can_and_sets_aside_the_rest_with_the_reason() {
     let (input, invalid, toml) = ingress_of_its_own("ingress");
+    let _ingress = Cleanup::subjects(&[&input, &invalid]);
     let (config, held) = hold_config_with(&nats_url(), "ingress", "", &toml);
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("ingress-dest").await;
     let served = Served::start_ready(&config).await;
     let jetstream = connect().await;
@@ -240,7 +247,9 @@ async fn the_ingress_subject_schedules_what_it_can_and_sets_aside_the_rest_with_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_thousand_messages_over_http_and_ingress_with_1_to_60_s_delays_all_arrive_none_early() {
     let (input, invalid, toml) = ingress_of_its_own("load");
+    let _ingress = Cleanup::subjects(&[&input, &invalid]);
     let (config, held) = hold_config_with(&nats_url(), "load", "max_wait = \"10s\"", &toml);
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("load-dest").await;
     let served = Served::start_ready(&config).await;
     let jetstream = connect().await;
@@ -284,7 +293,10 @@ async fn three_thousand_messages_over_http_and_ingress_with_1_to_60_s_delays_all
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_new_time_on_nats() {
     let (_, bucket) = unique("cancel");
+    // The log's name as a KV bucket ('.' as '-'), kept in stream KV_<bucket>.
+    let _bucket = Cleanup::on(&nats_url(), &[format!("KV_{}", bucket.replace('.', "-"))]);
     let (config, held) = hold_config_with(&nats_url(), "cancel", "cancellable = true", &format!("[service.cancel]\nlog = \"{bucket}\"\n"));
+    let _held = Cleanup::held(&held);
     let mut destination = NatsDestination::create("cancel-dest").await;
     let served = Served::start_ready(&config).await;
     let target = destination.subject.clone();
@@ -336,7 +348,6 @@ async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_ne
     served.stop().await;
     destination.delete().await;
     delete_held(&held).await;
-    connect().await.delete_key_value(&bucket).await.ok();
 }
 
 /// `hourglass verify` on NATS: passes once `serve` made the strategy's streams and the destination has one,
@@ -344,6 +355,7 @@ async fn cancelled_messages_never_arrive_and_rescheduled_ones_arrive_at_their_ne
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_proves_the_server_s_mechanism_and_names_what_is_missing_on_nats() {
     let (held, subject) = unique("verify-hold");
+    let _held = Cleanup::held(&held);
     let text = format!(
         "[broker]\nkind = \"nats\"\nurl = \"{}\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{subject}\"\n\
          [service.ingress]\nenabled = false\n[service.canary]\nenabled = false\n",
@@ -380,11 +392,13 @@ async fn verify_proves_the_server_s_mechanism_and_names_what_is_missing_on_nats(
 async fn the_canary_probes_every_strategy_and_a_second_held_stream_is_ready_at_start_on_nats() {
     let (other, other_subject) = unique("canary-other");
     let (_, canary) = unique("canary");
+    let (_other, _canary) = (Cleanup::held(&other), Cleanup::subjects(&[&canary]));
     let more = format!(
         "[strategies.other]\nplanner = \"nats-hold\"\nstream = \"{other}\"\nsubject = \"{other_subject}\"\n\n\
          [service.canary]\nqueue = \"{canary}\"\nevery = \"1s\"\ndelay = \"1s\"\n"
     );
     let (config, held) = hold_config_with(&nats_url(), "canary", "", &more);
+    let _held = Cleanup::held(&held);
     let served = Served::start_ready(&config).await;
     for strategy in ["hold", "other"] {
         let label = format!("strategy=\"{strategy}\"");
