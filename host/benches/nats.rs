@@ -115,7 +115,7 @@ async fn run_hourglass(js: &jetstream::Context, count: usize) -> (Vec<i64>, Vec<
     let (destination, ingress) = (format!("bench-hg-{run}-dest"), format!("bench.hg.{run}.in"));
     create_stream(js, &destination, &format!("bench.hg.{run}.dest"), false).await;
     let text = format!(
-        "[broker]\nkind = \"nats\"\nurl = \"{}\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"bench-hg-{run}-held\"\nsubject = \"bench.hg.{run}.held\"\n\
+        "[broker]\nkind = \"nats\"\nurl = \"{}\"\nclock_stream = \"bench-hg-{run}-clock\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"bench-hg-{run}-held\"\nsubject = \"bench.hg.{run}.held\"\n\
          [service.ingress]\nqueue = \"{ingress}\"\ninvalid_queue = \"{ingress}.invalid\"\n[service.canary]\nenabled = false\n",
         url()
     );
@@ -138,6 +138,7 @@ async fn run_hourglass(js: &jetstream::Context, count: usize) -> (Vec<i64>, Vec<
         destination,
         format!("bench-hg-{run}-held"),
         format!("bench-hg-{run}-held-parked"),
+        format!("bench-hg-{run}-clock"),
         ingress.replace('.', "-"),
         format!("{}-invalid", ingress.replace('.', "-")),
     ] {

@@ -57,7 +57,7 @@ pub fn hold_config_replicated(url: &str, replicas: usize, stem: &str, strategy_t
     let ingress = if more.contains("[service.ingress]") { "" } else { "\n[service.ingress]\nenabled = false\n" };
     let canary = if more.contains("[service.canary]") { "" } else { "\n[service.canary]\nenabled = false\n" };
     let text = format!(
-        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\nreplicas = {replicas}\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n\n{more}\n{ingress}{canary}"
+        "default_strategy = \"hold\"\n[broker]\nkind = \"nats\"\nurl = \"{url}\"\nreplicas = {replicas}\nclock_stream = \"{stream}-clock\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{stream}\"\nsubject = \"{subject}\"\n{strategy_table}\n\n{more}\n{ingress}{canary}"
     );
     (Config::parse(std::path::Path::new("e2e-nats.toml"), text).expect("test config"), stream)
 }
@@ -164,10 +164,10 @@ impl NatsDestination {
     }
 }
 
-/// Deletes the streams a held strategy made (the held stream and its parked stream).
+/// Deletes the streams a held strategy made (the held stream and its parked stream) and the clock stream named after it.
 pub async fn delete_held(stream: &str) {
     let jetstream = connect().await;
-    for name in [stream.to_string(), format!("{stream}-parked")] {
+    for name in [stream.to_string(), format!("{stream}-parked"), format!("{stream}-clock")] {
         jetstream.delete_stream(&name).await.ok();
     }
 }
@@ -405,9 +405,9 @@ impl Cleanup {
         Cleanup { url: url.to_string(), streams: streams.to_vec() }
     }
 
-    /// A held stream and its parked stream on the server under test.
+    /// A held stream, its parked stream and the clock stream named after it on the server under test.
     pub fn held(held: &str) -> Cleanup {
-        Cleanup::on(&nats_url(), &[held.to_string(), format!("{held}-parked")])
+        Cleanup::on(&nats_url(), &[held.to_string(), format!("{held}-parked"), format!("{held}-clock")])
     }
 
     /// The streams hourglass makes for subjects (its ingress, canary): each named like the subject with '.' as '-'.

@@ -357,7 +357,7 @@ async fn verify_proves_the_server_s_mechanism_and_names_what_is_missing_on_nats(
     let (held, subject) = unique("verify-hold");
     let _held = Cleanup::held(&held);
     let text = format!(
-        "[broker]\nkind = \"nats\"\nurl = \"{}\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{subject}\"\n\
+        "[broker]\nkind = \"nats\"\nurl = \"{}\"\nclock_stream = \"{held}-clock\"\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{subject}\"\n\
          [service.ingress]\nenabled = false\n[service.canary]\nenabled = false\n",
         nats_url()
     );
@@ -415,4 +415,28 @@ async fn the_canary_probes_every_strategy_and_a_second_held_stream_is_ready_at_s
     delete_held(&held).await;
     delete_held(&other).await;
     delete_streams(&[canary.replace('.', "-")]).await;
+}
+
+/// Hosts whose clocks are 5 s ahead and 5 s behind the server's read the
+/// server's clock (a stamp JetStream gives a stored message), so neither hands
+/// a message over early or late: every message arrives within the window of
+/// its due time on the server's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_with_clocks_5_s_off_hand_over_on_the_server_s_clock_on_nats() {
+    use hourglass::clock::{Clock, ShiftedClock};
+    let (config, held) = hold_config("clock", "max_wait = \"2s\"");
+    let _held = Cleanup::held(&held);
+    let mut destination = NatsDestination::create("clock-dest").await;
+    for shift_ms in [5_000i64, -5_000] {
+        let service = hourglass::service::Service::start_with_clock(config.clone(), Clock::new(ShiftedClock::new(shift_ms))).await.expect("service starts");
+        let served = Served::start(service).await;
+        let due = schedule_many(&served, &destination.subject, 30).await;
+        let received = destination.receive(30, Duration::from_secs(20)).await;
+        for (body, late) in lateness(&received, &due) {
+            // `due` is the host's stamp, on the server's clock once read: the test's own clock is the server's here.
+            assert!((0..=ON_TIME_MS).contains(&late), "host {shift_ms:+} ms: {body} arrived {late} ms from its due time");
+        }
+        served.stop().await;
+    }
+    destination.delete().await;
 }

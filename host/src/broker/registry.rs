@@ -67,6 +67,8 @@ pub enum BrokerConfig {
         url_env: Option<String>,
         /// Replicas of the streams hourglass creates: 1 on one server, 3 in a cluster (default 1).
         replicas: Option<usize>,
+        /// The stream the server's clock is read through (default `hourglass-clock`; memory, one message).
+        clock_stream: Option<String>,
     },
 }
 
@@ -268,9 +270,11 @@ impl BrokerConfig {
     /// The settings, when this is NATS: for what runs on NATS only (its held streams).
     pub fn nats(&self) -> Option<NatsSettings> {
         match self {
-            BrokerConfig::Nats { url, url_env, replicas } => {
-                Some(NatsSettings { url: nats_url(url.as_deref(), url_env.as_deref()), replicas: replicas.unwrap_or(1) })
-            }
+            BrokerConfig::Nats { url, url_env, replicas, clock_stream } => Some(NatsSettings {
+                url: nats_url(url.as_deref(), url_env.as_deref()),
+                replicas: replicas.unwrap_or(1),
+                clock_stream: clock_stream.clone().unwrap_or_else(|| "hourglass-clock".to_string()),
+            }),
             BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Sqs { .. } => None,
         }
     }
@@ -282,6 +286,8 @@ pub struct NatsSettings {
     /// The URL, the environment's override taken.
     pub url: String,
     pub replicas: usize,
+    /// `broker.clock_stream`.
+    pub clock_stream: String,
 }
 
 /// The NATS URL: the environment variable (`url_env`, default

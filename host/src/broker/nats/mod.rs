@@ -8,6 +8,7 @@
 //! * [`consume`]: a JetStream consumer under the neutral `Handler` (the NATS ingress).
 //! * [`cancel`]: cancels and reschedules, a KV bucket the held streams ask at hand-over.
 //! * [`verify`]: what the strategies rely on, proven on the user's server.
+//! * [`clock`]: the server's clock, read from the stamp JetStream gives a stored message.
 //! * [`hold`]: the durable consumer of a held stream, which asks the
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
@@ -17,6 +18,7 @@
 //! stream captures is refused, as a missing queue is on RabbitMQ.
 
 pub mod cancel;
+pub mod clock;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;

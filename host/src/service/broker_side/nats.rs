@@ -6,7 +6,9 @@
 //! naming the same one are refused at start, since its consumer could ask
 //! only one of them. When a strategy is cancellable, the KV bucket of
 //! cancellations (`broker::nats::cancel`), which its held stream asks at every
-//! hand-over and the HTTP API and `hourglass cancel` write to.
+//! hand-over and the HTTP API and `hourglass cancel` write to. Before work
+//! and every 10 s after (`clock-check`), the server's clock is read
+//! (`broker::nats::clock`), so due times count on it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use futures_util::future::BoxFuture;
 
 use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
 use crate::broker::nats::cancel::NatsCancel;
+use crate::broker::nats::clock;
 use crate::broker::nats::consume::NatsConsumer;
 use crate::broker::nats::hold::HeldStream;
 use crate::broker::nats::{NatsExecutor, cancellation_bucket};
@@ -23,6 +26,7 @@ use crate::broker::{Broker, connect_nats};
 use crate::command::Command;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
 use crate::message::Handler;
+use crate::scheduler::Scheduler;
 use crate::scheduler::strategies::Strategies;
 use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
@@ -34,6 +38,8 @@ const DEPTH_POLL: Duration = Duration::from_secs(5);
 
 struct NatsSide {
     nats: Arc<NatsExecutor>,
+    /// The stream the server's clock is read through (`broker.clock_stream`).
+    clock_stream: String,
     /// The KV bucket of cancellations, opened at start when a strategy is cancellable.
     cancellations: std::sync::OnceLock<Arc<NatsCancel>>,
     /// The held streams this host consumes, so a reload starts only the new ones.
@@ -42,10 +48,35 @@ struct NatsSide {
 
 pub(super) async fn connect(config: &BrokerConfig) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
     let nats = connect_nats(config).await?;
-    Ok((nats.clone().into(), Arc::new(NatsSide { nats, cancellations: Default::default(), holding: Default::default() })))
+    let clock_stream = config.nats().map(|settings| settings.clock_stream).unwrap_or_default();
+    let side = NatsSide { nats: nats.clone(), clock_stream, cancellations: Default::default(), holding: Default::default() };
+    Ok((nats.into(), Arc::new(side)))
 }
 
+/// How often the server's clock is read once the service runs.
+const CLOCK_EVERY: Duration = Duration::from_secs(10);
+/// How long the start waits for the first reading of the server's clock.
+const CLOCK_FIRST_WITHIN: Duration = Duration::from_secs(2);
+const CLOCK_SOURCE: &str = "the stamp of a message JetStream stored";
+
 impl BrokerSide for NatsSide {
+    fn before_work<'a>(&'a self, scheduler: &'a Scheduler<Broker>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match tokio::time::timeout(CLOCK_FIRST_WITHIN, clock::read(&self.nats, &self.clock_stream)).await {
+                Ok(Ok(reading)) => {
+                    scheduler.clock().record(reading, CLOCK_SOURCE);
+                    if let Some(offset) = scheduler.clock().offset() {
+                        tracing::info!(offset_ms = offset.offset_ms, error_ms = offset.error_ms, "read the server's clock (offset = server minus host)");
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not read the server's clock; due times count on this host's clock until a reading succeeds"),
+                Err(_) => {
+                    tracing::warn!("the server's clock gave no reading within {CLOCK_FIRST_WITHIN:?}; due times count on this host's clock until one does")
+                }
+            }
+        })
+    }
+
     fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
         Box::pin(async move {
             let declaring = service.topology == TopologyAtStart::Apply;
@@ -64,6 +95,7 @@ impl BrokerSide for NatsSide {
                 let _ = service.background.cancellations.set(cancellations.clone());
                 let _ = self.cancellations.set(cancellations);
             }
+            self.read_the_clock(service);
             self.hold_every_stream(service, config).await
         })
     }
@@ -98,6 +130,27 @@ fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, S
 }
 
 impl NatsSide {
+    /// Reads the server's clock every [`CLOCK_EVERY`] under the supervisor (`clock-check`).
+    fn read_the_clock(&self, service: &Service) {
+        let (nats, stream, clock, stop) =
+            (self.nats.clone(), self.clock_stream.clone(), service.scheduler.clock().clone(), service.background.stop.subscribe());
+        service.background.supervisor.spawn("clock-check", None, move || {
+            let (nats, stream, clock, mut stop) = (nats.clone(), stream.clone(), clock.clone(), stop.clone());
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(CLOCK_EVERY) => {}
+                        _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+                    }
+                    match clock::read(&nats, &stream).await {
+                        Ok(reading) => clock.record(reading, CLOCK_SOURCE),
+                        Err(e) => tracing::warn!(error = %e, "could not read the server's clock; the last readings stand"),
+                    }
+                }
+            }
+        });
+    }
+
     /// A consumer of this server for `handler`, its subjects' streams created when `declaring`.
     async fn consumer<H: Handler>(&self, handler: Arc<H>, declaring: bool) -> Result<Arc<NatsConsumer<H>>, ServiceError> {
         let consumer = NatsConsumer::new(self.nats.clone(), handler);

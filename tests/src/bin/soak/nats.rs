@@ -37,7 +37,7 @@ impl NatsSide {
         let (held, held_subject) = unique("soak-hold");
         let (destination_stream, destination) = unique("soak-dest");
         let text = format!(
-            "[broker]\nkind = \"nats\"\nurl = \"{url}\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{held_subject}\"\nmax_wait = \"2s\"\n\n\
+            "[broker]\nkind = \"nats\"\nurl = \"{url}\"\nclock_stream = \"{held}-clock\"\n\n[strategies.hold]\nplanner = \"nats-hold\"\nstream = \"{held}\"\nsubject = \"{held_subject}\"\nmax_wait = \"2s\"\n\n\
              [service.ingress]\nenabled = false\n[service.canary]\nenabled = false\n"
         );
         let config = beside.with_file_name("hourglass-nats.toml");
@@ -55,7 +55,7 @@ impl NatsSide {
 
     /// Deletes the streams the soak made on the shared server (the host's held and parked streams too).
     pub async fn delete(&self) {
-        for name in [self.destination_stream.clone(), self.held.clone(), format!("{}-parked", self.held)] {
+        for name in [self.destination_stream.clone(), self.held.clone(), format!("{}-parked", self.held), format!("{}-clock", self.held)] {
             self.jetstream.delete_stream(&name).await.ok();
         }
     }
