@@ -93,6 +93,10 @@ async fn a_subject_no_stream_captures_is_refused_and_valid_traffic_beside_it_arr
     }
     let (status, answer) = served.http.schedule(None, json!({ "destination": "orders.*", "delay": "1s", "body": "x" })).await;
     assert_eq!(status, 422, "a wildcard is no destination: {answer}");
+    let held_subject = config.strategies["hold"].table["subject"].as_str().unwrap().to_string();
+    let (status, answer) = served.http.schedule(None, json!({ "destination": held_subject, "delay": "1s", "body": "round and round" })).await;
+    assert_eq!(status, 400, "the held stream's own subject is no destination (it would come round for ever): {answer}");
+    assert!(answer.to_string().contains("destination"), "{answer}");
     let received = destination.receive(20, Duration::from_secs(15)).await;
     for (body, late) in lateness(&received, &due) {
         assert!((0..=ON_TIME_MS).contains(&late), "{body} arrived {late} ms from its due time");

@@ -191,11 +191,18 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
         // A planner that cannot say its topology fails its own requests later, with its own error.
         let Some(commands) = strategies.get_mut(name).ok().and_then(|planner| planner.topology().ok()) else { continue };
         for command in commands {
+            // What a strategy holds messages in is no destination: a message due there would come round again.
             match command {
                 Command::DeclareExchange { name, .. } | Command::DeclareQueue { name, .. } => {
                     reserved.insert(name);
                 }
-                _ => {}
+                Command::NatsEnsureStream { subjects, .. } => reserved.extend(subjects),
+                Command::BindQueue { .. }
+                | Command::BindExchange { .. }
+                | Command::Publish { .. }
+                | Command::SqsEnsureQueue { .. }
+                | Command::SqsSend { .. }
+                | Command::NatsPublish { .. } => {}
             }
         }
     }
