@@ -80,14 +80,25 @@ pub enum ServiceError {
     /// A probe sent through a mechanism the strategies rely on came out wrong.
     #[error("the broker does not behave as the configured strategies need: {0}")]
     BrokerMechanism(String),
+    /// The broker's topology could not be read to verify it (the broker's own error is the source).
     #[error("verifying the topology: {0}")]
-    Verify(#[from] crate::broker::rabbitmq::verify::VerifyError),
+    Verify(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A blocking step of start-up or reload (loading planners) panicked or was cancelled.
     #[error("a start-up task was lost: {0}")]
     TaskLost(#[from] tokio::task::JoinError),
-    /// A config this service cannot run with, or a request it cannot carry out; the message names the file and key.
-    #[error("{0}")]
-    Other(String),
+    /// A config this service cannot run with, or a reload it cannot carry out: the file, and why (naming the key).
+    #[error("{}: {reason}", path.display())]
+    Refused { path: std::path::PathBuf, reason: String },
+    /// A reload asked of a service started from a config in memory.
+    #[error("this service was not started from a config file")]
+    NotFromFile,
+}
+
+impl ServiceError {
+    /// `config` cannot be run (or reloaded to) for `reason`.
+    pub(crate) fn refused(config: &Config, reason: impl Into<String>) -> ServiceError {
+        ServiceError::Refused { path: config.path.clone(), reason: reason.into() }
+    }
 }
 
 impl ServiceError {
@@ -265,7 +276,7 @@ impl Service {
 
     async fn reload_inner(&self) -> Result<Reloaded, ServiceError> {
         let Some(path) = self.source.clone() else {
-            return Err(ServiceError::Other("this service was not started from a config file".into()));
+            return Err(ServiceError::NotFromFile);
         };
         let _one_at_a_time = self.reloading.lock().await;
         let (config, strategies) = tokio::task::spawn_blocking(move || -> Result<_, ServiceError> {
@@ -288,12 +299,10 @@ impl Service {
         let cancellable = |c: &Config| c.strategies.values().filter(|s| s.cancellable).map(|s| s.name.clone()).collect::<Vec<_>>();
         if cancellable(&config) != cancellable(&old) {
             // Each cancellable strategy has a release consumer, started with the service.
-            return Err(ServiceError::Other(format!(
-                "{}: the cancellable strategies changed ({:?} → {:?}); restart to change them",
-                config.path.display(),
-                cancellable(&old),
-                cancellable(&config)
-            )));
+            return Err(ServiceError::refused(
+                &config,
+                format!("the cancellable strategies changed ({:?} → {:?}); restart to change them", cancellable(&old), cancellable(&config)),
+            ));
         }
         // Redelivery keeps running with the queues it started with: their strategies must stay.
         if let Some(redelivery) = self.background.redelivery.get() {
@@ -301,11 +310,13 @@ impl Service {
             for entry in handler.entries() {
                 for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
                     if !config.strategies.contains_key(&strategy) {
-                        return Err(ServiceError::Other(format!(
-                            "{}: strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
-                            config.path.display(),
-                            entry.queue
-                        )));
+                        return Err(ServiceError::refused(
+                            &config,
+                            format!(
+                                "strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
+                                entry.queue
+                            ),
+                        ));
                     }
                 }
             }

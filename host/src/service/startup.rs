@@ -93,13 +93,13 @@ pub(super) fn check_broker_family(broker: &BrokerConfig, config: &Config, strate
     for name in strategies.names() {
         let info = strategies.get(name).map_err(ScheduleError::from)?.info();
         if info.family != wanted {
-            return Err(ServiceError::Other(format!(
-                "{}: strategy {name:?}: planner {} writes {:?} commands, but broker.kind = \"{broker}\"; use a {:?} planner or another broker",
-                config.path.display(),
-                info.name,
-                info.family,
-                wanted
-            )));
+            return Err(ServiceError::refused(
+                config,
+                format!(
+                    "strategy {name:?}: planner {} writes {:?} commands, but broker.kind = \"{broker}\"; use a {:?} planner or another broker",
+                    info.name, info.family, wanted
+                ),
+            ));
         }
     }
     Ok(())
@@ -111,7 +111,7 @@ fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> 
     for entry in &config.redelivery {
         scheduler
             .decide_redelivery(entry.policy_or(&config.default_strategy), &entry.queue, 1, 0, None)
-            .map_err(|e| ServiceError::Other(format!("{}: redelivery {:?}: {e}", config.path.display(), entry.queue)))?;
+            .map_err(|e| ServiceError::refused(config, format!("redelivery {:?}: {e}", entry.queue)))?;
     }
     Ok(())
 }
@@ -120,7 +120,7 @@ fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> 
 /// setup on RabbitMQ through the management API (or passive declares).
 pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
     let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
-        return Err(ServiceError::Other(format!("{}: service.topology = \"verify\" needs broker.kind = \"rabbitmq\"", config.path.display())));
+        return Err(ServiceError::refused(config, "service.topology = \"verify\" needs broker.kind = \"rabbitmq\""));
     };
     let mut strategies = Strategies::load(config)?;
     let planner = strategies.get_mut(&config.default_strategy).map_err(ScheduleError::from)?;
@@ -128,7 +128,7 @@ pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError>
     for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
-    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await?;
+    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Verify(Box::new(e)))?;
     if report.drifts.is_empty() {
         return Ok(());
     }

@@ -113,16 +113,18 @@ impl BrokerSide for NatsSide {
 fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, String>, ServiceError> {
     let mut held: BTreeMap<String, String> = BTreeMap::new();
     for strategy in config.strategies.keys() {
-        let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::Other(format!("strategy {strategy}: {e}")))?;
+        let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::refused(config, format!("strategy {strategy}: {e}")))?;
         for command in topology {
             let Command::NatsEnsureStream { name, held: true, .. } = command else { continue };
             if let Some(other) = held.insert(name.clone(), strategy.clone())
                 && other != *strategy
             {
-                return Err(ServiceError::Other(format!(
-                    "{}: strategies {other} and {strategy} both hold messages in stream {name}; give one of them a stream of its own (its planner's `stream` key)",
-                    config.path.display()
-                )));
+                return Err(ServiceError::refused(
+                    config,
+                    format!(
+                        "strategies {other} and {strategy} both hold messages in stream {name}; give one of them a stream of its own (its planner's `stream` key)"
+                    ),
+                ));
             }
         }
     }

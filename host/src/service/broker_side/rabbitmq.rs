@@ -234,7 +234,7 @@ impl RabbitMqSide {
     /// each queue as a destination of its strategy.
     async fn start_redelivery(&self, config: &Config, scheduler: &Arc<Scheduler<Broker>>, declaring: bool) -> Result<Arc<Consumer<Redelivery>>, ServiceError> {
         let handler = Redelivery::new(config, scheduler.clone(), declaring);
-        let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::Other(format!("{}: redelivery {queue:?}: {err}", config.path.display()));
+        let named = |queue: &str, err: &dyn std::fmt::Display| ServiceError::refused(config, format!("redelivery {queue:?}: {err}"));
         let consumer = self.consumer(handler.clone(), declaring).await?;
         let with_policy: Vec<String> = handler.entries().filter(|e| e.dead_letter == DeadLetterSetup::BrokerPolicy).map(|e| e.queue.clone()).collect();
         if declaring && !with_policy.is_empty() {

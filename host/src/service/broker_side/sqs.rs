@@ -111,15 +111,17 @@ impl SqsSide {
         // A cancel must outlive every claim that can come behind it, and SQS keeps a message 14 days at most.
         const SQS_RETENTION_MS: u64 = 14 * 24 * 3_600_000;
         if config.service.cancel.retention_ms() >= SQS_RETENTION_MS {
-            return Err(ServiceError::Other(format!(
-                "{}: service.cancel.retention must be below 14 days on SQS (the fates queue keeps a cancel no longer), got {} ms",
-                config.path.display(),
-                config.service.cancel.retention_ms()
-            )));
+            return Err(ServiceError::refused(
+                config,
+                format!(
+                    "service.cancel.retention must be below 14 days on SQS (the fates queue keeps a cancel no longer), got {} ms",
+                    config.service.cancel.retention_ms()
+                ),
+            ));
         }
         let cancel = SqsCancel::open(self.sqs.clone(), &config.service.cancel, service.scheduler.clock().clone(), declaring).await.map_err(|e| match e {
             FatesError::Broker(e) => ServiceError::Broker(e),
-            other => ServiceError::Other(format!("{}: the SQS fates queue: {other}", config.path.display())),
+            other => ServiceError::refused(config, format!("the SQS fates queue: {other}")),
         })?;
         let mut releases = Vec::new();
         for strategy in cancellable {
