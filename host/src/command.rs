@@ -210,10 +210,16 @@ impl Command {
     }
 }
 
+/// Where a held stream (`nats-ensure-stream` with `held`) parks what can never
+/// go on: the stream `<name>-parked`, capturing `hourglass.parked.<name>`.
+pub fn held_parked_stream(held: &str) -> (String, String) {
+    (format!("{held}-parked"), format!("hourglass.parked.{held}"))
+}
+
 /// The parking queues among `commands`: queues bound to the exchange that
 /// ends a chain of `alternate-exchange`s (where a message whose destination
-/// vanished ends up). An alternate that has an alternate of its own is a hop
-/// on the way, as direct binary levels are.
+/// vanished ends up), and each held stream's parked stream. An alternate that
+/// has an alternate of its own is a hop on the way, as direct binary levels are.
 pub fn parking_queues(commands: &[Command]) -> Vec<String> {
     let exchanges: Vec<(&str, Option<&str>)> = commands
         .iter()
@@ -234,13 +240,18 @@ pub fn parking_queues(commands: &[Command]) -> Vec<String> {
             _ => None,
         })
         .collect();
+    queues.extend(commands.iter().filter_map(|command| match command {
+        Command::NatsEnsureStream { name, held: true, .. } => Some(held_parked_stream(name).0),
+        _ => None,
+    }));
     queues.sort();
     queues.dedup();
     queues
 }
 
 /// The queues among `commands` where delayed messages wait, with their
-/// message TTL when they have one: every declared queue but the parking ones.
+/// message TTL when they have one: every declared queue but the parking
+/// ones, and every held stream.
 pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
     let parking = parking_queues(commands);
     let mut queues: Vec<(String, Option<u64>)> = commands
@@ -253,6 +264,8 @@ pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
                 };
                 Some((name.clone(), ttl))
             }
+            // A held stream: its messages wait there, each for its own time.
+            Command::NatsEnsureStream { name, held: true, .. } => Some((name.clone(), None)),
             _ => None,
         })
         .collect();

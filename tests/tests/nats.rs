@@ -109,7 +109,7 @@ async fn a_subject_no_stream_captures_is_refused_and_valid_traffic_beside_it_arr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_deleted_while_messages_wait_leaves_them_parked_with_the_reason() {
-    let (config, held) = hold_config("parking", "");
+    let (config, held) = hold_config_with(&nats_url(), "parking", "", "[service]\ndepth_poll = \"200ms\"\n");
     let _held = Cleanup::held(&held);
     let destination = NatsDestination::create("parking-dest").await;
     let served = Served::start_ready(&config).await;
@@ -129,6 +129,15 @@ async fn a_destination_deleted_while_messages_wait_leaves_them_parked_with_the_r
         let reason = message.header("hourglass-parked-reason").unwrap_or_default();
         assert!(reason.contains("no stream captures"), "the reason names what is missing: {reason:?}");
     }
+    // GET /v1/delays and the gauges count them, from the held stream's parked stream.
+    let mut delays = serde_json::Value::Null;
+    hourglass_e2e::until("GET /v1/delays counts the five parked", Duration::from_secs(5), async || {
+        let (_, body) = served.http.call("GET", "/v1/delays", None, None).await;
+        delays = serde_json::from_str(&body).unwrap_or_default();
+        delays["strategies"].as_array().into_iter().flatten().any(|s| s["strategy"] == "hold" && s["parked"] == 5 && s["waiting"] == 0)
+    })
+    .await;
+    assert_eq!(served.http.metric("hourglass_parked_messages{strategy=\"hold\"}").await, 5.0, "{delays}");
 
     served.stop().await;
     delete_held(&held).await;

@@ -39,13 +39,8 @@ pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 pub(crate) const URL_ENV: &str = "HOURGLASS_NATS_URL";
 /// How long a JetStream request (a publish's acknowledgement, a stream look-up) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Parked messages of the held stream `S` go to `hourglass.parked.S`, kept in stream `S-parked`.
-const PARKED_SUBJECT_PREFIX: &str = "hourglass.parked";
-
-/// Where a held stream's messages that can never go on are kept, with the reason.
-pub(crate) fn parked_stream(held: &str) -> (String, String) {
-    (format!("{held}-parked"), format!("{PARKED_SUBJECT_PREFIX}.{held}"))
-}
+/// Where a held stream's messages that can never go on are kept, with the reason (the contract's rule).
+pub(crate) use crate::command::held_parked_stream as parked_stream;
 
 /// A release step's subject: release queues are for cancellable strategies,
 /// which NATS does not run yet ([`super::registry::Capabilities`]); the name is
