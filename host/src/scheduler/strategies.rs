@@ -4,8 +4,6 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::broker::sqs::pump::{DueError, DueHandler};
-use crate::command::{DueAction, DueMessage};
 use crate::config::{Config, Location, UnknownStrategy};
 use crate::planner::{LoadedPlanner, PlannerError, PlannerRuntime};
 
@@ -112,17 +110,6 @@ impl Strategies {
 
     fn unknown(&self, name: &str) -> UnknownStrategy {
         UnknownStrategy { name: name.to_string(), configured: self.planners.keys().cloned().collect() }
-    }
-}
-
-/// A pump asks the strategy's planner about each due message.
-impl DueHandler for LoadedPlanner {
-    fn label(&self) -> &str {
-        LoadedPlanner::label(self)
-    }
-
-    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError> {
-        Ok(LoadedPlanner::handle_due(self, message)?)
     }
 }
 

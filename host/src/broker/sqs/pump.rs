@@ -74,6 +74,17 @@ pub trait DueHandler: Send + Sync {
     fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError>;
 }
 
+/// A pump asks the strategy's planner about each due message.
+impl DueHandler for crate::planner::LoadedPlanner {
+    fn label(&self) -> &str {
+        crate::planner::LoadedPlanner::label(self)
+    }
+
+    fn handle_due(&mut self, message: &DueMessage) -> Result<DueAction, DueError> {
+        Ok(crate::planner::LoadedPlanner::handle_due(self, message)?)
+    }
+}
+
 /// Why a due message can never go on: it is parked with this as its reason.
 #[derive(Debug, thiserror::Error)]
 enum Undeliverable {
