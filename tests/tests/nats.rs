@@ -226,7 +226,10 @@ async fn the_ingress_subject_schedules_what_it_can_and_sets_aside_the_rest_with_
     for i in 0..20 {
         let (headers, _) = bad[i % bad.len()];
         publish_to_ingress(&jetstream, &input, headers, &format!("bad-{i}")).await;
-        let valid = [("hourglass-destination", target.as_str()), ("hourglass-delay", "1500ms"), ("tenant", "acme")];
+        // Half with a delay, half with a due time in whole Unix milliseconds (text, as NATS headers are).
+        let at = (hourglass::clock::unix_now_ms() + 1_500).to_string();
+        let timing = if i % 2 == 0 { ("hourglass-delay", "1500ms") } else { ("hourglass-deliver-at", at.as_str()) };
+        let valid = [("hourglass-destination", target.as_str()), timing, ("tenant", "acme")];
         publish_to_ingress(&jetstream, &input, &valid, &format!("good-{i}")).await;
     }
     let received = destination.receive(20, Duration::from_secs(15)).await;
