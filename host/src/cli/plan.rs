@@ -75,10 +75,14 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let plan = planner.plan(&request)?;
     let info = planner.info().clone();
     let simulated = Simulation::new(planner, destination)?.run(&[*delay])?.remove(0);
+    // A cost read off a route the simulation could not follow to its end would be wrong, not partial.
+    if let Some(problem) = &simulated.problem {
+        anyhow::bail!("strategy {name}: the simulation could not follow the message to {destination}: {problem}");
+    }
     let cost = (info.family == BrokerFamily::Sqs).then(|| SqsCost::of_route(&simulated.hops, *price_per_million));
     let stream_cost = match stream.rate {
         Some(rate) if info.family == BrokerFamily::Sqs => Some(stream_cost(&config, planner, destination, &simulated, stream, rate)?),
-        Some(_) => anyhow::bail!("--rate estimates SQS requests; strategy {name} runs on RabbitMQ"),
+        Some(_) => anyhow::bail!("--rate estimates SQS requests; strategy {name} is not an SQS strategy"),
         None => None,
     };
     match format {
