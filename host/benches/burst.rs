@@ -9,8 +9,8 @@
 
 mod support;
 
-use hourglass::broker::amqp_url;
 use hourglass::config::Config;
+use hourglass::config::broker::amqp_url;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hourglass::broker::Broker;
+use hourglass::executor::Broker;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::service::{self, Service};
 use support::{BenchBroker, CpuClock};

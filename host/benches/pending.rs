@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use hourglass::broker::amqp_url;
 use hourglass::config::Config;
+use hourglass::config::broker::amqp_url;
 use lapin::options::{ConfirmSelectOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use private_node::PrivateNode;

@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hourglass::broker::Broker;
+use hourglass::broker::sqs::SqsExecutor;
 use hourglass::config::Config;
 use hourglass::metrics::RequestSnapshot;
 use hourglass::scheduler::ScheduleRequest;
@@ -57,7 +57,7 @@ async fn run(endpoint: &str) {
     );
     let config = Config::parse(Path::new("bench-sqs.toml"), text).unwrap();
     let service = Service::start(config).await.expect("serve on the local SQS server");
-    let Broker::Sqs(sqs) = service.scheduler().executor() else { unreachable!() };
+    let sqs = service.scheduler().executor().downcast::<SqsExecutor>().expect("an SQS broker");
     let client = sqs.client().clone();
     let requests = sqs.requests.clone();
 

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hourglass::broker::Executor;
 use hourglass::config::Config;
+use hourglass::executor::Executor;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::Service;
 

@@ -2,7 +2,7 @@
 //! on reload, for a pump, for `verify`, for a CLI command. Its own test
 //! binary, so no other test's loads can move the count.
 
-use hourglass::broker::MemoryExecutor;
+use hourglass::broker::memory::MemoryExecutor;
 use hourglass::config::Config;
 use hourglass::planner::{PlanRequest, PlannerLimits, PlannerRuntime, PlannerSource, engines_created};
 use hourglass::scheduler::strategies::Strategies;

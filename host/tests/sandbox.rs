@@ -261,8 +261,9 @@ fn a_bad_planner_config_is_refused_with_the_planners_reason() {
 /// "scheduled": it is an error naming the strategy, and nothing is sent.
 #[tokio::test]
 async fn a_plan_that_publishes_nothing_is_an_error_not_a_schedule() {
-    use hourglass::broker::{Executor, MemoryExecutor};
+    use hourglass::broker::memory::MemoryExecutor;
     use hourglass::config::Config;
+    use hourglass::executor::Executor;
     use hourglass::scheduler::strategies::Strategies;
     use hourglass::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 

@@ -5,9 +5,9 @@
 use std::sync::Mutex;
 
 use hourglass::broker::rabbitmq::manage::{encode, vhost_of};
+use hourglass::broker::rabbitmq::parked::orphan_queue;
 use hourglass::command::{Command, parking_queues};
 use hourglass::config::Config;
-use hourglass::parked::orphan_queue;
 
 use crate::{amqp_url, management_request};
 

@@ -24,10 +24,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use hourglass::broker::{self, Broker};
+use hourglass::broker;
 use hourglass::clock::unix_now_ms;
 use hourglass::command::Command;
 use hourglass::config::Config;
+use hourglass::executor::Broker;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use hourglass::broker;
 use hourglass::broker::sqs::pump::Pump;
 use hourglass::broker::sqs::send::SqsExecutor;
-use hourglass::broker::{self, Broker};
 use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
+use hourglass::executor::Broker;
 use hourglass::metrics::PumpCounters;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
@@ -33,8 +34,7 @@ pub fn sqs_config(strategy_table: &str) -> Config {
 pub async fn sqs_scheduler(config: &Config) -> (Scheduler<Broker>, Arc<SqsExecutor>) {
     let strategies = Strategies::load(config).expect("strategies load");
     let broker = broker::connect(&config.broker).await.expect("connect to the local SQS server");
-    let Broker::Sqs(executor) = &broker else { panic!("not an SQS broker") };
-    let executor = executor.clone();
+    let executor = broker.downcast::<SqsExecutor>().expect("an SQS broker");
     (Scheduler::new(config, strategies, broker), executor)
 }
 

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use hourglass::broker::Broker;
+use hourglass::broker::rabbitmq::parked::{self, Handled};
 use hourglass::broker::rabbitmq::take::Taker;
 use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
-use hourglass::parked::{self, Handled};
+use hourglass::executor::Broker;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass::service::Service;
 use hourglass_e2e::serve::Served;
@@ -296,8 +296,8 @@ async fn only_the_survivor_arrives(served: &Served, destination: &mut Destinatio
 /// the message as it came, with its reason and, after a failed reschedule,
 /// the due time it was moved to. No claim reaches the cancellation log.
 async fn park_unclaimed(setup: &Setup, scheduler: &Scheduler<Broker>, reason: &str, due_at_ms: Option<u64>) {
-    use hourglass::broker::{Envelope, Executor};
     use hourglass::command::{Command, FieldTable};
+    use hourglass::executor::{Envelope, Executor};
     use hourglass::headers::{DUE_AT_HEADER, PARKED_REASON_HEADER};
     use hourglass::message::HeaderValue;
     let taker = Taker::open(&amqp_url()).await.unwrap();

@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::broker::{Envelope, Executor, ExecutorError};
 use hourglass::command::{Command, FieldTable};
+use hourglass::executor::{Envelope, Executor, ExecutorError};
 use hourglass_e2e::blackhole::Blackhole;
 use hourglass_e2e::*;
 use lapin::options::QueueDeclareOptions;

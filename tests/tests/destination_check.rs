@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use hourglass::broker::ExecutorError;
 use hourglass::broker::rabbitmq::take::Taker;
 use hourglass::config::Config;
+use hourglass::executor::ExecutorError;
 use hourglass::scheduler::{ScheduleError, ScheduleRequest};
 use hourglass::service::Service;
 use hourglass_e2e::cluster::Cluster;

@@ -179,7 +179,7 @@ async fn a_missing_exchange_is_refused_and_one_routing_nowhere_when_due_is_parke
     let taker = hourglass::broker::rabbitmq::take::Taker::open(&amqp_url()).await.unwrap();
     let mut listed = Vec::new();
     until("the unroutable message parked", Duration::from_secs(10), async || {
-        listed = hourglass::parked::list(&taker, &parked, 10).await.unwrap();
+        listed = hourglass::broker::rabbitmq::parked::list(&taker, &parked, 10).await.unwrap();
         !listed.is_empty()
     })
     .await;

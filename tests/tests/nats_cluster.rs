@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use hourglass::broker::ExecutorError;
+use hourglass::executor::ExecutorError;
 use hourglass::scheduler::ScheduleError;
 use hourglass::service::{Service, ServiceError};
 use hourglass_e2e::nats::{NatsDestination, NatsReceived, PrivateCluster, hold_config_replicated};

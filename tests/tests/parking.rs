@@ -8,10 +8,11 @@
 
 use std::time::Duration;
 
+use hourglass::broker;
 use hourglass::broker::rabbitmq::manage::Management;
-use hourglass::broker::{self, Executor};
 use hourglass::command::{Command, at_most_once_dead_lettering};
 use hourglass::config::Config;
+use hourglass::executor::Executor;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::*;
 use lapin::options::QueueDeleteOptions;
@@ -261,9 +262,9 @@ async fn a_serving_host_declares_a_deleted_level_again_at_its_next_depth_reading
 /// it a message that never needs that level arrives on time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_sends_a_message_parked_before_its_due_time_round_again_instead_of_delivering_it_early() {
+    use hourglass::broker::rabbitmq::parked;
     use hourglass::broker::rabbitmq::take::Taker;
     use hourglass::clock::unix_now_ms;
-    use hourglass::parked;
     let connection = connect().await;
     let channel = connection.create_channel().await.unwrap();
     let prefix = unique("park-early");

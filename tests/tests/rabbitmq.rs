@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::broker::{Envelope, Executor, ExecutorError};
 use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
+use hourglass::executor::{Envelope, Executor, ExecutorError};
 use hourglass::message::Properties;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
 use hourglass_e2e::*;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::broker::{Broker, Envelope, Executor, ExecutorError};
 use hourglass::command::{Command, ExchangeKind, FieldTable};
+use hourglass::executor::{Broker, Envelope, Executor, ExecutorError};
 use hourglass::message::{HeaderValue, Properties};
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 use hourglass_e2e::private_node::PrivateNode;
@@ -18,11 +18,8 @@ use hourglass_e2e::*;
 use lapin::options::QueueBindOptions;
 use lapin::types::FieldTable as AmqpTable;
 
-fn rabbit(scheduler: &Scheduler<Broker>) -> &RabbitMqExecutor {
-    match scheduler.executor() {
-        Broker::RabbitMq(executor) => executor,
-        _ => panic!("the test config names RabbitMQ"),
-    }
+fn rabbit(scheduler: &Scheduler<Broker>) -> std::sync::Arc<RabbitMqExecutor> {
+    scheduler.executor().downcast::<RabbitMqExecutor>().expect("the test config names RabbitMQ")
 }
 
 fn envelope(id: &str, headers: Vec<(&str, HeaderValue)>) -> Envelope {
@@ -77,7 +74,7 @@ async fn ten_thousand_missing_destinations_leave_a_valid_request_working() {
     let mut destination = Destination::declare(&connection, "leak").await;
     cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
-    let executor = rabbit(&scheduler);
+    let executor = &*rabbit(&scheduler);
     let most_open = AtomicUsize::new(0);
     let refused = schedule_to_missing_destinations(&scheduler, 10_000, 64, || _ = most_open.fetch_max(executor.open_channels(), Ordering::Relaxed)).await;
     assert!(refused.is_empty(), "every missing destination is refused as missing; {} were not: {:?}", refused.len(), &refused[..refused.len().min(5)]);
@@ -101,7 +98,7 @@ async fn a_worn_connection_carries_on_while_the_broker_refuses_its_successor() {
     let text = config_text_on(&vhost.url, &format!("planner = \"binary-levels\"\nprefix = \"{prefix}\""), "");
     let config = hourglass::config::Config::parse(std::path::Path::new("worn.toml"), text).unwrap();
     let scheduler = scheduler(&config).await;
-    let executor = rabbit(&scheduler);
+    let executor = &*rabbit(&scheduler);
     let connection = connect_to(&vhost.url).await;
     let mut destination = Destination::declare(&connection, "worn").await;
     let valid = |body: &str| ScheduleRequest { destination: destination.name.clone(), delay_ms: 0, body: body.as_bytes().to_vec(), ..Default::default() };
@@ -144,7 +141,7 @@ async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
     let mut destination = Destination::declare(&connection, "beside").await;
     cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
-    let executor = rabbit(&scheduler);
+    let executor = &*rabbit(&scheduler);
     let missing_exchange = unique("no-such-exchange");
     let oversize = "x".repeat(400 * 1024);
     let outcomes: Vec<Outcome> = futures_util::stream::iter(0..1_200)
@@ -335,7 +332,7 @@ async fn after_a_reconnect_the_topology_is_declared_again() {
     let mut destination = Destination::declare(&connection, "reconnect").await;
     cleanup.queue(&destination.name);
     let scheduler = scheduler(&config).await;
-    let executor = rabbit(&scheduler);
+    let executor = &*rabbit(&scheduler);
     let name = destination.name.clone();
     let request = || ScheduleRequest { destination: name.clone(), delay_ms: 1_000, ..Default::default() };
     let first = scheduler.schedule(request()).await.expect("before the reconnect");

@@ -245,7 +245,7 @@ async fn a_message_rejected_twice_then_acked_is_seen_three_times_and_never_given
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
     channel.queue_declare(setup.queue.as_str().into(), durable, own_arguments).await.unwrap();
     let served = start(&setup).await;
-    let policy = hourglass::service::redelivery::policy_name(&setup.queue);
+    let policy = hourglass::broker::rabbitmq::redelivery::policy_name(&setup.queue);
     setup.cleanup.policy(&policy);
     let management = Management::new(&management_url(), "/".into()).unwrap();
     until("the broker applying the redelivery policy", Duration::from_secs(10), async || {

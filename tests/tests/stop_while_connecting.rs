@@ -232,7 +232,7 @@ async fn stops_and_closes_racing_a_dropped_connection_end_at_once() {
     cleanup.queue(&log);
     // Declares go straight to the broker: only the connections that end meet the proxy.
     let publisher = Arc::new(RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ"));
-    hourglass::broker::Executor::apply(publisher.as_ref(), &[declare_stream(&log, "1h")]).await.expect("declare the stream");
+    hourglass::executor::Executor::apply(publisher.as_ref(), &[declare_stream(&log, "1h")]).await.expect("declare the stream");
     let mut slowest = Duration::ZERO;
     for round in 0..RACE_ROUNDS {
         let ending = [Ending::Consumer, Ending::Reader, Ending::Taker][round as usize % 3];
@@ -328,7 +328,7 @@ async fn a_stream_reader_stopped_on_a_stalled_connection_returns_within_the_boun
     // Deletes the stream, also when the test fails.
     let _cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     let publisher = RabbitMqExecutor::connect(&amqp_url()).await.expect("RabbitMQ");
-    hourglass::broker::Executor::apply(&publisher, &[declare]).await.expect("declare the stream");
+    hourglass::executor::Executor::apply(&publisher, &[declare]).await.expect("declare the stream");
     let blackhole = Blackhole::start(&amqp_url()).await;
     let (entries, _received) = mpsc::channel(16);
     let (stop, stopped) = watch::channel(false);

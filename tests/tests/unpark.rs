@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use hourglass::broker::rabbitmq::parked;
 use hourglass::broker::rabbitmq::take::Taker;
 use hourglass::config::Config;
-use hourglass::parked;
 use hourglass_e2e::serve::Served;
 use hourglass_e2e::*;
 use lapin::types::FieldTable;

@@ -13,9 +13,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::Path;
 use std::time::Duration;
 
-use hourglass::broker::{self, Broker, amqp_url};
+use hourglass::broker;
 use hourglass::command::Command;
 use hourglass::config::Config;
+use hourglass::config::broker::amqp_url;
+use hourglass::executor::Broker;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -70,7 +72,7 @@ pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
     for name in names {
         let topology = strategies.get_mut(&name).unwrap().topology().unwrap();
         let release = config.service.cancel.release_queue(&name);
-        queues.extend(hourglass::command::parking_queues(&topology).iter().map(|q| hourglass::parked::orphan_queue(q)));
+        queues.extend(hourglass::command::parking_queues(&topology).iter().map(|q| hourglass::broker::rabbitmq::parked::orphan_queue(q)));
         queues.extend([format!("{release}.parked"), release]);
         for command in topology {
             match command {

@@ -1,22 +1,17 @@
-//! `hourglass cancel ID` and `hourglass reschedule ID`: the same cancellation
-//! log as `DELETE` and `PATCH /v1/messages/{id}` of a running `serve`, written
-//! and read straight on RabbitMQ. The answer comes once this process has read
-//! the log up to its own event, so a long log takes a while (`--wait`). On
-//! SQS the entry goes to the fates queue, and a serving host answers it on a
-//! reply queue this process makes for itself.
+//! `hourglass cancel ID` and `hourglass reschedule ID`: the same
+//! cancellations as `DELETE` and `PATCH /v1/messages/{id}` of a running
+//! `serve`, asked of whatever keeps them on the configured broker. On RabbitMQ
+//! the answer comes once this process has read the log up to its own event,
+//! so a long log takes a while (`--wait`); on SQS a serving host answers on a
+//! reply queue this process makes for itself; on NATS the bucket answers.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
-use hourglass::broker::nats::cancel::NatsCancel;
-use hourglass::broker::{self, RabbitMqSettings, SqsSettings};
+use hourglass::broker::registry;
 use hourglass::clock::Clock;
-use hourglass::config::BrokerConfig;
-use hourglass::scheduler::Scheduler;
-use hourglass::service::cancel::{Answer, CancelLog};
-use hourglass::service::cancellations::Cancellations;
-use hourglass::service::sqs_cancel::SqsCancel;
+use hourglass::service::cancellations::{Answer, Cancellations};
 use hourglass_planner_sdk::DurationMs;
 
 use super::{Cli, duration_arg, load, tokio_runtime};
@@ -61,47 +56,16 @@ fn report(id: &str, answer: Answer) -> ExitCode {
     }
 }
 
-/// Runs `ask` against the log while a reader reads it, or on SQS against the
-/// fates queue while a reply queue of this process's own (deleted after) takes the answer.
+/// Runs `ask` against whatever keeps the configured broker's cancellations,
+/// opened for this command and closed after.
 fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&dyn Cancellations, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
     let (mut config, strategies) = load(cli)?;
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        if let Some(RabbitMqSettings { url, .. }) = config.broker.rabbitmq() {
-            let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
-            // The log's records and due times count on the broker's clock, as a serving host's do.
-            hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
-            let clock = scheduler.clock().clone();
-            let log = CancelLog::new(&url, &config.service.cancel, Arc::new(scheduler));
-            let reader = tokio::spawn(log.clone().read(stopped));
-            let answer = ask(log.as_ref(), &clock).await;
-            let _ = stop.send(true);
-            let _ = reader.await;
-            answer
-        } else if let Some(SqsSettings { region, endpoint_url, send_batch_window }) = config.broker.sqs() {
-            let sqs = broker::connect_sqs(&region, &endpoint_url, send_batch_window).await?;
-            let clock = Clock::system();
-            // The fates queue is made by `serve`; without it nothing here is cancellable.
-            let cancel = SqsCancel::open(sqs.clone(), &config.service.cancel, clock.clone(), false).await?;
-            let listener = tokio::spawn({
-                let cancel = cancel.clone();
-                async move { cancel.listen(stopped).await }
-            });
-            let answer = ask(cancel.as_ref(), &clock).await;
-            let _ = stop.send(true);
-            let _ = listener.await;
-            cancel.close().await;
-            answer
-        } else if config.broker.nats().is_some() {
-            let nats = broker::connect_nats(&config.broker).await?;
-            let bucket = hourglass::broker::nats::cancellation_bucket(config.service.cancel.log());
-            // The bucket is made by `serve`; without it nothing here is cancellable.
-            let cancel = NatsCancel::open(&nats, &bucket, config.service.cancel.retention_ms(), false).await?;
-            ask(&cancel, &Clock::system()).await
-        } else {
-            bail!("cancellation needs {}", BrokerConfig::kinds_that(|can| can.cancellation_log))
-        }
+        let asking = registry::open_cancellations(&config, strategies).await?;
+        let answer = ask(asking.keeper.as_ref(), &asking.clock).await;
+        asking.close().await;
+        answer
     })
 }
 

@@ -1,10 +1,10 @@
 //! `hourglass inspect`: what waits in each strategy's queues on the
-//! configured broker now (RabbitMQ), read with passive declares.
+//! configured broker now, read as a serving host reads them.
 
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use hourglass::broker;
+use hourglass::broker::registry;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
 use hourglass::service::pending;
@@ -21,13 +21,11 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
     let mut depths = tokio_runtime()?.block_on(async {
         // A running serve knows the pumped queues to read on SQS; this command reads a strategy's own queues.
-        if config.broker.rabbitmq().is_none() {
-            bail!("inspect reads RabbitMQ queues; on SQS, GET /v1/delays of a running serve lists its pumped queues");
-        }
-        let broker = broker::connect(&config.broker).await?;
-        let management = pending::management_for(&config);
-        let unparking = config.service.unpark.unwrap_or(true);
-        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), management, unparking).await)
+        let Some(reading) = registry::depth_reading(&config) else {
+            bail!("broker.kind = {:?}: its queues are read only by a running serve (GET /v1/delays lists what it reads)", config.broker.kind());
+        };
+        let broker = registry::connect(&config.broker).await?;
+        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), &reading).await)
     })?;
     if let Some(wanted) = &cli.strategy {
         depths.retain(|s| &s.strategy == wanted);

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
+use hourglass::broker;
 use hourglass::broker::rabbitmq::manage::{self, Management, vhost_of};
 use hourglass::broker::rabbitmq::migrate::{self, Applied, Plan};
-use hourglass::broker::{self, RabbitMqSettings};
 use hourglass::config::Config;
+use hourglass::config::broker::RabbitMqSettings;
 use hourglass::render;
 use serde::Serialize;
 

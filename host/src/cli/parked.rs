@@ -5,9 +5,10 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use hourglass::broker;
+use hourglass::broker::rabbitmq::parked::{self, Handled, ParkingQueue};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{self, RabbitMqSettings};
-use hourglass::parked::{self, Handled, ParkingQueue};
+use hourglass::config::broker::RabbitMqSettings;
 use hourglass::scheduler::Scheduler;
 
 use super::{Cli, TextOrJson, load, print_json, tokio_runtime};

@@ -160,7 +160,7 @@ fn stream_cost(config: &Config, planner: &mut LoadedPlanner, destination: &str, 
     let other = Simulation::new(planner, &format!("{destination}-another"))?.run(&[route.requested_ms])?.remove(0);
     let shared_delay_queue = pumped_queues(&route.hops).next().is_some() && pumped_queues(&route.hops).next() == pumped_queues(&other.hops).next();
     let send_window = batcher::window(config.broker.send_batch_window()).as_secs_f64() * 1_000.0;
-    let linger = hourglass::service::pump_settings(config).linger.as_secs_f64() * 1_000.0;
+    let linger = hourglass::broker::sqs::pumped::PumpSettings::from_config(config).linger.as_secs_f64() * 1_000.0;
     let messages = ((rate * stream.lasting_ms as f64 / 1_000.0).round() as u64).max(1);
     let handling = Handling {
         shared_delay_queue,

@@ -3,10 +3,12 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use hourglass::broker;
 use hourglass::broker::sqs::pump::Pump;
-use hourglass::broker::{self, Broker, SqsSettings};
 use hourglass::command::Command;
 use hourglass::config::Config;
+use hourglass::config::broker::SqsSettings;
+use hourglass::executor::Broker;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 
@@ -43,12 +45,12 @@ async fn run_pumps(config: &Config, strategies: Strategies, strategy: &str, dest
     let Some(SqsSettings { region, endpoint_url, send_batch_window }) = config.broker.sqs() else {
         bail!("{}: pump needs broker.kind = \"sqs\"", config.path.display());
     };
-    let executor = broker::connect_sqs(&region, &endpoint_url, send_batch_window).await?;
+    let executor = broker::sqs::connect(&SqsSettings { region, endpoint_url, send_batch_window }).await?;
     let scheduler: Scheduler<Broker> = Scheduler::new(config, strategies, executor.clone().into());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut counters = Vec::new();
-    let settings = hourglass::service::pump_settings(config);
+    let settings = hourglass::broker::sqs::pumped::PumpSettings::from_config(config);
     for destination in destinations {
         scheduler.prepare_destination(strategy, destination).await?;
         let planner = Strategies::load_one(config, strategy)?;

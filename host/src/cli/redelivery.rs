@@ -40,10 +40,10 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
 }
 
 /// `GET /v1/redelivery` from a running service.
-fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::service::redelivery::QueueStatus>> {
+fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::service::side::QueueStatus>> {
     #[derive(serde::Deserialize)]
     struct Answer {
-        queues: Vec<hourglass::service::redelivery::QueueStatus>,
+        queues: Vec<hourglass::service::side::QueueStatus>,
     }
     let url = format!("{}/v1/redelivery", base.trim_end_matches('/'));
     let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(10))).http_status_as_error(false).build().into();
@@ -62,7 +62,7 @@ fn redelivery_status(base: &str, token: Option<&str>) -> Result<Vec<hourglass::s
 }
 
 /// `hourglass redelivery status`: one row per consumer queue.
-pub fn redelivery_table(queues: &[hourglass::service::redelivery::QueueStatus]) -> String {
+pub fn redelivery_table(queues: &[hourglass::service::side::QueueStatus]) -> String {
     if queues.is_empty() {
         return "no queues configured for redelivery ([[redelivery]] in the service's config)\n".into();
     }

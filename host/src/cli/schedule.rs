@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use hourglass::broker;
+use hourglass::broker::registry;
 use hourglass::command::FieldValue;
+use hourglass::executor::Executor;
 use hourglass::render;
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
 
@@ -48,12 +49,12 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         ..Default::default()
     };
     let (scheduled, place, now) = tokio_runtime()?.block_on(async {
-        let broker = broker::connect(&config.broker).await?;
+        let broker = registry::connect(&config.broker).await?;
         let place = broker.describe();
         let scheduler = Scheduler::new(&config, strategies, broker);
         if request.deliver_at_ms.is_some() {
             // --at is counted on the broker's clock, as a serving host counts it.
-            hourglass::service::clock_check::read_for(&config, scheduler.clock()).await;
+            registry::read_clock_once(&config, scheduler.clock()).await;
         }
         let scheduled = scheduler.schedule(request).await?;
         Ok::<_, anyhow::Error>((scheduled, place, scheduler.clock().now_ms()))

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use hourglass::config::Config;
+use hourglass::executor::Executor;
 use hourglass::service::{self, Service};
 
 use super::{Cli, init_logging, tokio_runtime};

@@ -3,8 +3,9 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use hourglass::broker::{self, Executor};
+use hourglass::broker;
 use hourglass::command::Command;
+use hourglass::executor::Executor;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
 

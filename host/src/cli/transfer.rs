@@ -1,14 +1,15 @@
 //! `hourglass transfer --from A --to B [--dry-run]`: moves the messages
 //! waiting in strategy A's queues into strategy B, each keeping its due time
-//! (see `hourglass::transfer`), with progress on a terminal and a summary.
+//! (see `hourglass::broker::rabbitmq::transfer`), with progress on a terminal and a summary.
 
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use hourglass::broker;
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::broker::{self, RabbitMqSettings};
+use hourglass::broker::rabbitmq::transfer::{DEFAULT_BATCH, Summary, transfer};
+use hourglass::config::broker::RabbitMqSettings;
 use hourglass::scheduler::Scheduler;
-use hourglass::transfer::{DEFAULT_BATCH, Summary, transfer};
 
 use super::progress::Progress;
 use super::{Cli, TextOrJson, load, print_json, tokio_runtime};
@@ -40,7 +41,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
         let scheduler = Scheduler::new(&config, strategies, broker::connect(&config.broker).await?);
         let taker = Taker::open_spread(&url).await?;
         let (from, to) = (args.from.as_str(), args.to.as_str());
-        let management = hourglass::service::pending::management_for(&config);
+        let management = hourglass::broker::rabbitmq::manage::management_for(&config);
         let management = management.as_deref();
         let found = transfer(&scheduler, &taker, management, from, to, true, args.batch, |_, _| {}).await?;
         let mut progress = Progress::new(found.queues.iter().map(|q| q.found).sum());

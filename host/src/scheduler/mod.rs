@@ -20,10 +20,10 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::mpsc;
 
-use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::clock::Clock;
 use crate::command::{Command, FieldTable, FieldValue};
 use crate::config::{Config, OwnQueueType, UnknownStrategy};
+use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
 use crate::message::Delivery;
 use crate::message::Properties;
@@ -376,9 +376,8 @@ impl<E: Executor> Scheduler<E> {
     }
 
     /// Every strategy's declarations (see [`LoadedPlanner::declarations`])
-    /// and release queue, in one list: what the broker probes
-    /// ([`crate::broker::rabbitmq::probe::mechanisms_used`]) and the capacity
-    /// check ([`crate::broker::rabbitmq::capacity::check_capacity`]) weigh.
+    /// and release queue, in one list: what a broker's start-up checks weigh
+    /// (RabbitMQ probes the mechanisms they use and their quorum queues).
     pub(crate) fn all_declarations(&self) -> Vec<Command> {
         let config = self.config();
         self.strategy_names()
@@ -725,7 +724,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::broker::MemoryExecutor;
+    use crate::broker::memory::MemoryExecutor;
 
     fn two_strategies() -> Config {
         let text =
@@ -778,6 +777,10 @@ mod tests {
     }
 
     impl Executor for Counting {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+
         async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
             self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.inner.apply(commands).await
@@ -802,6 +805,10 @@ mod tests {
     }
 
     impl Executor for SlowMissing {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+
         async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
             self.inner.apply(commands).await
         }

@@ -20,9 +20,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::broker::Broker;
 use crate::command::{Command, FieldValue};
 use crate::config::CanaryConfig;
+use crate::executor::Broker;
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::planner::PlannerError;

@@ -19,13 +19,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::Service;
-use crate::broker::memory::KEPT_PER_DESTINATION;
-use crate::broker::{Executor, ExecutorError};
 use crate::command::FieldValue;
+use crate::executor::{Executor, ExecutorError, KEPT_PER_DESTINATION};
 use crate::planner::{PlanRequest, PlannerError};
 use crate::scheduler::{ScheduleError, ScheduleRequest};
-use crate::service::cancel::{Answer, CancelError};
-use crate::service::cancellations::Cancellations;
+use crate::service::cancellations::{Answer, CancelError, Cancellations};
 
 /// Largest message body accepted, after base64 decoding.
 pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -410,8 +408,10 @@ async fn get_redelivery(State(service): State<Arc<Service>>, headers: HeaderMap)
     if let Err(err) = authorize(&service, &headers) {
         return err.into_response();
     }
-    let input = service.background.redelivery.get().map(|r| r.handler().input().to_string());
-    axum::Json(json!({ "input": input, "queues": service.redelivery_status() })).into_response()
+    let redelivery = service.redelivery();
+    let input = redelivery.as_ref().map(|r| r.input.clone());
+    let queues = redelivery.map(|r| r.queues).unwrap_or_default();
+    axum::Json(json!({ "input": input, "queues": queues })).into_response()
 }
 
 /// The memory broker's newest deliveries to a destination: what a first-time
@@ -424,7 +424,7 @@ async fn get_delivered(State(service): State<Arc<Service>>, headers: HeaderMap, 
         return ApiError::bad("destination", "missing").into_response();
     };
     let Some(delivered) = service.scheduler.executor().delivered(destination) else {
-        let message = "only the embedded memory broker keeps delivered messages; on RabbitMQ or SQS, consume the destination queue";
+        let message = "only the embedded memory broker keeps delivered messages; on a real broker, consume the destination";
         return ApiError { status: StatusCode::NOT_FOUND, field: None, message: message.into() }.into_response();
     };
     let messages: Vec<Value> = delivered

@@ -1,6 +1,6 @@
-//! AMQP ingress: any AMQP client hands hourglass a message to delay by
-//! publishing it to one queue, with the destination and the delay (or the
-//! due time, `hourglass-deliver-at`) in headers.
+//! The ingress: any client of the broker hands hourglass a message to delay by
+//! publishing it to one queue (or subject), with the destination and the
+//! delay (or the due time, `hourglass-deliver-at`) in headers.
 //!
 //! Each message is planned and forwarded through the scheduler, and acked only
 //! after the broker confirmed the forward. A message that cannot be scheduled
@@ -12,7 +12,7 @@
 //! starved CPU is no fault of the message) requeues it once, and sets it aside
 //! when it runs out of time on the redelivery too. A lost connection leaves
 //! every unacked message to the broker, which delivers it again. Prefetch
-//! bounds the messages in flight. The [`Consumer`] carries out each
+//! bounds the messages in flight. The broker's consumer carries out each
 //! [`Outcome`] and sets aside a message this handler keeps panicking on.
 //!
 //! A message may be due to an exchange instead of a queue
@@ -27,15 +27,13 @@
 //! under the NATS consumer for the ingress subject ([`Ingress::with_plain_headers`]):
 //! there the producer's text attributes or headers stay plain on the way to
 //! the destination.
-//!
-//! [`Consumer`]: crate::broker::rabbitmq::consume::Consumer
 
 use std::sync::Arc;
 
-use crate::broker::{Broker, ExecutorError};
 use crate::clock::{TimeError, parse_rfc3339_ms};
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{DelayedExchangeConfig, IngressConfig};
+use crate::executor::{Broker, ExecutorError};
 use crate::headers::{
     DELIVER_AT_HEADER, DESTINATION_HEADER, EXCHANGE_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER, ROUTING_KEY_HEADER, STRATEGY_HEADER, is_reserved,
 };
@@ -43,7 +41,7 @@ use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settle
 use crate::planner::PlannerError;
 use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
 
-/// The ingress queue's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
+/// The ingress queue's handler; a broker's consumer runs it.
 pub struct Ingress {
     config: IngressConfig,
     scheduler: Arc<Scheduler<Broker>>,

@@ -5,19 +5,15 @@
 //!   `400` (or `401`, `413`, `422`) with a JSON error naming the field, and
 //!   nothing is published; a broker that cannot be reached gives `503`.
 //! * [`startup`]: what [`Service::start`] runs for a config — planners,
-//!   broker, topology — and [`broker_side`]: what each broker runs beside the
-//!   scheduler: the AMQP [`ingress`] and [`redelivery`] consumers, the
-//!   lateness [`canary`] and the connection keeper (`broker-connections`) on
-//!   RabbitMQ, a pump for every pumped queue on SQS, the wall clock of the
-//!   memory broker, each run by the [`supervise`] supervisor, which restarts a
-//!   task that panicked or failed and tells readiness which task is down.
-//! * [`pending`]: the queue depths read every 5 s, and [`status`]: the page at `/`.
-//! * [`clock_check`]: the broker's clock read on RabbitMQ (the management
-//!   API's `Date`), so due times count on it and not on a host clock that is wrong.
-//! * [`cancel`]: the cancellation log that decides `DELETE`/`PATCH
-//!   /v1/messages/{id}`, and [`release`]: the release queue of each
-//!   `cancellable = true` strategy, which asks it before forwarding;
-//!   [`sqs_cancel`]: the same on SQS, through the fates queue.
+//!   broker, topology — and [`side`]: what the broker runs beside the
+//!   scheduler ([`side::BrokerSide`], implemented in each broker's folder),
+//!   each task run by the [`supervise`] supervisor, which restarts a task that
+//!   panicked or failed and tells readiness which task is down.
+//! * [`ingress`]: the handler of the ingress queue (any broker's consumer runs
+//!   it), [`canary`]: the lateness probes.
+//! * [`pending`]: the queue depths read every few seconds, and [`status`]: the page at `/`.
+//! * [`cancellations`]: what `DELETE`/`PATCH /v1/messages/{id}` ask, whichever
+//!   broker keeps the cancellations.
 //! * Reload ([`Service::reload`], `POST /v1/reload`, SIGHUP): re-reads the
 //!   config and swaps the planners; a bad config is refused and the old one
 //!   keeps serving.
@@ -34,33 +30,24 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-mod broker_side;
 pub mod canary;
-pub mod cancel;
 pub mod cancellations;
-pub mod clock_check;
 pub mod connections;
 pub mod http;
 pub mod ingress;
 pub mod pending;
-pub mod redelivery;
-pub mod release;
-pub mod sqs_cancel;
+pub mod side;
 mod startup;
 pub mod status;
 pub mod supervise;
-pub mod unpark;
 
 pub use crate::metrics::Metrics;
-pub use broker_side::pump_settings;
 pub use http::{router, run};
 
-use crate::broker::rabbitmq::consume::Consumer;
-use crate::broker::{Broker, Executor, ExecutorError};
 use crate::config::{Config, TopologyAtStart};
+use crate::executor::{Broker, Executor, ExecutorError};
 use crate::scheduler::strategies::{Strategies, StrategyError};
 use crate::scheduler::{ScheduleError, Scheduler};
-use crate::service::redelivery::Redelivery;
 use crate::service::supervise::{Down, Supervisor};
 
 const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -108,23 +95,19 @@ impl ServiceError {
     }
 }
 
-/// The tasks that run beside the HTTP API, and how to stop them.
-struct Background {
-    stop: watch::Sender<bool>,
+/// The tasks that run beside the HTTP API, and how to stop them: what a
+/// broker's side starts its work under.
+pub(crate) struct Background {
+    pub(crate) stop: watch::Sender<bool>,
     /// Ingress, redelivery and pumps: restarted when they fail.
-    supervisor: Supervisor,
+    pub(crate) supervisor: Supervisor,
     /// Unsupervised helpers (the pump starter), awaited at shutdown.
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    /// Set by the broker's side as it starts, before the service serves.
-    redelivery: OnceLock<Arc<Consumer<Redelivery>>>,
-    /// The cancellation log, when a strategy is cancellable.
-    cancel: OnceLock<Arc<cancel::CancelLog>>,
-    /// On SQS, the fates queue and this host's reply queue, when a strategy is cancellable.
-    sqs_cancel: OnceLock<Arc<sqs_cancel::SqsCancel>>,
-    /// Whatever keeps cancellations on this broker (one of the above, or the broker's own), when a strategy is cancellable.
-    cancellations: OnceLock<Arc<dyn cancellations::Cancellations>>,
+    pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Whatever keeps cancellations on this broker, when a strategy is
+    /// cancellable; set by the broker's side as it starts, before the service serves.
+    pub(crate) cancellations: OnceLock<Arc<dyn cancellations::Cancellations>>,
     /// Pumped queues with a pump, and the strategy each belongs to.
-    pumps: std::sync::Mutex<BTreeMap<String, String>>,
+    pub(crate) pumps: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Background {
@@ -134,9 +117,6 @@ impl Background {
             supervisor: Supervisor::new(metrics.clone(), stop.subscribe()),
             stop,
             tasks: Default::default(),
-            redelivery: OnceLock::new(),
-            cancel: OnceLock::new(),
-            sqs_cancel: OnceLock::new(),
             cancellations: OnceLock::new(),
             pumps: Default::default(),
         }
@@ -154,17 +134,17 @@ pub struct Readiness {
 }
 
 pub struct Service {
-    scheduler: Arc<Scheduler<Broker>>,
+    pub(crate) scheduler: Arc<Scheduler<Broker>>,
     /// What the broker runs beside the scheduler; `None` when built from parts.
-    side: Option<Arc<dyn broker_side::BrokerSide>>,
+    side: Option<Arc<dyn side::BrokerSide>>,
     token: Option<String>,
     pub metrics: Arc<Metrics>,
     /// The config file `reload` re-reads; `None` when built from parts.
     source: Option<PathBuf>,
-    topology: TopologyAtStart,
+    pub(crate) topology: TopologyAtStart,
     shutdown_timeout: Duration,
     reloading: tokio::sync::Mutex<()>,
-    background: Background,
+    pub(crate) background: Background,
     /// Connection limits of the HTTP API.
     limits: connections::Limits,
     /// How often queue depths are read (`service.depth_poll`); else [`pending`]'s defaults.
@@ -221,13 +201,8 @@ impl Service {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn spawn(&self, task: JoinHandle<()>) {
+    pub(crate) fn spawn(&self, task: JoinHandle<()>) {
         self.background.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(task);
-    }
-
-    /// On SQS, cancel and reschedule through the fates queue, when a strategy has `cancellable = true`.
-    pub fn sqs_cancel(&self) -> Option<&Arc<sqs_cancel::SqsCancel>> {
-        self.background.sqs_cancel.get()
     }
 
     /// Whatever decides cancels and reschedules here, when a strategy has `cancellable = true`.
@@ -239,9 +214,9 @@ impl Service {
         &self.scheduler
     }
 
-    /// Per redelivery queue: waiting, redelivered, given up.
-    pub fn redelivery_status(&self) -> Vec<crate::service::redelivery::QueueStatus> {
-        self.background.redelivery.get().map(|r| r.handler().status()).unwrap_or_default()
+    /// `[[redelivery]]` as it runs: its input queue and, per queue, waiting, redelivered, given up.
+    pub fn redelivery(&self) -> Option<side::RedeliveryReport> {
+        self.side.as_ref().and_then(|side| side.redelivery())
     }
 
     /// Broker connected and every background task that should run running:
@@ -304,25 +279,11 @@ impl Service {
                 format!("the cancellable strategies changed ({:?} → {:?}); restart to change them", cancellable(&old), cancellable(&config)),
             ));
         }
-        // Redelivery keeps running with the queues it started with: their strategies must stay.
-        if let Some(redelivery) = self.background.redelivery.get() {
-            let handler = redelivery.handler();
-            for entry in handler.entries() {
-                for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
-                    if !config.strategies.contains_key(&strategy) {
-                        return Err(ServiceError::refused(
-                            &config,
-                            format!(
-                                "strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
-                                entry.queue
-                            ),
-                        ));
-                    }
-                }
-            }
+        if let Some(side) = &self.side {
+            side.check_reload(&config).map_err(|reason| ServiceError::refused(&config, reason))?;
         }
-        if self.topology == TopologyAtStart::Verify {
-            startup::verify_topology(&config).await?;
+        if let (TopologyAtStart::Verify, Some(side)) = (self.topology, &self.side) {
+            startup::verify_topology(side.as_ref(), &config).await?;
         }
         // The broker is the running one: a changed broker needs a restart.
         startup::check_broker_family(&old.broker, &config, &strategies)?;
@@ -349,8 +310,8 @@ impl Service {
             let _ = task.await;
         }
         self.background.supervisor.join().await;
-        if let Some(sqs) = self.background.sqs_cancel.get() {
-            sqs.close().await;
+        if let Some(side) = &self.side {
+            side.close().await;
         }
     }
 }

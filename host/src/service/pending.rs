@@ -6,12 +6,12 @@
 //! the last reading. Messages other clients scheduled through a shared preset
 //! (NServiceBus, Celery) wait in the same queues and are counted too.
 //!
-//! On RabbitMQ the static topology is read by passive declares; queues a
-//! strategy makes per message (hold-queues' per-delay queues) are found
-//! through the management API, as the queues that dead-letter into the
-//! strategy's exchanges (skipped when the API does not answer). On SQS each pumped queue is read
-//! (`ApproximateNumberOf…` visible, in flight and delayed), with its
-//! dead-letter queue as the parked count.
+//! The queues the strategies name are read through the executor
+//! ([`crate::executor::Executor::queue_depth`]); a broker's [`DepthReading`]
+//! adds what only it knows: queues a strategy makes per message (RabbitMQ's
+//! hold queues, found through its management API), the queues beside a
+//! parking or pumped queue whose messages count as parked (RabbitMQ's
+//! orphans, SQS's dead-letter queues).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,27 +20,41 @@ use serde::Serialize;
 
 use std::collections::BTreeMap;
 
+use futures_util::future::BoxFuture;
+
 use super::Service;
-use crate::broker::rabbitmq::manage::{self, Management};
-use crate::broker::sqs::dead_letters::dead_letter_queue;
-use crate::broker::{Broker, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
-use crate::config::Config;
-use crate::parked::orphan_queue;
+use crate::executor::{Broker, Executor, ExecutorError};
 use crate::scheduler::Scheduler;
 
 /// How the service reads a broker's queue depths.
 pub struct DepthReading {
     /// How often, unless `service.depth_poll` says.
     pub every: Duration,
-    /// Whether each parking queue's orphans (RabbitMQ's unpark consumers move
-    /// there what cannot go on) count as parked.
-    pub unparking: bool,
     /// Whether a waiting queue the broker no longer knows was deleted, so its
     /// strategy's topology is declared again.
     pub redeclare_deleted: bool,
-    /// RabbitMQ's management API, for the queues a strategy makes per message.
-    pub management: Option<Arc<Management>>,
+    /// The queue beside a parking queue whose messages count as parked too
+    /// (where RabbitMQ's unpark consumers move what cannot go on).
+    pub orphans_of: Option<fn(&str) -> String>,
+    /// The queue beside a pumped queue whose messages count as its strategy's
+    /// parked (SQS's dead-letter queue).
+    pub dead_letters_of: Option<fn(&str) -> String>,
+    /// Finds the queues a strategy makes per message.
+    pub per_message: Option<Arc<dyn PerMessageQueues>>,
+}
+
+impl DepthReading {
+    /// Every `every`, the strategies' queues only.
+    pub fn every(every: Duration) -> DepthReading {
+        DepthReading { every, redeclare_deleted: false, orphans_of: None, dead_letters_of: None, per_message: None }
+    }
+}
+
+/// Queues a strategy makes per message, which no config names.
+pub trait PerMessageQueues: Send + Sync {
+    /// The queues, with their depths, that dead-letter into `exchanges` (the strategy's).
+    fn dead_lettering_to(&self, strategy: &str, exchanges: Vec<String>) -> BoxFuture<'_, Vec<QueueDepth>>;
 }
 
 /// One queue's depth at the last reading.
@@ -69,16 +83,9 @@ pub struct StrategyDepths {
 /// Reads every strategy's depths now. A strategy whose topology is not on
 /// the broker (not yet declared since the last reconnect) is read only when
 /// `declared_only` is false: a missing queue costs a channel error per look.
-/// `pumped` (SQS: queue → strategy) adds each pumped queue, with its
-/// dead-letter queue as the parked count; `unparking` adds each parking
-/// queue's orphans to the parked count.
-pub async fn read(
-    scheduler: &Scheduler<Broker>,
-    declared_only: bool,
-    pumped: &BTreeMap<String, String>,
-    management: Option<Arc<Management>>,
-    unparking: bool,
-) -> Vec<StrategyDepths> {
+/// `pumped` (queue → strategy) adds each pumped queue; `reading` says what
+/// the broker adds.
+pub async fn read(scheduler: &Scheduler<Broker>, declared_only: bool, pumped: &BTreeMap<String, String>, reading: &DepthReading) -> Vec<StrategyDepths> {
     let parking = scheduler.parking_queues();
     let mut all = Vec::new();
     let mut by_strategy: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -91,7 +98,9 @@ pub async fn read(
         for queue in queues {
             let messages = scheduler.executor().queue_depth(queue).await;
             depths.push(QueueDepth { queue: queue.to_string(), messages, ttl_ms: None });
-            parked += scheduler.executor().queue_depth(&dead_letter_queue(queue)).await.unwrap_or(0);
+            if let Some(dead_letters_of) = reading.dead_letters_of {
+                parked += scheduler.executor().queue_depth(&dead_letters_of(queue)).await.unwrap_or(0);
+            }
         }
         let waiting = depths.iter().filter_map(|d| d.messages).sum();
         all.push(StrategyDepths { strategy: strategy.to_string(), read_at_ms: unix_now_ms(), waiting, parked, queues: depths });
@@ -104,18 +113,10 @@ pub async fn read(
             depths.push(QueueDepth { queue, messages, ttl_ms });
         }
     }
-    if let Some(api) = management {
+    if let Some(finder) = &reading.per_message {
         for (strategy, exchanges) in scheduler.per_message_queue_targets() {
-            let api = api.clone();
-            match tokio::task::spawn_blocking(move || api.queues_dead_lettering_to(&exchanges)).await {
-                Ok(Ok(found)) => queues_of.entry(strategy).or_default().extend(found.into_iter().map(|(queue, messages, ttl_ms)| QueueDepth {
-                    queue,
-                    messages: Some(messages),
-                    ttl_ms,
-                })),
-                Ok(Err(err)) => tracing::debug!(%strategy, error = %err, "listing per-message queues through the management API failed"),
-                Err(err) => tracing::debug!(%strategy, error = %err, "listing per-message queues failed"),
-            }
+            let found = finder.dead_lettering_to(&strategy, exchanges).await;
+            queues_of.entry(strategy).or_default().extend(found);
         }
     }
     for (strategy, depths) in queues_of {
@@ -125,29 +126,14 @@ pub async fn read(
         let mut parked = 0;
         for queue in parking.get(&strategy).into_iter().flatten() {
             parked += scheduler.executor().queue_depth(queue).await.unwrap_or(0);
-            // Declared by the service's unpark consumer, which moves there what cannot go on.
-            if unparking {
-                parked += scheduler.executor().queue_depth(&orphan_queue(queue)).await.unwrap_or(0);
+            if let Some(orphans_of) = reading.orphans_of {
+                parked += scheduler.executor().queue_depth(&orphans_of(queue)).await.unwrap_or(0);
             }
         }
         let waiting = depths.iter().filter_map(|d| d.messages).sum();
         all.push(StrategyDepths { strategy, read_at_ms: unix_now_ms(), waiting, parked, queues: depths });
     }
     all
-}
-
-/// The management API of a RabbitMQ config (`broker.management_url`, else
-/// the AMQP host on port 15672), for listing per-message queues.
-pub fn management_for(config: &Config) -> Option<Arc<Management>> {
-    let rabbitmq = config.broker.rabbitmq()?;
-    management_api(&rabbitmq.url, rabbitmq.management_url.as_deref())
-}
-
-/// The management API of the RabbitMQ at `amqp` (`management_url`, else the
-/// AMQP host on port 15672).
-pub(crate) fn management_api(amqp: &str, management_url: Option<&str>) -> Option<Arc<Management>> {
-    let base = manage::management_url(amqp, management_url)?;
-    Management::new(&base, manage::vhost_of(amqp)).ok().map(Arc::new)
 }
 
 /// Reads the depths as `reading` says into the metrics and the service's
@@ -175,7 +161,7 @@ pub(super) fn spawn_poll(service: &Arc<Service>, reading: DepthReading) {
 /// and declares again the topology of a strategy whose waiting queues are gone.
 async fn poll_once(service: &Service, reading: &DepthReading) {
     let pumped = service.background.pumps.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let depths = read(&service.scheduler, true, &pumped, reading.management.clone(), reading.unparking).await;
+    let depths = read(&service.scheduler, true, &pumped, reading).await;
     for strategy in &depths {
         service.metrics.set_parked(&strategy.strategy, strategy.parked);
         for queue in &strategy.queues {

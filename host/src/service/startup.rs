@@ -1,35 +1,32 @@
 //! Starting the service for a config: planners, broker, topology (applied or
-//! verified), then what the broker's side ([`super::broker_side`]) runs
+//! verified), then what the broker's side ([`super::side`]) runs
 //! beside the scheduler under the [`Supervisor`](super::supervise::Supervisor),
 //! the queue-depth reading and the configured destinations.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError, broker_side};
-use crate::broker::{Broker, RabbitMqSettings};
+use super::side::{BrokerSide, Connect};
+use super::{Background, DEFAULT_SHUTDOWN_TIMEOUT, Service, ServiceError};
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::executor::Broker;
 use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{ScheduleError, Scheduler};
 
 impl Service {
     /// Everything `serve` runs for a config: loads the planners, connects to
-    /// the broker, applies or verifies the topology, starts what the broker's
-    /// side runs (the ingress on RabbitMQ, the pumps on SQS, …) and prepares
-    /// the configured destinations.
-    pub async fn start(config: Config) -> Result<Arc<Service>, ServiceError> {
-        Service::start_with_clock(config, Clock::system()).await
-    }
-
-    /// [`Service::start`] with due times counted on `clock`: its wall clock is
-    /// this host's (a [`crate::clock::ShiftedClock`] plays a host whose clock
-    /// is wrong), and readings of the broker's clock go into it.
-    pub async fn start_with_clock(config: Config, clock: Arc<Clock>) -> Result<Arc<Service>, ServiceError> {
+    /// the broker through `connect` (the registry's), applies or verifies the
+    /// topology, starts what the broker's side runs (the ingress on RabbitMQ,
+    /// the pumps on SQS, …) and prepares the configured destinations. Due
+    /// times count on `clock`: its wall clock is this host's (a
+    /// [`crate::clock::ShiftedClock`] plays a host whose clock is wrong), and
+    /// readings of the broker's clock go into it.
+    pub async fn start_on(config: Config, clock: Arc<Clock>, connect: Connect) -> Result<Arc<Service>, ServiceError> {
         let loaded = config.clone();
         let strategies = tokio::task::spawn_blocking(move || Strategies::load(&loaded)).await??;
         check_broker_family(&config.broker, &config, &strategies)?;
-        let (broker, side) = broker_side::connect(&config).await?;
+        let (broker, side) = connect(&config).await?;
         let topology = config.service.topology.unwrap_or(TopologyAtStart::Apply);
         let mut scheduler = Scheduler::new(&config, strategies, broker);
         scheduler.set_declaring(topology == TopologyAtStart::Apply);
@@ -40,7 +37,7 @@ impl Service {
         check_redelivery_policies(&config, &scheduler)?;
         match topology {
             TopologyAtStart::Apply => scheduler.apply_topology(&config.default_strategy).await?,
-            TopologyAtStart::Verify => verify_topology(&config).await?,
+            TopologyAtStart::Verify => verify_topology(side.as_ref(), &config).await?,
             TopologyAtStart::Skip => {}
         }
         let metrics = scheduler.metrics().clone();
@@ -117,26 +114,22 @@ fn check_redelivery_policies(config: &Config, scheduler: &Scheduler<Broker>) -> 
 }
 
 /// Checks the default strategy's topology and the configured destinations'
-/// setup on RabbitMQ through the management API (or passive declares).
-pub(super) async fn verify_topology(config: &Config) -> Result<(), ServiceError> {
-    let Some(RabbitMqSettings { url: amqp, management_url, .. }) = config.broker.rabbitmq() else {
-        return Err(ServiceError::refused(config, "service.topology = \"verify\" needs broker.kind = \"rabbitmq\""));
-    };
+/// setup on the broker, through its side.
+pub(super) async fn verify_topology(side: &dyn BrokerSide, config: &Config) -> Result<(), ServiceError> {
     let mut strategies = Strategies::load(config)?;
     let planner = strategies.get_mut(&config.default_strategy).map_err(ScheduleError::from)?;
     let mut commands = planner.topology().map_err(ScheduleError::from)?;
     for destination in config.destinations.keys().filter(|d| config.strategy_for(d) == config.default_strategy) {
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
-    let report = crate::broker::rabbitmq::verify::verify(&amqp, management_url.as_deref(), &commands).await.map_err(|e| ServiceError::Verify(Box::new(e)))?;
-    if report.drifts.is_empty() {
+    let Some(drifts) = side.topology_drifts(&commands).await? else {
+        let kinds = BrokerConfig::kinds_that(|kind| kind.verify_topology.then_some(""));
+        return Err(ServiceError::refused(config, format!("service.topology = \"verify\" needs {kinds}")));
+    };
+    if drifts.is_empty() {
         return Ok(());
     }
-    let drifts = crate::broker::rabbitmq::verify::grouped(&report)
-        .into_iter()
-        .map(|(object, problems)| format!("{object}: {}", problems.join("; ")))
-        .collect::<Vec<_>>()
-        .join(" | ");
+    let drifts = drifts.into_iter().map(|(object, problems)| format!("{object}: {}", problems.join("; "))).collect::<Vec<_>>().join(" | ");
     Err(ServiceError::Drift { path: config.path.display().to_string(), drifts })
 }
 

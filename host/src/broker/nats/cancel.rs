@@ -20,8 +20,14 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, UpdateErrorKind};
 use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
 
 use super::NatsExecutor;
-use crate::broker::ExecutorError;
-use crate::broker::cancellations::{Answer, CancelError, Cancellations};
+use crate::executor::ExecutorError;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::config::broker::NatsSettings;
+use crate::report::CommandError;
+use crate::service::cancellations::{Answer, Asking, CancelError, Cancellations};
 
 const CANCELLED: &str = "cancelled";
 const RELEASED: &str = "released";
@@ -161,6 +167,15 @@ impl Cancellations for NatsCancel {
     fn retention_ms(&self) -> u64 {
         self.retention_ms
     }
+}
+
+/// The bucket opened for one command.
+pub async fn open_for_command(settings: &NatsSettings, config: &Config) -> Result<Asking, CommandError> {
+    let nats = super::connect(settings).await?;
+    let bucket = super::cancellation_bucket(config.service.cancel.log());
+    // The bucket is made by `serve`; without it nothing here is cancellable.
+    let cancel = NatsCancel::open(&nats, &bucket, config.service.cancel.retention_ms(), false).await?;
+    Ok(Asking::new(Arc::new(cancel), Clock::system()))
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use std::time::Duration;
 use async_nats::jetstream::stream;
 
 use super::NatsExecutor;
-use crate::broker::ExecutorError;
 use crate::clock::estimate::Reading;
 use crate::clock::monotonic_ms;
+use crate::executor::ExecutorError;
 
 /// The subject a clock stream captures.
 fn subject_of(stream: &str) -> String {

@@ -32,8 +32,8 @@ use tokio::sync::watch;
 
 use super::NatsExecutor;
 use super::convert;
-use crate::broker::ExecutorError;
 use crate::command::Command;
+use crate::executor::ExecutorError;
 use crate::headers::is_reserved;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 

@@ -11,8 +11,8 @@ use std::str::FromStr;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::broker::{Envelope, ExecutorError};
 use crate::command::FieldValue;
+use crate::executor::{Envelope, ExecutorError};
 use crate::message::{HeaderValue as Typed, Properties};
 
 /// JetStream's de-duplication header.

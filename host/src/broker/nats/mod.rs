@@ -22,6 +22,7 @@ pub mod clock;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
+pub(super) mod side;
 pub mod verify;
 
 use std::sync::Arc;
@@ -30,30 +31,17 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
-use super::{Envelope, Executor, ExecutorError};
 use crate::command::Command;
+use crate::config::broker::NatsSettings;
+use crate::executor::{Envelope, Executor, ExecutorError};
 
 /// `[broker] url` when none is given.
-pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
+pub use crate::config::broker::DEFAULT_NATS_URL as DEFAULT_URL;
 /// The environment variable that overrides the URL unless `url_env` names another.
-pub(crate) const URL_ENV: &str = "HOURGLASS_NATS_URL";
 /// How long a JetStream request (a publish's acknowledgement, a stream look-up) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a held stream's messages that can never go on are kept, with the reason (the contract's rule).
 pub(crate) use crate::command::held_parked_stream as parked_stream;
-
-/// A release step's subject: release queues are for cancellable strategies,
-/// which NATS does not run yet ([`super::registry::Capabilities`]); the name is
-/// made a valid subject all the same.
-pub(crate) fn release_subject(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect()
-}
-
-/// The stream that would capture a release subject.
-pub(crate) fn release_stream_declaration(subject: &str) -> Command {
-    let stream = subject.replace('.', "_");
-    Command::NatsEnsureStream { name: stream, subjects: vec![subject.to_string()], held: false }
-}
 
 /// The KV bucket that keeps cancellations, named after `service.cancel.log`
 /// (bucket names take letters, digits, '-' and '_').
@@ -185,6 +173,10 @@ fn publish_error(subject: &str, error: jetstream::context::PublishError) -> Exec
 }
 
 impl Executor for NatsExecutor {
+    fn describe(&self) -> String {
+        format!("NATS JetStream at {}", self.url())
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         for command in commands {
             match command {
@@ -251,4 +243,9 @@ impl Executor for NatsExecutor {
         let mut stream = self.jetstream.get_stream(queue).await.ok()?;
         Some(stream.info().await.ok()?.state.messages)
     }
+}
+
+/// Opens the NATS server (or cluster) `settings` name.
+pub async fn connect(settings: &NatsSettings) -> Result<Arc<NatsExecutor>, ExecutorError> {
+    Ok(Arc::new(NatsExecutor::connect(&settings.url, settings.replicas).await?))
 }

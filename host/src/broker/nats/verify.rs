@@ -19,8 +19,12 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::NatsExecutor;
-use crate::broker::{Executor, ExecutorError};
 use crate::command::Command;
+use crate::config::broker::NatsSettings;
+use crate::executor::{Executor, ExecutorError};
+use crate::render;
+use crate::report::{CommandError, Verdict};
+use crate::scheduler::strategies::Strategies;
 
 /// The oldest server whose consumers take a delay with a negative acknowledgement.
 const OLDEST_SERVER: (u64, u64, u64) = (2, 7, 2);
@@ -52,6 +56,22 @@ fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
         Ok(detail) => Check { name: name.into(), passed: true, detail },
         Err(detail) => Check { name: name.into(), passed: false, detail },
     }
+}
+
+/// `hourglass verify` on NATS: every strategy's streams, `destinations`, and
+/// a probe of the held streams' mechanism unless `probe` is false.
+pub async fn verify_command(settings: &NatsSettings, strategies: &mut Strategies, destinations: &[String], probe: bool) -> Result<Verdict, CommandError> {
+    let mut everything: Vec<Command> = Vec::new();
+    for strategy in strategies.names().map(str::to_string).collect::<Vec<_>>() {
+        everything.extend(strategies.get(&strategy)?.topology()?);
+    }
+    let nats = super::connect(settings).await?;
+    let report = verify(&nats, &everything, destinations, probe).await;
+    let rows: Vec<Vec<String>> =
+        report.checks.iter().map(|c| vec![c.name.clone(), if c.passed { "passed".into() } else { "FAILED".into() }, c.detail.clone()]).collect();
+    let table = format!("nats-server {}\n{}", report.server_version, render::table(&["CHECK", "RESULT", "DETAIL"], &rows));
+    let json = serde_json::to_value(&report).map_err(|e| CommandError::failed("writing the report", e))?;
+    Ok(Verdict { passed: report.passed(), table, json })
 }
 
 /// Verifies `commands` (the strategies' declarations), `destinations`, and the server's mechanisms.

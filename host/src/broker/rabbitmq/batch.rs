@@ -33,7 +33,7 @@ use lapin::{BasicProperties, Confirmation};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 use super::channels::{LEASE_TIMEOUT, PublishPool};
 

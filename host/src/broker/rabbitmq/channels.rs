@@ -17,7 +17,7 @@ use std::time::Duration;
 use lapin::Channel;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 use super::link::{Link, Slot};
 

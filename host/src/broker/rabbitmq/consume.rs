@@ -47,8 +47,8 @@ use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, 
 use lapin::types::{AMQPValue, FieldTable as AmqpTable, LongString};
 use tokio::sync::watch;
 
-use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
+use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::is_routing_header;
 pub use crate::message::Handler;
 use crate::message::{Delivery, Headers, Outcome, Settled};

@@ -25,7 +25,7 @@ use lapin::options::ConfirmSelectOptions;
 use lapin::{Channel, Connection, ConnectionProperties, ConnectionStatus, ErrorKind};
 
 use crate::backoff::Backoff;
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 use super::nodes::{self, redact};
 

@@ -8,8 +8,11 @@ use lapin::uri::AMQPUri;
 use serde_json::Value;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures_util::future::BoxFuture;
+
 use crate::clock::estimate::Reading;
 use crate::clock::{monotonic_ms, parse_http_date_s};
+use crate::service::pending::{PerMessageQueues, QueueDepth};
 
 /// The management API to use: `$HOURGLASS_MANAGEMENT_URL`, else the configured
 /// URL (`broker.management_url`), else one derived from the AMQP URL.
@@ -238,6 +241,40 @@ fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<()
     match response.status().as_u16() {
         200..=299 => Ok(()),
         status => Err(ManagementError::Status { url: url.to_string(), status }),
+    }
+}
+
+/// The management API of a RabbitMQ config (`broker.management_url`, else
+/// the AMQP host on port 15672), when it is RabbitMQ.
+pub fn management_for(config: &crate::config::Config) -> Option<std::sync::Arc<Management>> {
+    let rabbitmq = config.broker.rabbitmq()?;
+    management_api(&rabbitmq.url, rabbitmq.management_url.as_deref())
+}
+
+/// The management API of the RabbitMQ at `amqp` (`management_url`, else the
+/// AMQP host on port 15672).
+pub fn management_api(amqp: &str, management_url: Option<&str>) -> Option<std::sync::Arc<Management>> {
+    let base = self::management_url(amqp, management_url)?;
+    Management::new(&base, vhost_of(amqp)).ok().map(std::sync::Arc::new)
+}
+
+/// Hold queues made per message are the queues that dead-letter into a strategy's exchanges.
+impl PerMessageQueues for std::sync::Arc<Management> {
+    fn dead_lettering_to(&self, strategy: &str, exchanges: Vec<String>) -> BoxFuture<'_, Vec<QueueDepth>> {
+        let (api, strategy) = (self.clone(), strategy.to_string());
+        Box::pin(async move {
+            match tokio::task::spawn_blocking(move || api.queues_dead_lettering_to(&exchanges)).await {
+                Ok(Ok(found)) => found.into_iter().map(|(queue, messages, ttl_ms)| QueueDepth { queue, messages: Some(messages), ttl_ms }).collect(),
+                Ok(Err(err)) => {
+                    tracing::debug!(%strategy, error = %err, "listing per-message queues through the management API failed");
+                    Vec::new()
+                }
+                Err(err) => {
+                    tracing::debug!(%strategy, error = %err, "listing per-message queues failed");
+                    Vec::new()
+                }
+            }
+        })
     }
 }
 

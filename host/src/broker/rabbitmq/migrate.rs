@@ -12,8 +12,8 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError, encode};
-use crate::broker::{Executor, ExecutorError};
 use crate::command::{AMQP_MAX_NAME, Command, ExchangeKind, FieldTable, FieldValue};
+use crate::executor::{Executor, ExecutorError};
 
 /// The exchange type the plugin registers.
 pub(crate) const PLUGIN_TYPE: &str = "x-delayed-message";
@@ -674,7 +674,7 @@ mod tests {
 
     #[tokio::test]
     async fn apply_refuses_while_messages_are_delayed_and_otherwise_declares_and_binds() {
-        let memory = crate::broker::MemoryExecutor::default();
+        let memory = crate::broker::memory::MemoryExecutor::default();
         memory.apply(&[Command::DeclareQueue { name: "orders-eu".into(), durable: true, arguments: FieldTable::new() }]).await.unwrap();
         let bindings =
             vec![binding("orders-eu", DestinationType::Queue, "order.eu.*", json!({})), binding("gone", DestinationType::Queue, "order.us.*", json!({}))];

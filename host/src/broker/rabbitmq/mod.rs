@@ -19,31 +19,41 @@
 
 pub mod acks;
 pub mod batch;
+pub mod cancel;
 pub mod capacity;
 pub mod channels;
+pub mod check;
+pub mod clock_check;
 pub mod consume;
 pub mod convert;
 pub mod link;
 pub mod manage;
 pub mod migrate;
 pub mod nodes;
+pub mod parked;
 pub mod passive;
 pub mod probe;
 pub mod publish;
+pub mod redelivery;
+pub mod release;
+pub(super) mod side;
 pub mod stream;
 pub mod take;
+pub mod transfer;
+pub mod unpark;
 pub mod verify;
 
+pub use crate::config::broker::rabbitmq_release_queue as release_queue_declaration;
 pub(crate) use channels::DEFAULT_PUBLISH_CHANNELS;
 pub use nodes::redact;
 pub use publish::{DEFAULT_URL, RabbitMqExecutor};
 
-use crate::command::{Command, FieldValue};
+use std::sync::Arc;
 
-/// A release queue (where a `cancellable = true` strategy, or a message due to
-/// an exchange, ends its delay), or its `.parked` queue: quorum, so it keeps
-/// what it holds through a broker crash.
-pub fn release_queue_declaration(name: &str) -> Command {
-    let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
-    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+use crate::config::broker::RabbitMqSettings;
+use crate::executor::ExecutorError;
+
+/// Opens the RabbitMQ `settings` name, with its publish channels.
+pub async fn connect(settings: &RabbitMqSettings) -> Result<Arc<RabbitMqExecutor>, ExecutorError> {
+    Ok(Arc::new(RabbitMqExecutor::connect_with(&settings.url, settings.publish_channels.unwrap_or(DEFAULT_PUBLISH_CHANNELS)).await?))
 }

@@ -7,7 +7,7 @@
 
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 /// Why a passive declare failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,10 +37,10 @@ use super::convert::{to_amqp_properties, to_amqp_table};
 use super::link::Slot;
 use super::nodes::{self, redact};
 use super::passive;
-use crate::broker::{Envelope, Executor, ExecutorError};
+use crate::executor::{Envelope, Executor, ExecutorError};
 
 /// The URL used when neither the config nor the environment gives one.
-pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub use crate::config::broker::DEFAULT_AMQP_URL as DEFAULT_URL;
 
 /// How often [`RabbitMqExecutor::keep_connected`] looks for a lost or worn-out
 /// connection. Each slot's backoff (250 ms doubling to 5 s) decides when it
@@ -478,6 +478,10 @@ fn declaration_order(command: &Command) -> u8 {
 }
 
 impl Executor for RabbitMqExecutor {
+    fn describe(&self) -> String {
+        format!("RabbitMQ at {}", self.url())
+    }
+
     async fn is_ready(&self) -> bool {
         RabbitMqExecutor::is_ready(self).await
     }

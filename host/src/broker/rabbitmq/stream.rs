@@ -13,8 +13,8 @@ use lapin::types::{AMQPValue, FieldTable as AmqpTable};
 use lapin::{Connection, ConnectionProperties};
 use tokio::sync::{mpsc, watch};
 
-use crate::broker::ExecutorError;
 use crate::command::{Command, FieldValue};
+use crate::executor::ExecutorError;
 
 use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting};
 use super::nodes::{self, redact};

@@ -14,7 +14,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDe
 use lapin::types::FieldTable as AmqpTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 use crate::message::Delivery;
 
 use super::convert::from_amqp_delivery;

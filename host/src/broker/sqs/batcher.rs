@@ -19,7 +19,7 @@ use aws_sdk_sqs::types::{BatchResultErrorEntry, SendMessageBatchRequestEntry};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 /// SQS refuses a message (body plus attributes) above 256 KiB, and a batch above that in all.
 pub(crate) const SQS_MAX_MESSAGE_BYTES: usize = 262_144;

@@ -31,8 +31,8 @@ use tokio::sync::watch;
 
 use super::properties::{from_attributes, is_property_attribute};
 use super::send::{SqsExecutor, count, message_size, unavailable};
-use crate::broker::ExecutorError;
 use crate::command::{Command, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::executor::ExecutorError;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::stop::{pause_unless_stopped, unless_stopped};
 

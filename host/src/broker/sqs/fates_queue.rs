@@ -24,9 +24,9 @@ use thiserror::Error;
 use super::consume::to_delivery;
 use super::fates::{Decision, Entry, FATE_ATTRIBUTE, Seen, decide, group_of};
 use super::send::{SqsExecutor, count};
-use crate::broker::ExecutorError;
 use crate::cancellation::Answer;
 use crate::clock::Clock;
+use crate::executor::ExecutorError;
 use crate::headers::TARGET_HEADER;
 use crate::message::Delivery;
 

@@ -21,6 +21,7 @@
 
 pub mod batcher;
 pub mod bundle;
+pub mod cancel;
 pub mod consume;
 pub mod dead_letters;
 pub mod fates;
@@ -31,20 +32,18 @@ pub mod pumped;
 pub mod release;
 pub mod replies;
 pub mod send;
+pub(super) mod side;
 
 pub use send::SqsExecutor;
 
-use crate::command::Command;
+use std::sync::Arc;
 
-/// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
-/// so a message waiting there for a host outlives any outage.
-pub fn release_queue_declaration(name: &str) -> Command {
-    let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
-    Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
-}
+use crate::config::broker::SqsSettings;
+use crate::executor::ExecutorError;
 
-/// A name with the characters SQS refuses in queue names replaced by `-`
-/// (SQS names take letters, digits, `-` and `_`).
-pub fn safe_name(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
+pub use crate::config::broker::{sqs_release_queue as release_queue_declaration, sqs_safe_name as safe_name};
+
+/// Opens the SQS `settings` name.
+pub async fn connect(settings: &SqsSettings) -> Result<Arc<SqsExecutor>, ExecutorError> {
+    Ok(Arc::new(SqsExecutor::connect(settings.region.as_deref(), settings.endpoint_url.as_deref(), batcher::window(settings.send_batch_window)).await?))
 }

@@ -23,7 +23,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value, json};
 
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 use crate::message::{HeaderValue, Headers, Properties};
 
 /// The content type, as its own attribute.

@@ -40,11 +40,11 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
-use crate::broker::ExecutorError;
 use crate::clock::estimate::Reading;
 use crate::clock::{Clock, monotonic_ms};
 use crate::command::{Command, FieldValue};
 use crate::command::{DueAction, DueMessage};
+use crate::executor::ExecutorError;
 use crate::metrics::PumpCounters;
 use crate::stop::{pause_unless_stopped, unless_stopped};
 

@@ -19,7 +19,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 
 use super::dead_letters::dead_letter_queue;
 use super::send::{SqsExecutor, count, unavailable};
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 /// The tag naming the strategy whose planner pumps a queue.
 pub(crate) const PUMPED_BY_TAG: &str = "hourglass-pumped-by";
@@ -197,5 +197,16 @@ impl SqsExecutor {
             }
         }
         Ok(found)
+    }
+}
+impl PumpSettings {
+    /// The pump settings `[service]` asks for.
+    pub fn from_config(config: &crate::config::Config) -> PumpSettings {
+        let defaults = PumpSettings::default();
+        PumpSettings {
+            visibility: config.service.pump_visibility.map_or(defaults.visibility, |d| Duration::from_secs(d.ms().div_ceil(1000))),
+            max_receives: config.service.pump_max_receives.unwrap_or(defaults.max_receives),
+            linger: config.service.pump_linger.map_or(defaults.linger, |d| Duration::from_millis(d.ms())),
+        }
     }
 }

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use super::consume::delete_entry;
 use super::fates_queue::{FatesError, FatesQueue};
 use super::send::{SqsExecutor, count};
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 use crate::headers::ID_HEADER;
 use crate::stop::{pause_unless_stopped, unless_stopped};
 

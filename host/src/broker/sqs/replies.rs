@@ -12,7 +12,7 @@ use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use super::consume::delete_entry;
 use super::fates_queue::Reply;
 use super::send::{SqsExecutor, count};
-use crate::broker::ExecutorError;
+use crate::executor::ExecutorError;
 
 /// A reply left unread (its asker gone) is dropped after this; SQS's shortest.
 const REPLY_RETENTION_SECONDS: &str = "60";

@@ -13,8 +13,8 @@ use tokio::sync::Mutex;
 
 use super::batcher::{Batcher, SQS_MAX_MESSAGE_BYTES, SendBatch, fits_in_batch};
 use super::dead_letters::{dead_letter_queue, redrives_to_own_dead_letters};
-use crate::broker::{Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::ID_HEADER;
 use crate::metrics::RequestCounts;
 
@@ -424,6 +424,10 @@ impl SqsExecutor {
 }
 
 impl Executor for SqsExecutor {
+    fn describe(&self) -> String {
+        "SQS".into()
+    }
+
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         for command in commands {
             match command {

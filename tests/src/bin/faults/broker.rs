@@ -74,7 +74,7 @@ async fn run_fault(report: &mut Report, fault: Fault) -> anyhow::Result<()> {
     report.tally = ledger.tally();
     // The destination existed throughout: nothing may wait in parking, nor as an orphan.
     let parking = format!("{}.parked", setup.prefix);
-    for queue in [parking.clone(), hourglass::parked::orphan_queue(&parking)] {
+    for queue in [parking.clone(), hourglass::broker::rabbitmq::parked::orphan_queue(&parking)] {
         let left = hourglass_e2e::chaos::canary::depth(&setup.amqp_url, &queue).await?;
         report.check(left == 0, || format!("{left} messages left in {queue} while their destination existed"));
     }

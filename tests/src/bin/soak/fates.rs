@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use hourglass::parked::orphan_queue;
+use hourglass::broker::rabbitmq::parked::orphan_queue;
 use hourglass_e2e::chaos::canary;
 use hourglass_e2e::chaos::ledger::Ledger;
 use lapin::options::BasicGetOptions;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use hourglass::broker;
 use hourglass::broker::sqs::send::SqsExecutor;
-use hourglass::broker::{self, Broker};
 use hourglass::config::Config;
 use hourglass_e2e::chaos::ledger::Ledger;
 use hourglass_e2e::sqs::{pumps_config_text, unique_queue};
@@ -35,7 +35,7 @@ impl SqsSide {
         let config = beside.with_file_name("hourglass-sqs.toml");
         std::fs::write(&config, &text)?;
         let parsed = Config::parse(&config, text)?;
-        let Broker::Sqs(executor) = broker::connect(&parsed.broker).await? else { anyhow::bail!("not an SQS broker") };
+        let Some(executor) = broker::connect(&parsed.broker).await?.downcast::<SqsExecutor>() else { anyhow::bail!("not an SQS broker") };
         let destination = unique_queue("soak-dest");
         executor.client().create_queue().queue_name(&destination).send().await.context("create the SQS destination")?;
         Ok(SqsSide { config, destination, executor })

@@ -21,8 +21,8 @@
 use std::sync::Arc;
 
 use crate::broker::rabbitmq::release_queue_declaration;
-use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
+use crate::executor::{Broker, Envelope, Executor, ExecutorError};
 use crate::headers::{DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, PARKED_REASON_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Settled};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};

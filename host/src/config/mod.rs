@@ -16,9 +16,11 @@ use thiserror::Error;
 use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
-pub use crate::broker::registry::BrokerConfig;
+pub mod broker;
+
 pub use crate::environment::{environment, environment_text};
 use crate::planner::{PlannerLimits, PlannerSource};
+pub use broker::BrokerConfig;
 
 /// A place in a config file, shown as `path:line:column`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -260,7 +262,7 @@ impl CancelConfig {
     /// On SQS: the FIFO fates queue every host shares, named after `log` (default `hourglass-cancellations.fifo`).
     pub(crate) fn sqs_fates_queue(&self) -> String {
         let log = self.log();
-        format!("{}.fifo", crate::broker::sqs::safe_name(log.strip_suffix(".fifo").unwrap_or(log)))
+        format!("{}.fifo", broker::sqs_safe_name(log.strip_suffix(".fifo").unwrap_or(log)))
     }
     pub fn retention_ms(&self) -> u64 {
         self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())

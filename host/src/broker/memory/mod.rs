@@ -7,10 +7,11 @@
 //! simulator along the wall clock so deliveries happen when they fall due,
 //! not when someone next looks.
 
+pub(super) mod side;
+
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::clock::unix_now_ms;
@@ -18,31 +19,7 @@ use crate::command::{Command, DueMessage, FieldValue};
 use crate::headers::DUE_AT_HEADER;
 use crate::sim::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
 
-use super::{Envelope, Executor, ExecutorError};
-
-/// Deliveries kept per destination; older ones are dropped, so a long-running
-/// `serve` on the memory broker does not grow.
-pub const KEPT_PER_DESTINATION: usize = 100;
-
-/// A message that reached its destination on the memory broker.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Delivered {
-    pub id: String,
-    pub destination: String,
-    /// Unix ms.
-    pub arrived_at_ms: u64,
-    /// From `hourglass-due-at`, when the message carries it.
-    pub due_at_ms: Option<u64>,
-    #[serde(skip)]
-    pub body: Vec<u8>,
-}
-
-impl Delivered {
-    /// Arrival minus due time; negative would be early.
-    pub fn late_ms(&self) -> Option<i64> {
-        self.due_at_ms.map(|due| self.arrived_at_ms as i64 - due as i64)
-    }
-}
+use crate::executor::{Delivered, Envelope, Executor, ExecutorError, KEPT_PER_DESTINATION};
 
 /// The embedded in-memory broker, on the wall clock.
 #[derive(Default)]
@@ -182,6 +159,10 @@ fn to_executor_error(err: SimError) -> ExecutorError {
 }
 
 impl Executor for MemoryExecutor {
+    fn describe(&self) -> String {
+        "the in-memory broker".into()
+    }
+
     /// The newest messages that reached `destination`, oldest first.
     fn delivered(&self, destination: &str) -> Option<Vec<Delivered>> {
         Some(self.now().delivered.get(destination).map_or_else(Vec::new, |kept| kept.iter().cloned().collect()))

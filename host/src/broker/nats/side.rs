@@ -16,21 +16,22 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
-use crate::broker::nats::cancel::NatsCancel;
-use crate::broker::nats::clock;
-use crate::broker::nats::consume::NatsConsumer;
-use crate::broker::nats::hold::HeldStream;
-use crate::broker::nats::{NatsExecutor, cancellation_bucket};
-use crate::broker::{Broker, connect_nats};
+use super::cancel::NatsCancel;
+use super::clock;
+use super::consume::NatsConsumer;
+use super::hold::HeldStream;
+use super::{NatsExecutor, cancellation_bucket};
 use crate::command::Command;
-use crate::config::{BrokerConfig, Config, TopologyAtStart};
+use crate::config::broker::NatsSettings;
+use crate::config::{Config, TopologyAtStart};
+use crate::executor::Broker;
 use crate::message::Handler;
 use crate::scheduler::Scheduler;
 use crate::scheduler::strategies::Strategies;
 use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
 use crate::service::pending::DepthReading;
+use crate::service::side::{BrokerSide, Drift, Opened, QueueConsumer, supervise_canary_probes, supervise_consumer};
 use crate::service::{Service, ServiceError};
 
 /// How often stream depths are read unless `service.depth_poll` says: one request per stream.
@@ -46,9 +47,10 @@ struct NatsSide {
     holding: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-pub(super) async fn connect(config: &BrokerConfig) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
-    let nats = connect_nats(config).await?;
-    let clock_stream = config.nats().map(|settings| settings.clock_stream).unwrap_or_default();
+/// Opens the NATS server with its side.
+pub(in crate::broker) async fn connect(settings: NatsSettings) -> Result<Opened, ServiceError> {
+    let nats = super::connect(&settings).await?;
+    let clock_stream = settings.clock_stream;
     let side = NatsSide { nats: nats.clone(), clock_stream, cancellations: Default::default(), holding: Default::default() };
     Ok((nats.into(), Arc::new(side)))
 }
@@ -105,7 +107,29 @@ impl BrokerSide for NatsSide {
     }
 
     fn depth_reading(&self, _config: &Config) -> Option<DepthReading> {
-        Some(DepthReading { every: DEPTH_POLL, unparking: false, redeclare_deleted: false, management: None })
+        Some(depth_reading())
+    }
+
+    /// Each stream the commands ensure, checked as `hourglass verify` checks it.
+    fn topology_drifts<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, Result<Option<Vec<Drift>>, ServiceError>> {
+        Box::pin(async move {
+            let report = super::verify::verify(&self.nats, commands, &[], false).await;
+            Ok(Some(report.checks.into_iter().filter(|check| !check.passed).map(|check| (check.name, vec![check.detail])).collect()))
+        })
+    }
+}
+
+/// How stream depths are read on NATS: each held and parked stream's messages.
+pub fn depth_reading() -> DepthReading {
+    DepthReading::every(DEPTH_POLL)
+}
+
+impl<H: Handler> QueueConsumer for NatsConsumer<H> {
+    fn is_consuming(&self) -> bool {
+        NatsConsumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        NatsConsumer::run(&self, stop).await
     }
 }
 

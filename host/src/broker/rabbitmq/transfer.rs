@@ -19,8 +19,8 @@ use thiserror::Error;
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::broker::rabbitmq::take::{Taken, Taker};
-use crate::broker::{Broker, ExecutorError};
 use crate::config::UnknownStrategy;
+use crate::executor::{Broker, ExecutorError};
 use crate::headers::DUE_AT_HEADER;
 use crate::message::Delivery;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};

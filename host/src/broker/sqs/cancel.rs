@@ -17,16 +17,22 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 
-use super::cancel::{Answer, CancelError};
+use futures_util::future::BoxFuture;
+
 use crate::broker::sqs::SqsExecutor;
 use crate::broker::sqs::fates::Entry;
 use crate::broker::sqs::fates_queue::{FatesError, FatesQueue, Replan, ReplanError, Reply, answer_of};
 use crate::broker::sqs::replies::ReplyQueue;
 use crate::broker::sqs::safe_name;
-use crate::broker::{Broker, ExecutorError};
+use crate::clock::Clock;
 use crate::config::CancelConfig;
+use crate::config::Config;
+use crate::config::broker::SqsSettings;
+use crate::executor::{Broker, ExecutorError};
 use crate::message::Delivery;
+use crate::report::CommandError;
 use crate::scheduler::{ScheduleRequest, Scheduler};
+use crate::service::cancellations::{Answer, Asking, CancelError, Cancellations};
 use crate::stop::{pause_unless_stopped, unless_stopped};
 
 /// How long a receive of the fates or the reply queue waits for something to come.
@@ -210,5 +216,41 @@ impl Replan for SchedulerReplan {
         let request = ScheduleRequest::again(claim, &strategy, due_at_ms)?;
         self.0.schedule(request).await?;
         Ok(())
+    }
+}
+/// The fates queue opened for one command, with a reply queue of this
+/// process's own (deleted at close) where a serving host answers.
+pub async fn open_for_command(settings: &SqsSettings, config: &Config) -> Result<Asking, CommandError> {
+    let sqs = super::connect(settings).await?;
+    let clock = Clock::system();
+    // The fates queue is made by `serve`; without it nothing here is cancellable.
+    let cancel = SqsCancel::open(sqs, &config.service.cancel, clock.clone(), false).await.map_err(|e| CommandError::failed("opening the fates queue", e))?;
+    let (stop, stopped) = watch::channel(false);
+    let listener = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { cancel.listen(stopped).await }
+    });
+    let closing = {
+        let cancel = cancel.clone();
+        Box::pin(async move {
+            let _ = stop.send(true);
+            let _ = listener.await;
+            cancel.close().await;
+        })
+    };
+    Ok(Asking::with_closing(cancel, clock, closing))
+}
+
+impl Cancellations for SqsCancel {
+    fn cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Answer, CancelError>> {
+        Box::pin(SqsCancel::cancel(self, id))
+    }
+
+    fn reschedule<'a>(&'a self, id: &'a str, due_at_ms: u64) -> BoxFuture<'a, Result<Answer, CancelError>> {
+        Box::pin(SqsCancel::reschedule(self, id, due_at_ms))
+    }
+
+    fn retention_ms(&self) -> u64 {
+        SqsCancel::retention_ms(self)
     }
 }

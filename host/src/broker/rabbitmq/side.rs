@@ -6,30 +6,30 @@
 //! cancellation log when a strategy is cancellable; beside them the
 //! connection keeper, the clock check and the open-channel gauge.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
-use crate::broker::rabbitmq::RabbitMqExecutor;
-use crate::broker::rabbitmq::consume::Consumer;
-use crate::broker::rabbitmq::link::Slot;
-use crate::broker::rabbitmq::manage::{self, Management};
-use crate::broker::rabbitmq::{capacity, probe};
-use crate::broker::{Broker, amqp_url, connect_rabbitmq};
+use super::cancel::CancelLog;
+use super::consume::Consumer;
+use super::link::Slot;
+use super::manage::{self, Management};
+use super::redelivery::Redelivery;
+use super::release::Release;
+use super::unpark::Unpark;
+use super::{RabbitMqExecutor, capacity, clock_check, parked, probe, verify};
+use crate::command::Command;
+use crate::config::broker::RabbitMqSettings;
 use crate::config::{Config, DeadLetterSetup, TopologyAtStart};
+use crate::executor::Broker;
 use crate::message::Handler;
-use crate::parked;
 use crate::scheduler::Scheduler;
 use crate::service::canary::Canary;
-use crate::service::cancel::CancelLog;
 use crate::service::ingress::Ingress;
-use crate::service::pending::{self, DepthReading};
-use crate::service::redelivery::Redelivery;
-use crate::service::release::Release;
-use crate::service::unpark::Unpark;
-use crate::service::{Background, Service, ServiceError, clock_check};
+use crate::service::pending::{DepthReading, PerMessageQueues};
+use crate::service::side::{BrokerSide, Drift, Opened, QueueConsumer, RedeliveryReport, supervise_canary_probes, supervise_consumer};
+use crate::service::{Background, Service, ServiceError};
 
 /// How often queue depths are read unless `service.depth_poll` says: passive declares are free.
 const DEPTH_POLL: Duration = Duration::from_secs(5);
@@ -44,21 +44,21 @@ struct RabbitMqSide {
     /// The management API, when reachable by URL: where the broker's clock is
     /// read and the queues a strategy makes per message are counted.
     management: Option<Arc<Management>>,
+    /// Set as the side starts, before the service serves.
+    redelivery: OnceLock<Arc<Consumer<Redelivery>>>,
+    /// The cancellation log, when a strategy is cancellable.
+    cancel: OnceLock<Arc<CancelLog>>,
 }
 
-pub(super) async fn connect(
-    url: &Option<String>,
-    url_env: &Option<String>,
-    publish_channels: Option<usize>,
-    management_url: &Option<String>,
-) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
-    let publisher = connect_rabbitmq(url, url_env, publish_channels).await?;
-    let amqp = amqp_url(url.as_deref(), url_env.as_deref());
-    let management = pending::management_api(&amqp, management_url.as_deref());
+/// Opens RabbitMQ with its side.
+pub(in crate::broker) async fn connect(settings: RabbitMqSettings) -> Result<Opened, ServiceError> {
+    let publisher = super::connect(&settings).await?;
+    let RabbitMqSettings { url: amqp, management_url, .. } = settings;
+    let management = manage::management_api(&amqp, management_url.as_deref());
     // Named like the publisher's connections, with a suffix of its own to tell processes apart.
     let instance = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let consuming = Arc::new(Slot::lazy(&amqp, format!("hourglass consume {instance}")));
-    let side = RabbitMqSide { publisher: publisher.clone(), amqp, consuming, management_url: management_url.clone(), management };
+    let side = RabbitMqSide { publisher: publisher.clone(), amqp, consuming, management_url, management, redelivery: OnceLock::new(), cancel: OnceLock::new() };
     Ok((publisher.into(), Arc::new(side)))
 }
 
@@ -88,14 +88,14 @@ impl BrokerSide for RabbitMqSide {
             };
             if !config.redelivery.is_empty() {
                 let redelivery = self.start_redelivery(config, scheduler, declaring).await?;
-                let _ = service.background.redelivery.set(redelivery);
+                let _ = self.redelivery.set(redelivery);
             }
             if config.strategies.values().any(|s| s.cancellable) {
                 let log = CancelLog::new(&self.amqp, &config.service.cancel, scheduler.clone());
                 let _ = service.background.cancellations.set(log.clone());
-                let _ = service.background.cancel.set(log);
+                let _ = self.cancel.set(log);
             }
-            let per_strategy = self.strategy_consumers(config, scheduler, service.background.cancel.get(), declaring, |_| false).await?;
+            let per_strategy = self.strategy_consumers(config, scheduler, self.cancel.get(), declaring, |_| false).await?;
             let canary = match config.service.canary.enabled {
                 true => Some(self.consumer(Canary::new(config.service.canary.clone(), scheduler.clone()), declaring).await?),
                 false => None,
@@ -110,10 +110,10 @@ impl BrokerSide for RabbitMqSide {
             if let Some(ingress) = ingress {
                 supervise_consumer(background, "ingress", ingress);
             }
-            if let Some(redelivery) = background.redelivery.get() {
+            if let Some(redelivery) = self.redelivery.get() {
                 supervise_consumer(background, "redelivery", redelivery.clone());
             }
-            if let Some(log) = background.cancel.get() {
+            if let Some(log) = self.cancel.get() {
                 let (reader, probe, stop) = (log.clone(), log.clone(), background.stop.subscribe());
                 background.supervisor.spawn("cancel-log", Some(Box::new(move || probe.is_reading())), move || {
                     let read = reader.clone().read(stop.clone());
@@ -135,21 +135,67 @@ impl BrokerSide for RabbitMqSide {
     fn start_added<'a>(&'a self, service: &'a Service, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
         Box::pin(async move {
             let running = |name: &str| service.background.supervisor.has(name);
-            let added = self.strategy_consumers(config, &service.scheduler, service.background.cancel.get(), false, running).await?;
+            let added = self.strategy_consumers(config, &service.scheduler, self.cancel.get(), false, running).await?;
             added.supervise(&service.background);
             Ok(())
         })
     }
 
     fn depth_reading(&self, config: &Config) -> Option<DepthReading> {
-        Some(DepthReading {
-            every: DEPTH_POLL,
-            unparking: config.service.unpark.unwrap_or(true),
-            // Only a strategy's static waiting queues can read as unknown here:
-            // per-message queues come counted from the management API.
-            redeclare_deleted: true,
-            management: self.management.clone(),
+        Some(depth_reading(config, self.management.clone()))
+    }
+
+    fn topology_drifts<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, Result<Option<Vec<Drift>>, ServiceError>> {
+        Box::pin(async move {
+            let report = verify::verify(&self.amqp, self.management_url.as_deref(), commands).await.map_err(|e| ServiceError::Verify(Box::new(e)))?;
+            Ok(Some(verify::grouped(&report).into_iter().collect()))
         })
+    }
+
+    fn redelivery(&self) -> Option<RedeliveryReport> {
+        let handler = self.redelivery.get()?.handler().clone();
+        Some(RedeliveryReport { input: handler.input().to_string(), queues: handler.status() })
+    }
+
+    /// Redelivery keeps running with the queues it started with: their strategies must stay.
+    fn check_reload(&self, config: &Config) -> Result<(), String> {
+        let Some(redelivery) = self.redelivery.get() else { return Ok(()) };
+        let handler = redelivery.handler();
+        for entry in handler.entries() {
+            for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
+                if !config.strategies.contains_key(&strategy) {
+                    return Err(format!(
+                        "strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
+                        entry.queue
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How queue depths are read on RabbitMQ: the strategies' queues by passive
+/// declares, the queues a strategy makes per message through `management`,
+/// each parking queue's orphans as parked when the service unparks.
+pub fn depth_reading(config: &Config, management: Option<Arc<Management>>) -> DepthReading {
+    DepthReading {
+        every: DEPTH_POLL,
+        // Only a strategy's static waiting queues can read as unknown here:
+        // per-message queues come counted from the management API.
+        redeclare_deleted: true,
+        orphans_of: config.service.unpark.unwrap_or(true).then_some(parked::orphan_queue as fn(&str) -> String),
+        dead_letters_of: None,
+        per_message: management.map(|api| Arc::new(api) as Arc<dyn PerMessageQueues>),
+    }
+}
+
+impl<H: Handler> QueueConsumer for Consumer<H> {
+    fn is_consuming(&self) -> bool {
+        Consumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        Consumer::run(self, stop).await
     }
 }
 

@@ -22,12 +22,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::broker::Broker;
+use crate::broker::rabbitmq::parked::{self, Destinations, Done, Left, ParkingQueue};
 use crate::broker::rabbitmq::release_queue_declaration;
 use crate::command::Command;
+use crate::executor::Broker;
 use crate::headers::{ID_HEADER, PARKED_REASON_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
-use crate::parked::{self, Destinations, Done, Left, ParkingQueue};
 use crate::recent::RecentCounts;
 use crate::scheduler::Scheduler;
 

@@ -17,10 +17,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::broker::rabbitmq::take::{Taken, Taker};
-use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable};
 use crate::config::Config;
+use crate::executor::{Broker, Envelope, Executor, ExecutorError};
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, HeaderValue};
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};

@@ -10,14 +10,14 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use super::BrokerSide;
-use crate::broker::{Broker, MemoryExecutor};
+use super::MemoryExecutor;
 use crate::command::DueAction;
 use crate::config::Config;
 use crate::planner::LoadedPlanner;
 use crate::scheduler::PumpedQueue;
 use crate::scheduler::strategies::Strategies;
 use crate::service::pending::DepthReading;
+use crate::service::side::{BrokerSide, Opened};
 use crate::service::{Service, ServiceError};
 
 /// How often the pump looks for messages due on pumped queues.
@@ -27,7 +27,8 @@ struct MemorySide {
     executor: Arc<MemoryExecutor>,
 }
 
-pub(super) fn connect() -> (Broker, Arc<dyn BrokerSide>) {
+/// The in-memory broker with its wall clock.
+pub(in crate::broker) fn connect() -> Opened {
     let executor = Arc::new(MemoryExecutor::default());
     (executor.clone().into(), Arc::new(MemorySide { executor }))
 }

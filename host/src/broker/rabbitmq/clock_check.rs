@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::Service;
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::service::Service;
 
 /// How often the broker's clock is read once the first readings are in.
 pub const EVERY: Duration = Duration::from_secs(10);
@@ -88,7 +88,7 @@ fn wait_before(k: u64) -> Duration {
 /// For a command run once (`schedule --at`, `reschedule`, `cancel`): one
 /// reading into `clock` when the config's broker is RabbitMQ with a management API.
 pub async fn read_for(config: &Config, clock: &Arc<Clock>) {
-    if let Some(api) = super::pending::management_for(config)
+    if let Some(api) = super::manage::management_for(config)
         && let Err(err) = read_within(&api, clock).await
     {
         warn_unread(&err);

@@ -18,13 +18,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
-use crate::broker::{Broker, ExecutorError};
 use crate::command::{Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
+use crate::executor::{Broker, ExecutorError};
 use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
 use crate::message::Handler;
 use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
@@ -51,21 +50,7 @@ struct QueueStats {
     due: Vec<u64>,
 }
 
-/// One consumer queue's redelivery, for `GET /v1/redelivery` and `hourglass redelivery status`.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct QueueStatus {
-    pub queue: String,
-    pub strategy: String,
-    pub policy: String,
-    pub error_queue: String,
-    pub max_attempts: Option<u32>,
-    /// Redeliveries scheduled and not yet due.
-    pub waiting: u64,
-    /// Messages scheduled back to the queue since the service started.
-    pub redelivered: u64,
-    /// Messages sent to the error queue since the service started.
-    pub given_up: u64,
-}
+pub use crate::service::side::QueueStatus;
 
 /// Where a rejected message came from, as its headers tell.
 #[derive(Debug, PartialEq)]

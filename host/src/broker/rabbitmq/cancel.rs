@@ -31,9 +31,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::broker::rabbitmq::stream;
-use crate::broker::{Broker, Envelope, Executor, ExecutorError};
 use crate::command::{Command, FieldTable};
 use crate::config::CancelConfig;
+use crate::executor::{Broker, Envelope, Executor, ExecutorError};
 use crate::message::Properties;
 use crate::scheduler::Scheduler;
 
@@ -62,7 +62,14 @@ pub struct Record {
     pub at_ms: u64,
 }
 
-pub use crate::broker::cancellations::{Answer, CancelError};
+use futures_util::future::BoxFuture;
+
+use crate::config::Config;
+use crate::config::broker::RabbitMqSettings;
+use crate::report::CommandError;
+use crate::scheduler::strategies::Strategies;
+pub use crate::service::cancellations::{Answer, CancelError};
+use crate::service::cancellations::{Asking, Cancellations};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {
@@ -291,6 +298,39 @@ impl CancelLog {
         let (result, ()) = tokio::join!(reader, applying);
         self.attached.store(false, Ordering::Relaxed);
         result
+    }
+}
+
+/// The log opened for one command, read while it asks, on the broker's clock as a serving host's.
+pub async fn open_for_command(settings: &RabbitMqSettings, config: &Config, strategies: Strategies) -> Result<Asking, CommandError> {
+    let scheduler = Scheduler::new(config, strategies, super::connect(settings).await?.into());
+    // The log's records and due times count on the broker's clock, as a serving host's do.
+    super::clock_check::read_for(config, scheduler.clock()).await;
+    let clock = scheduler.clock().clone();
+    let log = CancelLog::new(&settings.url, &config.service.cancel, Arc::new(scheduler));
+    let (stop, stopped) = watch::channel(false);
+    let reader = tokio::spawn(log.clone().read(stopped));
+    Ok(Asking::with_closing(
+        log,
+        clock,
+        Box::pin(async move {
+            let _ = stop.send(true);
+            let _ = reader.await;
+        }),
+    ))
+}
+
+impl Cancellations for CancelLog {
+    fn cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Answer, CancelError>> {
+        Box::pin(CancelLog::cancel(self, id))
+    }
+
+    fn reschedule<'a>(&'a self, id: &'a str, due_at_ms: u64) -> BoxFuture<'a, Result<Answer, CancelError>> {
+        Box::pin(CancelLog::reschedule(self, id, due_at_ms))
+    }
+
+    fn retention_ms(&self) -> u64 {
+        CancelLog::retention_ms(self)
     }
 }
 

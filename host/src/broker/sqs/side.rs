@@ -3,28 +3,30 @@
 //! ingress and canary queues, and, when a strategy is cancellable, the fates
 //! queue with this host's reply queue and a release receiver per strategy.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use super::{BrokerSide, supervise_canary_probes, supervise_consumer};
-use crate::broker::sqs::SqsExecutor;
-use crate::broker::sqs::consume::SqsConsumer;
-use crate::broker::sqs::fates_queue::FatesError;
-use crate::broker::sqs::pump::Pump;
-use crate::broker::sqs::pumped::{Discovery, PumpSettings};
-use crate::broker::sqs::release::SqsRelease;
-use crate::broker::sqs::release_queue_declaration;
-use crate::broker::{Broker, Executor, connect_sqs};
+use super::cancel::{SchedulerReplan, SqsCancel};
+use super::consume::SqsConsumer;
+use super::dead_letters::dead_letter_queue;
+use super::fates_queue::FatesError;
+use super::pump::Pump;
+use super::pumped::{Discovery, PumpSettings};
+use super::release::SqsRelease;
+use super::{SqsExecutor, release_queue_declaration};
+use crate::config::broker::SqsSettings;
 use crate::config::{Config, TopologyAtStart};
+use crate::executor::Executor;
+use crate::message::Handler;
 use crate::scheduler::PumpedQueue;
 use crate::scheduler::strategies::Strategies;
 use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
 use crate::service::pending::DepthReading;
-use crate::service::sqs_cancel::{SchedulerReplan, SqsCancel};
+use crate::service::side::{BrokerSide, Opened, QueueConsumer, supervise_canary_probes, supervise_consumer};
 use crate::service::{Service, ServiceError};
 
 const DEFAULT_PUMP_WAIT_SECONDS: i32 = 20;
@@ -35,15 +37,14 @@ const DEPTH_POLL: Duration = Duration::from_secs(60);
 
 struct SqsSide {
     sqs: Arc<SqsExecutor>,
+    /// The fates queue and this host's reply queue, when a strategy is cancellable.
+    cancel: OnceLock<Arc<SqsCancel>>,
 }
 
-pub(super) async fn connect(
-    region: &Option<String>,
-    endpoint_url: &Option<String>,
-    send_batch_window: Option<hourglass_planner_sdk::DurationMs>,
-) -> Result<(Broker, Arc<dyn BrokerSide>), ServiceError> {
-    let sqs = connect_sqs(region, endpoint_url, send_batch_window).await?;
-    Ok((sqs.clone().into(), Arc::new(SqsSide { sqs })))
+/// Opens SQS with its side.
+pub(in crate::broker) async fn connect(settings: SqsSettings) -> Result<Opened, ServiceError> {
+    let sqs = super::connect(&settings).await?;
+    Ok((sqs.clone().into(), Arc::new(SqsSide { sqs, cancel: OnceLock::new() })))
 }
 
 impl BrokerSide for SqsSide {
@@ -69,11 +70,13 @@ impl BrokerSide for SqsSide {
 
             let (pumped_tx, pumped_rx) = mpsc::unbounded_channel();
             scheduler.report_pumped_queues(pumped_tx.clone());
-            let pumps = PumpStart { wait_seconds, settings: pump_settings(config), declaring };
+            let pumps = PumpStart { wait_seconds, settings: PumpSettings::from_config(config), declaring };
             service.spawn(tokio::spawn(start_pumps(service.clone(), self.sqs.clone(), pumped_rx, pumps)));
             let every = config.service.pump_discovery.map_or(DEFAULT_PUMP_DISCOVERY, |d| Duration::from_millis(d.ms()));
             service.spawn(tokio::spawn(discover_pumped_queues(service.clone(), self.sqs.clone(), pumped_tx, every)));
-            supervise_cancellation(service, releases);
+            if let Some(cancel) = self.cancel.get() {
+                supervise_cancellation(service, cancel, releases);
+            }
             if let Some(ingress) = ingress {
                 supervise_consumer(&service.background, "sqs-ingress", ingress);
             }
@@ -86,13 +89,35 @@ impl BrokerSide for SqsSide {
     }
 
     fn depth_reading(&self, _config: &Config) -> Option<DepthReading> {
-        Some(DepthReading { every: DEPTH_POLL, unparking: false, redeclare_deleted: false, management: None })
+        Some(depth_reading())
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {
+            if let Some(cancel) = self.cancel.get() {
+                cancel.close().await;
+            }
+        })
+    }
+}
+
+/// How queue depths are read on SQS: each pumped queue, with its dead-letter queue as parked.
+pub fn depth_reading() -> DepthReading {
+    DepthReading { dead_letters_of: Some(dead_letter_queue), ..DepthReading::every(DEPTH_POLL) }
+}
+
+impl<H: Handler> QueueConsumer for SqsConsumer<H> {
+    fn is_consuming(&self) -> bool {
+        SqsConsumer::is_consuming(self)
+    }
+    async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        SqsConsumer::run(&self, stop).await
     }
 }
 
 impl SqsSide {
     /// A receiver of this broker for `handler`, its queue created when `declaring`.
-    async fn consumer<H: crate::message::Handler>(&self, handler: Arc<H>, wait_seconds: i32, declaring: bool) -> Result<Arc<SqsConsumer<H>>, ServiceError> {
+    async fn consumer<H: Handler>(&self, handler: Arc<H>, wait_seconds: i32, declaring: bool) -> Result<Arc<SqsConsumer<H>>, ServiceError> {
         let consumer = SqsConsumer::new(self.sqs.clone(), handler, wait_seconds);
         if declaring {
             consumer.declare().await?;
@@ -132,16 +157,15 @@ impl SqsSide {
             releases.push(SqsRelease::new(self.sqs.clone(), strategy, &queue, cancel.fates().clone(), wait_seconds));
         }
         let _ = service.background.cancellations.set(cancel.clone());
-        let _ = service.background.sqs_cancel.set(cancel);
+        let _ = self.cancel.set(cancel);
         Ok(releases)
     }
 }
 
 /// Runs the SQS fates queue's deciding, this host's reply listener and the
 /// release receivers under the supervisor: each is up while it reaches its queue.
-fn supervise_cancellation(service: &Arc<Service>, releases: Vec<Arc<SqsRelease>>) {
+fn supervise_cancellation(service: &Arc<Service>, cancel: &Arc<SqsCancel>, releases: Vec<Arc<SqsRelease>>) {
     let background = &service.background;
-    let Some(cancel) = background.sqs_cancel.get() else { return };
     let (decider, probe, stop, scheduler) = (cancel.clone(), cancel.clone(), background.stop.subscribe(), service.scheduler.clone());
     background.supervisor.spawn("sqs-fates", Some(Box::new(move || probe.is_deciding())), move || {
         let (decider, stop, replan) = (decider.clone(), stop.clone(), SchedulerReplan(scheduler.clone()));
@@ -177,16 +201,6 @@ struct PumpStart {
     settings: PumpSettings,
     /// Whether the host may create each queue's dead-letter queue and set its attributes.
     declaring: bool,
-}
-
-/// The pump settings `[service]` asks for.
-pub fn pump_settings(config: &Config) -> PumpSettings {
-    let defaults = PumpSettings::default();
-    PumpSettings {
-        visibility: config.service.pump_visibility.map_or(defaults.visibility, |d| Duration::from_secs(d.ms().div_ceil(1000))),
-        max_receives: config.service.pump_max_receives.unwrap_or(defaults.max_receives),
-        linger: config.service.pump_linger.map_or(defaults.linger, |d| Duration::from_millis(d.ms())),
-    }
 }
 
 /// Starts a supervised pump (`pump:<queue>`) for each pumped queue reported, once per queue.
