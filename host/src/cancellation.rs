@@ -3,7 +3,7 @@
 //! service depend on the other for it. A leaf.
 
 /// How a cancellation log answered an event (RabbitMQ's stream in
-/// `service::cancel`, SQS's fates queue in `broker::sqs::fates`).
+/// `broker::rabbitmq::cancel`, SQS's fates queue in `broker::sqs::fates`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// To a cancel: it will not be delivered.

@@ -4,12 +4,14 @@
 //!
 //! The folders are the data path: a request comes in through [`service`] (or
 //! the CLI), the [`scheduler`] asks a [`planner`] for broker [`command`]s and
-//! hands them to a [`broker`], which sends them and waits for the confirm.
+//! hands them to its [`executor::Broker`], which sends them and waits for the
+//! broker's confirm. Which broker that is, only [`broker`] knows.
 //!
 //! ```text
-//! cli ─▶ service ─▶ scheduler ─▶ planner ─┐
-//!                       │                 ├─▶ command (leaf)
-//!                       └──────▶ broker ──┘
+//! cli ─▶ broker (registry + one folder per broker) ─▶ service ─▶ scheduler ─▶ planner
+//!                                                                   │            │
+//!                                                                   ▼            ▼
+//!                                                               executor ─▶ command (leaf)
 //! ```
 //!
 //! * [`command`] is the broker command vocabulary (the WIT types, checked),
@@ -17,25 +19,27 @@
 //!   every header, [`clock`] is Unix-ms time, [`backoff`] the jittered waits
 //!   between reconnects and restarts, `stop` the waits that give way to the
 //!   stop signal, `recent` bounded counts per message, [`cancellation`] the
-//!   answers a cancellation log gives: leaves (or nearly: `message` uses
+//!   answers a cancellation keeper gives: leaves (or nearly: `message` uses
 //!   `command`) every layer may use.
-//! * [`config`] reads `delay.toml`; it uses [`planner`] for planner sources
-//!   and limits.
+//! * [`config`] reads `delay.toml`, `[broker]` included ([`config::broker`]:
+//!   each kind, its settings and what it can do); it uses [`planner`] for
+//!   planner sources and limits.
 //! * [`planner`] runs WebAssembly planners in a sandbox: one engine per
 //!   process, the compiled-component cache, the built-in planners.
+//! * [`executor`] is the seam every broker implements to run commands, and
+//!   [`executor::Broker`] the one handle over whichever it is.
 //! * [`scheduler`] takes one message from request to confirmed publish and
 //!   holds the configured [`scheduler::strategies`].
-//! * [`broker`] is the neutral [`broker::Executor`] seam with the in-memory
-//!   broker; [`broker::rabbitmq`] and [`broker::sqs`] are the only modules
-//!   that use lapin and the AWS SDK.
-//! * [`service`] is `hourglass serve`: HTTP API, AMQP ingress, redelivery,
-//!   pumps, reload and shutdown.
+//! * [`service`] is `hourglass serve`: HTTP API, ingress, reload, readiness,
+//!   shutdown, and [`service::side::BrokerSide`], what a broker runs beside
+//!   the scheduler.
+//! * [`broker`] holds the brokers, one folder each ([`broker::memory`],
+//!   [`broker::rabbitmq`], [`broker::sqs`], [`broker::nats`], the only
+//!   modules that use their client libraries), and [`broker::registry`], the
+//!   one place that opens the kind a config names.
+//! * [`report`] is what a broker answers the CLI's one-shot commands with.
 //! * [`sim`] is the in-memory broker with a virtual clock, the simulation of a
 //!   strategy on it, and the planner conformance check built on both.
-//! * [`parked`] lists, replays and drops the messages set aside
-//!   (`hourglass parked`).
-//! * [`transfer`] moves waiting messages from one strategy's queues to
-//!   another's, keeping their due times (`hourglass transfer`).
 //! * [`metrics`] are shared by all of the above; [`render`] prints plans,
 //!   topologies and traces as tables, JSON, Mermaid or DOT.
 //! * [`scaffold`] writes a new planner project in Rust, Python or JavaScript

@@ -19,11 +19,79 @@ pub struct Verdict {
     pub json: serde_json::Value,
 }
 
+/// Where long work says how far it got (the CLI draws a bar on a terminal,
+/// plain lines otherwise).
+pub trait Progress {
+    /// `total` steps are ahead.
+    fn begin(&mut self, total: u64);
+    /// `steps` more are done, on `item`.
+    fn advance(&mut self, steps: u64, item: &str);
+}
+
+/// What `hourglass parked` does with the messages set aside in `queue` (default: every such queue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParkedAction {
+    /// Shows up to `limit` per queue; nothing moves.
+    List { queue: Option<String>, limit: usize },
+    /// Publishes them (or the one with message id `id`) again, then removes them.
+    Replay { queue: Option<String>, id: Option<String> },
+    /// Removes them (or the one with message id `id`) for good.
+    Drop { queue: Option<String>, id: Option<String> },
+}
+
+impl ParkedAction {
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            ParkedAction::List { queue, .. } | ParkedAction::Replay { queue, .. } | ParkedAction::Drop { queue, .. } => queue.as_deref(),
+        }
+    }
+}
+
+/// `hourglass transfer`: the messages waiting in strategy `from`'s queues
+/// scheduled through `to`, `batch` at a time, keeping their due times; with
+/// `dry_run`, only counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub from: String,
+    pub to: String,
+    pub dry_run: bool,
+    pub batch: usize,
+}
+
+impl Transfer {
+    /// Messages taken, scheduled and acked at a time unless `--batch` says.
+    pub const DEFAULT_BATCH: usize = 256;
+}
+
+/// `hourglass migrate delayed-exchange`: the delayed-message plugin's
+/// exchange `name` to move to hourglass, routing due messages through
+/// `deliver_to`, read through `management_url`; with `apply`, started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DelayedExchangeMove {
+    pub name: String,
+    pub deliver_to: Option<String>,
+    pub management_url: Option<String>,
+    pub apply: bool,
+}
+
+/// A migration's plan as shown (`text`, `json`), why `--apply` was refused,
+/// and the steps of it that failed.
+#[derive(Debug)]
+pub struct Migration {
+    pub text: String,
+    pub json: serde_json::Value,
+    pub refused: Option<String>,
+    pub failed: Vec<String>,
+}
+
 #[derive(Debug, Error)]
 pub enum CommandError {
     /// The configured broker has no such command: the kinds that have it.
     #[error("{command} needs {kinds}")]
     Unsupported { command: &'static str, kinds: String },
+    /// An argument the command cannot take, and why.
+    #[error("{reason}")]
+    Argument { argument: &'static str, reason: String },
     #[error(transparent)]
     Broker(#[from] ExecutorError),
     #[error(transparent)]

@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::config::broker::BrokerSettings;
 use crate::config::{BrokerConfig, Config};
 use crate::executor::{Broker, ExecutorError};
-use crate::report::{CommandError, Verdict};
+use crate::report::{CommandError, DelayedExchangeMove, Migration, ParkedAction, Progress, Transfer, Verdict};
 use crate::scheduler::strategies::Strategies;
 use crate::service::cancellations::Asking;
 use crate::service::pending::DepthReading;
@@ -101,5 +101,64 @@ pub async fn read_clock_once(config: &Config, clock: &Arc<Clock>) {
     match config.broker.settings() {
         BrokerSettings::RabbitMq(_) => rabbitmq::clock_check::read_for(config, clock).await,
         BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => {}
+    }
+}
+
+/// `hourglass parked`: `action` on the messages this config's strategies set aside.
+pub async fn parked(config: &Config, strategies: Strategies, action: &ParkedAction) -> Result<Verdict, CommandError> {
+    match config.broker.settings() {
+        BrokerSettings::RabbitMq(settings) => rabbitmq::parked::parked_command(&settings, config, strategies, action).await,
+        BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => Err(only_on("parked", "rabbitmq")),
+    }
+}
+
+/// `hourglass transfer`: what waits in one strategy's queues moved to another's.
+pub async fn transfer(config: &Config, strategies: Strategies, request: &Transfer, progress: &mut dyn Progress) -> Result<Verdict, CommandError> {
+    match config.broker.settings() {
+        BrokerSettings::RabbitMq(settings) => rabbitmq::transfer::transfer_command(&settings, config, strategies, request, progress).await,
+        BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => Err(only_on("transfer", "rabbitmq")),
+    }
+}
+
+/// `hourglass migrate delayed-exchange`: moving an exchange of RabbitMQ's delayed-message plugin.
+pub async fn migrate_delayed_exchange(config: &Config, request: &DelayedExchangeMove) -> Result<Migration, CommandError> {
+    match config.broker.settings() {
+        BrokerSettings::RabbitMq(settings) => rabbitmq::migration::migrate_command(&settings, config, request).await,
+        BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => {
+            Err(only_on("migrate delayed-exchange (the delayed-message plugin is RabbitMQ's)", "rabbitmq"))
+        }
+    }
+}
+
+/// `hourglass pump`: the pumps of `strategy`'s queues for `destinations`
+/// (each queue told to `started`), until `until` resolves.
+#[allow(clippy::too_many_arguments)]
+pub async fn pump(
+    config: &Config,
+    strategies: Strategies,
+    strategy: &str,
+    destinations: &[String],
+    wait_seconds: i32,
+    started: &mut dyn FnMut(&str),
+    until: impl Future<Output = ()>,
+) -> Result<Verdict, CommandError> {
+    match config.broker.settings() {
+        BrokerSettings::Sqs(settings) => sqs::pumping::pump_command(&settings, config, strategies, strategy, destinations, wait_seconds, started, until).await,
+        BrokerSettings::Memory | BrokerSettings::RabbitMq(_) | BrokerSettings::Nats(_) => Err(only_on("pump", "sqs")),
+    }
+}
+
+/// `command` runs on one kind of broker only.
+fn only_on(command: &'static str, kind: &str) -> CommandError {
+    CommandError::Unsupported { command, kinds: format!("broker.kind = {kind:?}") }
+}
+
+/// How long the configured broker's host gathers sends into one request, and
+/// a pump lingers for more messages before it sends: what `hourglass plan
+/// --rate` walks a stream of messages through (zero where nothing is gathered).
+pub fn gathering(config: &Config) -> (std::time::Duration, std::time::Duration) {
+    match config.broker.settings() {
+        BrokerSettings::Sqs(settings) => (sqs::batcher::window(settings.send_batch_window), sqs::pumped::PumpSettings::from_config(config).linger),
+        BrokerSettings::Memory | BrokerSettings::RabbitMq(_) | BrokerSettings::Nats(_) => Default::default(),
     }
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use hourglass::broker::sqs::batcher;
+use hourglass::broker::registry;
 use hourglass::config::Config;
 use hourglass::planner::{BrokerFamily, LoadedPlanner, PlanRequest};
 use hourglass::render;
@@ -159,8 +159,8 @@ fn stream_cost(config: &Config, planner: &mut LoadedPlanner, destination: &str, 
     let cycle_ms = route.hops.iter().find(|h| matches!(h.step, HopStep::Pump { .. })).map_or(0, |h| h.at_ms);
     let other = Simulation::new(planner, &format!("{destination}-another"))?.run(&[route.requested_ms])?.remove(0);
     let shared_delay_queue = pumped_queues(&route.hops).next().is_some() && pumped_queues(&route.hops).next() == pumped_queues(&other.hops).next();
-    let send_window = batcher::window(config.broker.send_batch_window()).as_secs_f64() * 1_000.0;
-    let linger = hourglass::broker::sqs::pumped::PumpSettings::from_config(config).linger.as_secs_f64() * 1_000.0;
+    let (send_window, linger) = registry::gathering(config);
+    let (send_window, linger) = (send_window.as_secs_f64() * 1_000.0, linger.as_secs_f64() * 1_000.0);
     let messages = ((rate * stream.lasting_ms as f64 / 1_000.0).round() as u64).max(1);
     let handling = Handling {
         shared_delay_queue,

@@ -6,7 +6,7 @@
 //! the cancellation log's claims), and an absolute time turned into a delay
 //! against a host clock that is ahead makes the message early by as much.
 //! So a [`Clock`] counts due times on the broker's clock, as far as readings
-//! of it ([`estimate`]; taken by `service::clock_check` from the management
+//! of it ([`estimate`]; taken by `broker::rabbitmq::clock_check` from the management
 //! API on RabbitMQ, by the pumps from SQS's receive stamps) can tell, on the
 //! side of what they allow that cannot make a message early: what decides
 //! counts from the earliest the broker's clock can read

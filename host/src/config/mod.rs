@@ -235,7 +235,7 @@ impl Default for CanaryConfig {
 }
 
 /// `[service.cancel]`: the log that decides cancels and reschedules of
-/// messages on `cancellable = true` strategies (see `service::cancel`).
+/// messages on `cancellable = true` strategies (see `broker::rabbitmq::cancel`).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CancelConfig {

@@ -29,6 +29,7 @@ pub mod convert;
 pub mod link;
 pub mod manage;
 pub mod migrate;
+pub mod migration;
 pub mod nodes;
 pub mod parked;
 pub mod passive;

@@ -20,9 +20,13 @@ use crate::broker::rabbitmq::take::{Taken, Taker};
 use crate::clock::unix_now_ms;
 use crate::command::{Command, FieldTable};
 use crate::config::Config;
+use crate::config::broker::RabbitMqSettings;
 use crate::executor::{Broker, Envelope, Executor, ExecutorError};
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, INVALID_REASON_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::message::{Delivery, HeaderValue};
+use crate::render;
+use crate::report::{CommandError, ParkedAction, Verdict};
+use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 /// A queue of set-aside messages, and where its messages go when replayed.
@@ -56,7 +60,7 @@ pub fn orphan_queue(parking_queue: &str) -> String {
 
 /// Each strategy's own parking queue (where its topology's alternate
 /// exchanges put what they cannot route), with its owner: the queues a
-/// serving host takes messages from as they are parked (`service::unpark`).
+/// serving host takes messages from as they are parked (`unpark`).
 /// A queue two strategies share (one prefix) keeps the first by name as its owner.
 pub(crate) fn strategy_parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<ParkingQueue> {
     let mut queues = Vec::new();
@@ -397,6 +401,116 @@ async fn reschedule(scheduler: &Scheduler<Broker>, delivery: &Delivery, strategy
 /// Acks (deletes) each selected message.
 pub async fn drop(taker: &Taker, queue: &str, id: Option<&str>) -> Result<Handled, ExecutorError> {
     each_message(taker, queue, id, async |_: &Delivery| Ok(Done::Dropped)).await
+}
+
+/// `hourglass parked` on RabbitMQ: `action` on this config's parking,
+/// orphan, release-parked and invalid queues (or the one it names).
+pub async fn parked_command(settings: &RabbitMqSettings, config: &Config, strategies: Strategies, action: &ParkedAction) -> Result<Verdict, CommandError> {
+    let scheduler = Scheduler::new(config, strategies, super::connect(settings).await?.into());
+    let mut queues = parking_queues(config, &scheduler);
+    if let Some(wanted) = action.queue() {
+        queues.retain(|q| q.queue == wanted);
+        if queues.is_empty() {
+            let known = parking_queues(config, &scheduler).into_iter().map(|q| q.queue).collect::<Vec<_>>().join(", ");
+            let reason = format!("{wanted:?} is not a parking or invalid queue of this config (they are: {known})");
+            return Err(CommandError::Argument { argument: "queue", reason });
+        }
+    }
+    let taker = Taker::open(&settings.url).await?;
+    let verdict = parked_on(&scheduler, &taker, config, queues, action).await;
+    taker.close().await;
+    verdict
+}
+
+async fn parked_on(
+    scheduler: &Scheduler<Broker>,
+    taker: &Taker,
+    config: &Config,
+    queues: Vec<ParkingQueue>,
+    action: &ParkedAction,
+) -> Result<Verdict, CommandError> {
+    // A queue no host declared yet (an orphan queue before the first serve, say) holds nothing.
+    let mut declared = Vec::with_capacity(queues.len());
+    for queue in queues {
+        match taker.depth(&queue.queue).await? {
+            Some(_) => declared.push(queue),
+            None if action.queue().is_some() => {
+                return Err(CommandError::Argument {
+                    argument: "queue",
+                    reason: format!("{:?} does not exist on the broker (a serving host declares it)", queue.queue),
+                });
+            }
+            None => {}
+        }
+    }
+    match action {
+        ParkedAction::List { limit, .. } => {
+            let mut all = Vec::new();
+            for queue in &declared {
+                all.extend(list(taker, &queue.queue, *limit).await?);
+            }
+            let rows: Vec<Vec<String>> = all
+                .iter()
+                .map(|m| {
+                    let text = |value: &Option<String>| value.clone().unwrap_or_default();
+                    vec![m.queue.clone(), text(&m.message_id), text(&m.destination), text(&m.reason)]
+                })
+                .collect();
+            let table = format!(
+                "{}{} set-aside messages shown (at most {limit} per queue)\n",
+                render::table(&["QUEUE", "MESSAGE ID", "DESTINATION", "REASON"], &rows),
+                all.len()
+            );
+            let json = serde_json::to_value(&all).map_err(|e| CommandError::failed("writing the report", e))?;
+            Ok(Verdict { passed: true, table, json })
+        }
+        ParkedAction::Replay { id, .. } => {
+            let mut results = Vec::new();
+            for queue in &declared {
+                results.push(replay(scheduler, taker, queue, &config.service.ingress.queue, id.as_deref()).await?);
+            }
+            handled("replayed", results, true)
+        }
+        ParkedAction::Drop { id, .. } => {
+            let mut results = Vec::new();
+            for queue in &declared {
+                results.push(drop(taker, &queue.queue, id.as_deref()).await?);
+            }
+            handled("dropped", results, false)
+        }
+    }
+}
+
+/// One line per queue touched; passed when no selected message stayed.
+/// With `split`, how many went round their strategy again (not due yet), how
+/// many to a release queue (a cancellable strategy's) and how many straight on.
+fn handled(verb: &str, results: Vec<Handled>, split: bool) -> Result<Verdict, CommandError> {
+    let how = |h: &Handled| {
+        if !split {
+            return String::new();
+        }
+        // Only a cancellable strategy's messages go there: said when it happened, not on every replay.
+        let released = if h.released > 0 { format!("{} to their release queue, where the cancellation log decides, ", h.released) } else { String::new() };
+        format!(" ({} rescheduled for their due time, {released}{} forwarded)", h.rescheduled, h.done - h.rescheduled - h.released)
+    };
+    let mut table = String::new();
+    for handled in results.iter().filter(|h| h.done > 0 || h.left > 0) {
+        let done = format!("{}: {verb} {}{}", handled.queue, handled.done, how(handled));
+        match &handled.why_left {
+            Some(why) => table.push_str(&format!("{done}, {} left ({why})\n", handled.left)),
+            None => table.push_str(&format!("{done}\n")),
+        }
+    }
+    let total = results.iter().fold(Handled::default(), |total, h| Handled {
+        done: total.done + h.done,
+        rescheduled: total.rescheduled + h.rescheduled,
+        released: total.released + h.released,
+        left: total.left + h.left,
+        ..total
+    });
+    table.push_str(&format!("{verb} {} messages{}; {} left in place\n", total.done, how(&total), total.left));
+    let json = serde_json::to_value(&results).map_err(|e| CommandError::failed("writing the report", e))?;
+    Ok(Verdict { passed: total.left == 0, table, json })
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! A stream keeps its messages after they are read, so every host reads the
 //! same log from the start; this is what the cancellation log
-//! (`service::cancel`) is built on. Appending needs nothing special: a
+//! (`cancel`) is built on. Appending needs nothing special: a
 //! confirmed publish to the default exchange with the stream's name.
 
 use std::sync::atomic::{AtomicBool, Ordering};

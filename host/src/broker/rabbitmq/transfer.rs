@@ -13,16 +13,21 @@
 //! queue that exists but cannot be read now.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde::Serialize;
 use thiserror::Error;
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::broker::rabbitmq::take::{Taken, Taker};
-use crate::config::UnknownStrategy;
+use crate::config::broker::RabbitMqSettings;
+use crate::config::{Config, UnknownStrategy};
 use crate::executor::{Broker, ExecutorError};
 use crate::headers::DUE_AT_HEADER;
 use crate::message::Delivery;
+use crate::render;
+use crate::report::{CommandError, Progress, Transfer, Verdict};
+use crate::scheduler::strategies::Strategies;
 use crate::scheduler::{ScheduleError, ScheduleRequest, Scheduler};
 
 #[derive(Debug, Error)]
@@ -73,7 +78,7 @@ pub struct Summary {
 }
 
 /// How many messages are taken, scheduled and acked at a time.
-pub const DEFAULT_BATCH: usize = 256;
+pub const DEFAULT_BATCH: usize = Transfer::DEFAULT_BATCH;
 
 /// The source strategy's waiting queues, longest TTL first: its static
 /// topology's, and those it declared per message (hold queues), which the
@@ -213,4 +218,70 @@ async fn move_queue(
     .await;
     taker.give_back_all(staying).await;
     result
+}
+
+/// `hourglass transfer` on RabbitMQ: counts what waits in the source
+/// strategy's queues, then (unless a dry run) moves it, telling `progress`.
+pub async fn transfer_command(
+    settings: &RabbitMqSettings,
+    config: &Config,
+    strategies: Strategies,
+    request: &Transfer,
+    progress: &mut dyn Progress,
+) -> Result<Verdict, CommandError> {
+    let scheduler = Scheduler::new(config, strategies, super::connect(settings).await?.into());
+    let taker = Taker::open_spread(&settings.url).await?;
+    let management = super::manage::management_for(config);
+    let started = std::time::Instant::now();
+    let summary = async {
+        let Transfer { from, to, dry_run, batch } = request;
+        let found = transfer(&scheduler, &taker, management.as_deref(), from, to, true, *batch, |_, _| {}).await?;
+        progress.begin(found.queues.iter().map(|q| q.found).sum());
+        match dry_run {
+            true => Ok(found),
+            false => transfer(&scheduler, &taker, management.as_deref(), from, to, false, *batch, |queue, moved| progress.advance(moved, queue)).await,
+        }
+    }
+    .await;
+    taker.close().await;
+    let summary = summary.map_err(|e| CommandError::failed("transfer", e))?;
+    let json = serde_json::to_value(&summary).map_err(|e| CommandError::failed("writing the report", e))?;
+    Ok(Verdict { passed: summary.left == 0 && summary.unreadable == 0, table: summary_table(&summary, started.elapsed()), json })
+}
+
+fn summary_table(summary: &Summary, took: std::time::Duration) -> String {
+    let rows: Vec<Vec<String>> = summary
+        .queues
+        .iter()
+        .filter(|q| q.found > 0 || q.moved > 0 || !q.left.is_empty() || q.unreadable.is_some())
+        .map(|q| {
+            let unreadable = q.unreadable.iter().map(|why| format!("all: could not be read ({why})"));
+            let left = q.left.iter().map(|(why, n)| format!("{n} ({why})")).chain(unreadable).collect::<Vec<_>>().join("; ");
+            vec![q.queue.clone(), q.found.to_string(), q.moved.to_string(), left]
+        })
+        .collect();
+    let mut table = render::table(&["QUEUE", "FOUND", "MOVED", "LEFT"], &rows);
+    let due = |ms: Option<u64>| {
+        ms.map_or("-".to_string(), |ms| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)).to_string())
+    };
+    if summary.unreadable > 0 {
+        let _ = writeln!(table, "{} of {}'s queues could not be read: what they hold was not counted or moved", summary.unreadable, summary.from);
+    }
+    if summary.dry_run {
+        let found: u64 = summary.queues.iter().map(|q| q.found).sum();
+        let _ = writeln!(table, "dry run: {found} messages wait in {}'s queues; nothing was moved", summary.from);
+    } else {
+        let _ = writeln!(
+            table,
+            "moved {} messages from {} to {} in {:.1?} (due {} to {}); {} left in place",
+            summary.moved,
+            summary.from,
+            summary.to,
+            took,
+            due(summary.earliest_due_ms),
+            due(summary.latest_due_ms),
+            summary.left
+        );
+    }
+    table
 }

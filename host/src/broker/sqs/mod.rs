@@ -29,6 +29,7 @@ pub mod fates_queue;
 pub mod properties;
 pub mod pump;
 pub mod pumped;
+pub mod pumping;
 pub mod release;
 pub mod replies;
 pub mod send;
