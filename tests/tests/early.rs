@@ -20,9 +20,10 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable, ShortString};
 
 /// How late a message may arrive after its due time and still count as on
 /// time. Measured here: 5-6 ms after due (RabbitMQ 3.10, loopback, with two
-/// cargo builds loading the 2-core machine); the window leaves room for a
-/// busier CI run without hiding a missed hop (the shortest level is 1 s).
-const ON_TIME_MS: u64 = 100;
+/// cargo builds loading the 2-core machine), and 130 ms once in the full
+/// suite while its Rust planner projects compiled beside it; the window
+/// leaves room for that without hiding a missed hop (the shortest level is 1 s).
+const ON_TIME_MS: u64 = 250;
 
 /// Header entries as a test writes them.
 type Headers<'a> = Vec<(&'a str, AMQPValue)>;
