@@ -53,7 +53,10 @@ pub trait Executor {
     /// Fails unless `exchange` exists to route messages (a destination by
     /// exchange). Brokers without exchanges refuse it, naming why.
     fn check_exchange(&self, exchange: &str) -> impl Future<Output = Result<(), ExecutorError>> + Send {
-        async move { Err(ExecutorError::Refused(format!("exchange {exchange:?}: this broker has no exchanges; exchange destinations need RabbitMQ"))) }
+        async move {
+            let kinds = crate::config::BrokerConfig::kinds_that(|kind| kind.exchanges.then_some(""));
+            Err(ExecutorError::Refused(format!("exchange {exchange:?}: this broker has no exchanges; exchange destinations need {kinds}")))
+        }
     }
 
     /// Sends one message through its planned commands; returns once the broker
@@ -135,6 +138,7 @@ impl Broker {
 
     /// The executor inside, when it is an `E`: for a test or a bench that
     /// reaches past the seam to the broker's own client.
+    #[cfg(feature = "testing")]
     pub fn downcast<E: Executor + Send + Sync + 'static>(&self) -> Option<Arc<E>> {
         self.0.clone().into_any().downcast::<E>().ok()
     }
@@ -159,6 +163,7 @@ trait AnyExecutor: Send + Sync {
     fn delivered(&self, destination: &str) -> Option<Vec<Delivered>>;
     fn outlives_the_process(&self) -> bool;
     fn describe(&self) -> String;
+    #[cfg(feature = "testing")]
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
@@ -196,6 +201,7 @@ impl<E: Executor + Send + Sync + 'static> AnyExecutor for E {
     fn describe(&self) -> String {
         Executor::describe(self)
     }
+    #[cfg(feature = "testing")]
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
     }

@@ -103,7 +103,7 @@ pub enum CommandError {
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
     /// A step of the broker's own failed; its error is the source.
-    #[error("{step}: {source}")]
+    #[error("{step}")]
     Failed {
         step: &'static str,
         #[source]

@@ -207,7 +207,8 @@ async fn examples_nats_toml_with_its_python_producer_and_consumer_delivers_on_ti
         streams.push(subject.replace('.', "-"));
     }
     assert!(ingress.enabled, "the example's ingress is on");
-    let clock_stream = config.broker.nats().expect("a NATS config").clock_stream;
+    let hourglass::config::broker::BrokerSettings::Nats(settings) = config.broker.settings() else { panic!("a NATS config") };
+    let clock_stream = settings.clock_stream;
     assert!(clock_stream.starts_with(&prefix), "the clock stream {clock_stream} is not this run's own");
     streams.push(clock_stream);
     let destination = format!("{}.orders", prefix.trim_end_matches('-'));

@@ -18,7 +18,7 @@ use crate::config::{BrokerConfig, Config};
 use crate::executor::{Broker, ExecutorError};
 use crate::report::{CommandError, DelayedExchangeMove, Migration, ParkedAction, Progress, Transfer, Verdict};
 use crate::scheduler::strategies::Strategies;
-use crate::service::cancellations::Asking;
+use crate::service::cancellations::OpenCancellations;
 use crate::service::pending::DepthReading;
 use crate::service::side::Opened;
 use crate::service::{Service, ServiceError};
@@ -53,7 +53,8 @@ impl Service {
     }
 
     /// [`Service::start`] with due times counted on `clock`: its wall clock is
-    /// swapped for the broker's once read.
+    /// this host's (a [`crate::clock::ShiftedClock`] plays a host whose clock
+    /// is wrong), and readings of the broker's clock go into it.
     pub async fn start_with_clock(config: Config, clock: Arc<Clock>) -> Result<Arc<Service>, ServiceError> {
         Service::start_on(config, clock, connect_with_side).await
     }
@@ -67,25 +68,30 @@ pub async fn verify(config: &Config, strategies: &mut Strategies, strategy: &str
         BrokerSettings::RabbitMq(settings) => rabbitmq::check::verify_command(&settings, config, strategies, strategy, destinations, probes).await,
         BrokerSettings::Nats(settings) => nats::verify::verify_command(&settings, strategies, destinations, probes).await,
         BrokerSettings::Memory | BrokerSettings::Sqs(_) => {
-            Err(CommandError::Unsupported { command: "verify", kinds: BrokerConfig::kinds_that(|kind| kind.verify_topology.then_some("")) })
+            Err(CommandError::Unsupported { command: "verify", kinds: BrokerConfig::topology_verifiers() })
         }
     }
 }
 
 /// How a one-shot command (`hourglass inspect`) reads the strategies' queue
-/// depths; `None` where only a running service can (SQS's pumped queues are
-/// found as messages come) or nothing outlives the process (memory).
-pub fn depth_reading(config: &Config) -> Option<DepthReading> {
+/// depths. Not on SQS, whose pumped queues only a running service finds as
+/// messages come, nor on the memory broker, where nothing outlives the process.
+pub fn depth_reading(config: &Config) -> Result<DepthReading, CommandError> {
+    let readable = "broker.kind = \"rabbitmq\" or \"nats\"";
     match config.broker.settings() {
-        BrokerSettings::RabbitMq(_) => Some(rabbitmq::side::depth_reading(config, rabbitmq::manage::management_for(config))),
-        BrokerSettings::Nats(_) => Some(nats::side::depth_reading()),
-        BrokerSettings::Memory | BrokerSettings::Sqs(_) => None,
+        BrokerSettings::RabbitMq(settings) => Ok(rabbitmq::side::depth_reading(config, rabbitmq::manage::management_for(&settings))),
+        BrokerSettings::Nats(_) => Ok(nats::side::depth_reading()),
+        BrokerSettings::Sqs(_) => Err(CommandError::Unsupported {
+            command: "inspect",
+            kinds: format!("{readable}; on SQS, GET /v1/delays of a running serve lists the pumped queues it reads"),
+        }),
+        BrokerSettings::Memory => Err(CommandError::Unsupported { command: "inspect", kinds: readable.into() }),
     }
 }
 
 /// The configured broker's cancellations, opened for one command
 /// (`hourglass cancel`, `reschedule`).
-pub async fn open_cancellations(config: &Config, strategies: Strategies) -> Result<Asking, CommandError> {
+pub async fn open_cancellations(config: &Config, strategies: Strategies) -> Result<OpenCancellations, CommandError> {
     match config.broker.settings() {
         BrokerSettings::RabbitMq(settings) => rabbitmq::cancel::open_for_command(&settings, config, strategies).await,
         BrokerSettings::Sqs(settings) => sqs::cancel::open_for_command(&settings, config).await,
@@ -99,7 +105,7 @@ pub async fn open_cancellations(config: &Config, strategies: Strategies) -> Resu
 /// service (RabbitMQ's management API); elsewhere due times count on this host's.
 pub async fn read_clock_once(config: &Config, clock: &Arc<Clock>) {
     match config.broker.settings() {
-        BrokerSettings::RabbitMq(_) => rabbitmq::clock_check::read_for(config, clock).await,
+        BrokerSettings::RabbitMq(settings) => rabbitmq::clock_check::read_for(&settings, clock).await,
         BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => {}
     }
 }
@@ -125,7 +131,7 @@ pub async fn migrate_delayed_exchange(config: &Config, request: &DelayedExchange
     match config.broker.settings() {
         BrokerSettings::RabbitMq(settings) => rabbitmq::migration::migrate_command(&settings, config, request).await,
         BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => {
-            Err(only_on("migrate delayed-exchange (the delayed-message plugin is RabbitMQ's)", "rabbitmq"))
+            Err(only_on("migrate delayed-exchange", "rabbitmq"))
         }
     }
 }

@@ -58,24 +58,24 @@ fn report(id: &str, answer: Answer) -> ExitCode {
 
 /// Runs `ask` against whatever keeps the configured broker's cancellations,
 /// opened for this command and closed after.
-fn with_log(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&dyn Cancellations, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
+fn with_cancellations(cli: &Cli, wait_ms: u64, ask: impl AsyncFnOnce(&dyn Cancellations, &Arc<Clock>) -> Result<Answer>) -> Result<Answer> {
     let (mut config, strategies) = load(cli)?;
     config.service.cancel.answer_timeout = Some(DurationMs(wait_ms));
     tokio_runtime()?.block_on(async {
-        let asking = registry::open_cancellations(&config, strategies).await?;
-        let answer = ask(asking.keeper.as_ref(), &asking.clock).await;
-        asking.close().await;
+        let open = registry::open_cancellations(&config, strategies).await?;
+        let answer = ask(open.keeper.as_ref(), &open.clock).await;
+        open.close().await;
         answer
     })
 }
 
 pub fn cancel(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |asked: &dyn Cancellations, _: &Arc<Clock>| Ok(asked.cancel(&args.id).await?))?;
+    let answer = with_cancellations(cli, args.wait, async |asked: &dyn Cancellations, _: &Arc<Clock>| Ok(asked.cancel(&args.id).await?))?;
     Ok(report(&args.id, answer))
 }
 
 pub fn reschedule(cli: &Cli, args: &RescheduleArgs) -> Result<ExitCode> {
-    let answer = with_log(cli, args.wait, async |asked: &dyn Cancellations, clock: &Arc<Clock>| {
+    let answer = with_cancellations(cli, args.wait, async |asked: &dyn Cancellations, clock: &Arc<Clock>| {
         // The latest the broker's clock can read: --delay counts from no earlier than now.
         let now = clock.latest_ms();
         let due_at_ms = args.at.unwrap_or(now + args.delay.unwrap_or_default());

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use hourglass::broker::registry;
 use hourglass::render;
 use hourglass::scheduler::Scheduler;
@@ -20,10 +20,7 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let (config, strategies) = load(cli)?;
     let mut depths = tokio_runtime()?.block_on(async {
-        // A running serve knows the pumped queues to read on SQS; this command reads a strategy's own queues.
-        let Some(reading) = registry::depth_reading(&config) else {
-            bail!("broker.kind = {:?}: its queues are read only by a running serve (GET /v1/delays lists what it reads)", config.broker.kind());
-        };
+        let reading = registry::depth_reading(&config)?;
         let broker = registry::connect(&config.broker).await?;
         Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), &reading).await)
     })?;

@@ -185,6 +185,11 @@ impl BrokerConfig {
         format!("broker.kind = {}", kinds.join(" or "))
     }
 
+    /// The kinds whose topology `hourglass verify` and `service.topology = "verify"` can check.
+    pub fn topology_verifiers() -> String {
+        Self::kinds_that(|kind| kind.verify_topology.then_some(""))
+    }
+
     /// Settings out of their bounds, naming the key.
     pub fn check(&self) -> Result<(), SettingError> {
         match self {
@@ -229,14 +234,6 @@ impl BrokerConfig {
             BrokerConfig::Nats { .. } => nats_release_stream(name),
         }
     }
-
-    /// How long a first send waits for others to share one batch, where sends are batched.
-    pub fn send_batch_window(&self) -> Option<DurationMs> {
-        match self {
-            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Nats { .. } => None,
-            BrokerConfig::Sqs { send_batch_window, .. } => *send_batch_window,
-        }
-    }
 }
 
 /// `[broker]` with the environment's overrides taken and defaults filled in:
@@ -272,43 +269,19 @@ impl BrokerConfig {
     pub fn settings(&self) -> BrokerSettings {
         match self {
             BrokerConfig::Memory => BrokerSettings::Memory,
-            BrokerConfig::Rabbitmq { .. } => BrokerSettings::RabbitMq(self.rabbitmq().expect("a RabbitMQ config")),
-            BrokerConfig::Sqs { .. } => BrokerSettings::Sqs(self.sqs().expect("an SQS config")),
-            BrokerConfig::Nats { .. } => BrokerSettings::Nats(self.nats().expect("a NATS config")),
-        }
-    }
-
-    /// The settings, when this is RabbitMQ: for what runs on RabbitMQ only (`verify`, `transfer`, …).
-    pub fn rabbitmq(&self) -> Option<RabbitMqSettings> {
-        match self {
-            BrokerConfig::Rabbitmq { url, url_env, management_url, publish_channels } => Some(RabbitMqSettings {
+            BrokerConfig::Rabbitmq { url, url_env, management_url, publish_channels } => BrokerSettings::RabbitMq(RabbitMqSettings {
                 url: amqp_url(url.as_deref(), url_env.as_deref()),
                 management_url: management_url.clone(),
                 publish_channels: *publish_channels,
             }),
-            BrokerConfig::Memory | BrokerConfig::Sqs { .. } | BrokerConfig::Nats { .. } => None,
-        }
-    }
-
-    /// The settings, when this is SQS: for what runs on SQS only (`pump`, the fates queue).
-    pub fn sqs(&self) -> Option<SqsSettings> {
-        match self {
             BrokerConfig::Sqs { region, endpoint_url, send_batch_window } => {
-                Some(SqsSettings { region: region.clone(), endpoint_url: endpoint_url.clone(), send_batch_window: *send_batch_window })
+                BrokerSettings::Sqs(SqsSettings { region: region.clone(), endpoint_url: endpoint_url.clone(), send_batch_window: *send_batch_window })
             }
-            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Nats { .. } => None,
-        }
-    }
-
-    /// The settings, when this is NATS: for what runs on NATS only (its held streams).
-    pub fn nats(&self) -> Option<NatsSettings> {
-        match self {
-            BrokerConfig::Nats { url, url_env, replicas, clock_stream } => Some(NatsSettings {
+            BrokerConfig::Nats { url, url_env, replicas, clock_stream } => BrokerSettings::Nats(NatsSettings {
                 url: nats_url(url.as_deref(), url_env.as_deref()),
                 replicas: replicas.unwrap_or(1),
                 clock_stream: clock_stream.clone().unwrap_or_else(|| "hourglass-clock".to_string()),
             }),
-            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } | BrokerConfig::Sqs { .. } => None,
         }
     }
 }

@@ -716,6 +716,10 @@ impl Config {
         if let Err(setting) = raw.broker.check() {
             return Err(invalid(span_of(&document, &format!("broker.{}", setting.key)), setting.to_string()));
         }
+        if raw.service.topology == Some(TopologyAtStart::Verify) && !raw.broker.capabilities().verify_topology {
+            let needs = format!("service.topology = \"verify\" needs {}", BrokerConfig::topology_verifiers());
+            return Err(invalid(span_of(&document, "service.topology"), needs));
+        }
 
         let mut redelivery: Vec<RedeliveryConfig> = Vec::new();
         for entry in raw.redelivery {
@@ -893,7 +897,7 @@ mod tests {
         assert_eq!(config.service.ingress, IngressConfig::default());
         assert!(config.service.ingress.enabled && config.service.ingress.prefetch == 64);
         let config =
-            parse("[service]\nlog_format = \"json\"\ntopology = \"verify\"\n[service.ingress]\nqueue = \"in\"\n[strategies.a]\nplanner = \"hold-queues\"\n")
+            parse("[broker]\nkind = \"rabbitmq\"\n[service]\nlog_format = \"json\"\ntopology = \"verify\"\n[service.ingress]\nqueue = \"in\"\n[strategies.a]\nplanner = \"hold-queues\"\n")
                 .unwrap();
         assert_eq!(config.service.log_format, Some(LogFormat::Json));
         assert_eq!(config.service.topology, Some(TopologyAtStart::Verify));
@@ -904,6 +908,7 @@ mod tests {
             ("[service]\npump_wait = \"30s\"\n", "delay.toml:2:", "above SQS's 20 s"),
             ("[service.ingress]\nqueue = \"q\"\ninvalid_queue = \"q\"\n", "delay.toml:3:", "is also the ingress queue"),
             ("[service]\ntopology = \"maybe\"\n", "delay.toml:2:", "unknown variant"),
+            ("[service]\ntopology = \"verify\"\n", "delay.toml:2:", "service.topology = \"verify\" needs broker.kind = \"rabbitmq\" or \"nats\""),
             ("[service]\ntoken = \"\"\n", "delay.toml:2:", "service.token: empty"),
             ("[service]\nmax_connections = 0\n", "delay.toml:2:", "at least 1"),
             ("[service]\nheader_read_timeout = \"0s\"\n", "delay.toml:2:", "header_read_timeout: must be above zero"),

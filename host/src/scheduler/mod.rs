@@ -320,6 +320,11 @@ impl<E: Executor> Scheduler<E> {
         self.declaring = declaring;
     }
 
+    /// Whether this scheduler declares what it uses (`service.topology = "apply"`).
+    pub(crate) fn declaring(&self) -> bool {
+        self.declaring
+    }
+
     pub fn executor(&self) -> &E {
         &self.executor
     }

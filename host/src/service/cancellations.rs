@@ -37,22 +37,22 @@ pub enum CancelError {
 
 /// Cancellations opened for one command (`hourglass cancel`, `reschedule`):
 /// what answers, the clock due times count on, and what runs beside it until
-/// [`Asking::close`].
-pub struct Asking {
+/// [`OpenCancellations::close`].
+pub struct OpenCancellations {
     pub keeper: Arc<dyn Cancellations>,
     pub clock: Arc<Clock>,
     closing: Option<BoxFuture<'static, ()>>,
 }
 
-impl Asking {
+impl OpenCancellations {
     /// `keeper` answers by itself.
-    pub fn new(keeper: Arc<dyn Cancellations>, clock: Arc<Clock>) -> Asking {
-        Asking { keeper, clock, closing: None }
+    pub fn new(keeper: Arc<dyn Cancellations>, clock: Arc<Clock>) -> OpenCancellations {
+        OpenCancellations { keeper, clock, closing: None }
     }
 
     /// `keeper` answers while something runs beside it, which `closing` stops and waits for.
-    pub fn with_closing(keeper: Arc<dyn Cancellations>, clock: Arc<Clock>, closing: BoxFuture<'static, ()>) -> Asking {
-        Asking { keeper, clock, closing: Some(closing) }
+    pub fn with_closing(keeper: Arc<dyn Cancellations>, clock: Arc<Clock>, closing: BoxFuture<'static, ()>) -> OpenCancellations {
+        OpenCancellations { keeper, clock, closing: Some(closing) }
     }
 
     /// Stops what ran beside the keeper.

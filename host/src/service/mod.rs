@@ -4,7 +4,7 @@
 //!   `202` only after the broker confirmed the message; a bad request gets
 //!   `400` (or `401`, `413`, `422`) with a JSON error naming the field, and
 //!   nothing is published; a broker that cannot be reached gives `503`.
-//! * [`startup`]: what [`Service::start`] runs for a config — planners,
+//! * [`startup`]: what [`Service::start_on`] runs for a config — planners,
 //!   broker, topology — and [`side`]: what the broker runs beside the
 //!   scheduler ([`side::BrokerSide`], implemented in each broker's folder),
 //!   each task run by the [`supervise`] supervisor, which restarts a task that
@@ -102,7 +102,7 @@ pub(crate) struct Background {
     /// Ingress, redelivery and pumps: restarted when they fail.
     pub(crate) supervisor: Supervisor,
     /// Unsupervised helpers (the pump starter), awaited at shutdown.
-    pub(crate) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Whatever keeps cancellations on this broker, when a strategy is
     /// cancellable; set by the broker's side as it starts, before the service serves.
     pub(crate) cancellations: OnceLock<Arc<dyn cancellations::Cancellations>>,
@@ -141,7 +141,7 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// The config file `reload` re-reads; `None` when built from parts.
     source: Option<PathBuf>,
-    pub(crate) topology: TopologyAtStart,
+    topology: TopologyAtStart,
     shutdown_timeout: Duration,
     reloading: tokio::sync::Mutex<()>,
     pub(crate) background: Background,
@@ -280,7 +280,7 @@ impl Service {
             ));
         }
         if let Some(side) = &self.side {
-            side.check_reload(&config).map_err(|reason| ServiceError::refused(&config, reason))?;
+            side.check_reload(&config)?;
         }
         if let (TopologyAtStart::Verify, Some(side)) = (self.topology, &self.side) {
             startup::verify_topology(side.as_ref(), &config).await?;

@@ -60,7 +60,7 @@ pub trait BrokerSide: Send + Sync {
     }
 
     /// Refuses a reload to `config` that what runs cannot follow, saying why.
-    fn check_reload(&self, _config: &Config) -> Result<(), String> {
+    fn check_reload(&self, _config: &Config) -> Result<(), ServiceError> {
         Ok(())
     }
 

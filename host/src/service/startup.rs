@@ -123,8 +123,8 @@ pub(super) async fn verify_topology(side: &dyn BrokerSide, config: &Config) -> R
         commands.extend(planner.destination_setup(destination).map_err(ScheduleError::from)?);
     }
     let Some(drifts) = side.topology_drifts(&commands).await? else {
-        let kinds = BrokerConfig::kinds_that(|kind| kind.verify_topology.then_some(""));
-        return Err(ServiceError::refused(config, format!("service.topology = \"verify\" needs {kinds}")));
+        // Config::parse refuses the setting for such a broker; a config made otherwise is refused here.
+        return Err(ServiceError::refused(config, format!("service.topology = \"verify\" needs {}", BrokerConfig::topology_verifiers())));
     };
     if drifts.is_empty() {
         return Ok(());

@@ -5,7 +5,8 @@
 //! newest [`KEPT_PER_DESTINATION`] per destination are kept, with their
 //! bodies, for `GET /v1/delivered`. [`MemoryExecutor::run_clock`] moves the
 //! simulator along the wall clock so deliveries happen when they fall due,
-//! not when someone next looks.
+//! not when someone next looks. Its side (`side`) runs that clock in a
+//! serving host and hands what falls due on pumped queues to their planner.
 
 pub(super) mod side;
 

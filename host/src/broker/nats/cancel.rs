@@ -27,7 +27,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::config::broker::NatsSettings;
 use crate::report::CommandError;
-use crate::service::cancellations::{Answer, Asking, CancelError, Cancellations};
+use crate::service::cancellations::{Answer, OpenCancellations, CancelError, Cancellations};
 
 const CANCELLED: &str = "cancelled";
 const RELEASED: &str = "released";
@@ -170,12 +170,12 @@ impl Cancellations for NatsCancel {
 }
 
 /// The bucket opened for one command.
-pub async fn open_for_command(settings: &NatsSettings, config: &Config) -> Result<Asking, CommandError> {
+pub async fn open_for_command(settings: &NatsSettings, config: &Config) -> Result<OpenCancellations, CommandError> {
     let nats = super::connect(settings).await?;
     let bucket = super::cancellation_bucket(config.service.cancel.log());
     // The bucket is made by `serve`; without it nothing here is cancellable.
     let cancel = NatsCancel::open(&nats, &bucket, config.service.cancel.retention_ms(), false).await?;
-    Ok(Asking::new(Arc::new(cancel), Clock::system()))
+    Ok(OpenCancellations::new(Arc::new(cancel), Clock::system()))
 }
 
 #[cfg(test)]

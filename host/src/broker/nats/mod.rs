@@ -13,6 +13,9 @@
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
 //!   can never go on.
+//! * `side`: what a serving host runs on NATS: a consumer per held stream,
+//!   the ingress and canary subjects, the bucket, the server's clock read
+//!   every 10 s; `hourglass verify` is [`verify::verify_command`].
 //!
 //! A destination is a subject some stream captures: publishing to one no
 //! stream captures is refused, as a missing queue is on RabbitMQ.
@@ -37,7 +40,6 @@ use crate::executor::{Envelope, Executor, ExecutorError};
 
 /// `[broker] url` when none is given.
 pub use crate::config::broker::DEFAULT_NATS_URL as DEFAULT_URL;
-/// The environment variable that overrides the URL unless `url_env` names another.
 /// How long a JetStream request (a publish's acknowledgement, a stream look-up) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a held stream's messages that can never go on are kept, with the reason (the contract's rule).

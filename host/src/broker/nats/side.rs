@@ -23,7 +23,7 @@ use super::hold::HeldStream;
 use super::{NatsExecutor, cancellation_bucket};
 use crate::command::Command;
 use crate::config::broker::NatsSettings;
-use crate::config::{Config, TopologyAtStart};
+use crate::config::Config;
 use crate::executor::Broker;
 use crate::message::Handler;
 use crate::scheduler::Scheduler;
@@ -81,7 +81,7 @@ impl BrokerSide for NatsSide {
 
     fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
         Box::pin(async move {
-            let declaring = service.topology == TopologyAtStart::Apply;
+            let declaring = service.scheduler.declaring();
             if config.service.ingress.enabled {
                 let ingress = Ingress::with_plain_headers(config.service.ingress.clone(), service.scheduler.clone());
                 supervise_consumer(&service.background, "nats-ingress", self.consumer(ingress, declaring).await?);
@@ -110,11 +110,12 @@ impl BrokerSide for NatsSide {
         Some(depth_reading())
     }
 
-    /// Each stream the commands ensure, checked as `hourglass verify` checks it.
+    /// Each stream the commands ensure, checked as `hourglass verify` checks it;
+    /// a server whose JetStream does not answer now is unavailable, not drifted.
     fn topology_drifts<'a>(&'a self, commands: &'a [Command]) -> BoxFuture<'a, Result<Option<Vec<Drift>>, ServiceError>> {
         Box::pin(async move {
-            let report = super::verify::verify(&self.nats, commands, &[], false).await;
-            Ok(Some(report.checks.into_iter().filter(|check| !check.passed).map(|check| (check.name, vec![check.detail])).collect()))
+            let report = super::verify::streams(&self.nats, commands).await.map_err(ServiceError::Broker)?;
+            Ok(Some(report.into_iter().filter(|check| !check.passed).map(|check| (check.name, vec![check.detail])).collect()))
         })
     }
 }

@@ -74,6 +74,22 @@ pub async fn verify_command(settings: &NatsSettings, strategies: &mut Strategies
     Ok(Verdict { passed: report.passed(), table, json })
 }
 
+/// The checks of every stream `commands` ensure, once JetStream answers.
+pub async fn streams(executor: &NatsExecutor, commands: &[Command]) -> Result<Vec<Check>, ExecutorError> {
+    jetstream_answers(executor).await.map_err(ExecutorError::Unavailable)?;
+    Ok(stream_checks(executor, commands).await)
+}
+
+async fn stream_checks(executor: &NatsExecutor, commands: &[Command]) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for command in commands {
+        if let Command::NatsEnsureStream { name, subjects, held } = command {
+            checks.push(check(format!("stream {name}"), stream_matches(executor, name, subjects, *held).await));
+        }
+    }
+    checks
+}
+
 /// Verifies `commands` (the strategies' declarations), `destinations`, and the server's mechanisms.
 pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations: &[String], probe: bool) -> Report {
     let server_version = executor.client.server_info().version;
@@ -81,11 +97,7 @@ pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations:
     if probe {
         checks.push(check("probe: a declined message comes back after its delay", probe_decline(executor).await));
     }
-    for command in commands {
-        if let Command::NatsEnsureStream { name, subjects, held } = command {
-            checks.push(check(format!("stream {name}"), stream_matches(executor, name, subjects, *held).await));
-        }
-    }
+    checks.extend(stream_checks(executor, commands).await);
     for destination in destinations {
         let found = executor.check_destination(destination).await.map(|()| "a stream captures it".to_string()).map_err(|e| e.to_string());
         checks.push(check(format!("destination {destination}"), found));

@@ -69,7 +69,7 @@ use crate::config::broker::RabbitMqSettings;
 use crate::report::CommandError;
 use crate::scheduler::strategies::Strategies;
 pub use crate::service::cancellations::{Answer, CancelError};
-use crate::service::cancellations::{Asking, Cancellations};
+use crate::service::cancellations::{OpenCancellations, Cancellations};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {
@@ -302,15 +302,15 @@ impl CancelLog {
 }
 
 /// The log opened for one command, read while it asks, on the broker's clock as a serving host's.
-pub async fn open_for_command(settings: &RabbitMqSettings, config: &Config, strategies: Strategies) -> Result<Asking, CommandError> {
+pub async fn open_for_command(settings: &RabbitMqSettings, config: &Config, strategies: Strategies) -> Result<OpenCancellations, CommandError> {
     let scheduler = Scheduler::new(config, strategies, super::connect(settings).await?.into());
     // The log's records and due times count on the broker's clock, as a serving host's do.
-    super::clock_check::read_for(config, scheduler.clock()).await;
+    super::clock_check::read_for(settings, scheduler.clock()).await;
     let clock = scheduler.clock().clone();
     let log = CancelLog::new(&settings.url, &config.service.cancel, Arc::new(scheduler));
     let (stop, stopped) = watch::channel(false);
     let reader = tokio::spawn(log.clone().read(stopped));
-    Ok(Asking::with_closing(
+    Ok(OpenCancellations::with_closing(
         log,
         clock,
         Box::pin(async move {

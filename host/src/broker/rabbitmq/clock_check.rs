@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::broker::RabbitMqSettings;
 use crate::service::Service;
 
 /// How often the broker's clock is read once the first readings are in.
@@ -86,9 +86,9 @@ fn wait_before(k: u64) -> Duration {
 }
 
 /// For a command run once (`schedule --at`, `reschedule`, `cancel`): one
-/// reading into `clock` when the config's broker is RabbitMQ with a management API.
-pub async fn read_for(config: &Config, clock: &Arc<Clock>) {
-    if let Some(api) = super::manage::management_for(config)
+/// reading into `clock` when the broker has a management API.
+pub async fn read_for(settings: &RabbitMqSettings, clock: &Arc<Clock>) {
+    if let Some(api) = super::manage::management_for(settings)
         && let Err(err) = read_within(&api, clock).await
     {
         warn_unread(&err);

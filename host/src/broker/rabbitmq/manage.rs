@@ -244,11 +244,10 @@ fn succeeded(url: &str, response: ureq::http::Response<ureq::Body>) -> Result<()
     }
 }
 
-/// The management API of a RabbitMQ config (`broker.management_url`, else
-/// the AMQP host on port 15672), when it is RabbitMQ.
-pub fn management_for(config: &crate::config::Config) -> Option<std::sync::Arc<Management>> {
-    let rabbitmq = config.broker.rabbitmq()?;
-    management_api(&rabbitmq.url, rabbitmq.management_url.as_deref())
+/// The management API of a RabbitMQ broker (`broker.management_url`, else
+/// the AMQP host on port 15672).
+pub fn management_for(settings: &crate::config::broker::RabbitMqSettings) -> Option<std::sync::Arc<Management>> {
+    management_api(&settings.url, settings.management_url.as_deref())
 }
 
 /// The management API of the RabbitMQ at `amqp` (`management_url`, else the

@@ -16,6 +16,14 @@
 //! * [`capacity`]: weighs the quorum queues the strategies declare against the nodes' file handle limits.
 //! * [`stream`]: reads a RabbitMQ stream in order (the cancellation log).
 //! * [`take`]: takes messages off a queue unacked, one `basic.get` at a time (transfer).
+//!
+//! What a serving host runs on RabbitMQ (`side`): the broker's clock read
+//! through the management API ([`clock_check`]), the mechanisms probed, and
+//! one connection's consumers: the ingress, [`redelivery`], each strategy's
+//! [`release`] queue and parking queues ([`unpark`]), the canary; the
+//! cancellation log ([`cancel`]) when a strategy is cancellable. The CLI's
+//! commands on RabbitMQ: [`check`] (`verify`), [`parked`], [`transfer`],
+//! [`migration`] (`migrate delayed-exchange`).
 
 pub mod acks;
 pub mod batch;

@@ -80,11 +80,9 @@ pub fn parking_queues(config: &Config, scheduler: &Scheduler<Broker>) -> Vec<Par
         queues.push(parking);
     }
     // Where its release consumer parks: the strategy's own messages, not claimed yet or not deliverable.
-    if config.broker.rabbitmq().is_some() {
-        for strategy in config.strategies.values() {
-            let queue = format!("{}.parked", config.service.cancel.release_queue(&strategy.name));
-            queues.push(ParkingQueue::parked(config, queue, &strategy.name));
-        }
+    for strategy in config.strategies.values() {
+        let queue = format!("{}.parked", config.service.cancel.release_queue(&strategy.name));
+        queues.push(ParkingQueue::parked(config, queue, &strategy.name));
     }
     if config.service.ingress.enabled {
         queues.push(ParkingQueue { queue: config.service.ingress.invalid_queue.clone(), kind: "invalid", strategy: None, release_queue: None });

@@ -21,7 +21,7 @@ use super::unpark::Unpark;
 use super::{RabbitMqExecutor, capacity, clock_check, parked, probe, verify};
 use crate::command::Command;
 use crate::config::broker::RabbitMqSettings;
-use crate::config::{Config, DeadLetterSetup, TopologyAtStart};
+use crate::config::{Config, DeadLetterSetup};
 use crate::executor::Broker;
 use crate::message::Handler;
 use crate::scheduler::Scheduler;
@@ -77,7 +77,7 @@ impl BrokerSide for RabbitMqSide {
     fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
         Box::pin(async move {
             let scheduler = &service.scheduler;
-            let declaring = service.topology == TopologyAtStart::Apply;
+            let declaring = service.scheduler.declaring();
             check_the_brokers_mechanisms(scheduler, &self.amqp, self.management_url.as_deref()).await?;
             // Before any consumer takes a message: the first ones then find their channels open.
             self.publisher.warm_publish_channels().await;
@@ -158,15 +158,15 @@ impl BrokerSide for RabbitMqSide {
     }
 
     /// Redelivery keeps running with the queues it started with: their strategies must stay.
-    fn check_reload(&self, config: &Config) -> Result<(), String> {
+    fn check_reload(&self, config: &Config) -> Result<(), ServiceError> {
         let Some(redelivery) = self.redelivery.get() else { return Ok(()) };
         let handler = redelivery.handler();
         for entry in handler.entries() {
             for strategy in [handler.strategy_of(entry), handler.policy_of(entry)] {
                 if !config.strategies.contains_key(&strategy) {
-                    return Err(format!(
-                        "strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery",
-                        entry.queue
+                    return Err(ServiceError::refused(
+                        config,
+                        format!("strategy {strategy:?} is used by the running redelivery of queue {:?}; keep it, or restart to change redelivery", entry.queue),
                     ));
                 }
             }

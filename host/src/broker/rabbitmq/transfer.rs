@@ -77,9 +77,6 @@ pub struct Summary {
     pub latest_due_ms: Option<u64>,
 }
 
-/// How many messages are taken, scheduled and acked at a time.
-pub const DEFAULT_BATCH: usize = Transfer::DEFAULT_BATCH;
-
 /// The source strategy's waiting queues, longest TTL first: its static
 /// topology's, and those it declared per message (hold queues), which the
 /// management API lists.
@@ -231,12 +228,13 @@ pub async fn transfer_command(
 ) -> Result<Verdict, CommandError> {
     let scheduler = Scheduler::new(config, strategies, super::connect(settings).await?.into());
     let taker = Taker::open_spread(&settings.url).await?;
-    let management = super::manage::management_for(config);
-    let started = std::time::Instant::now();
+    let management = super::manage::management_for(settings);
+    let mut started = std::time::Instant::now();
     let summary = async {
         let Transfer { from, to, dry_run, batch } = request;
         let found = transfer(&scheduler, &taker, management.as_deref(), from, to, true, *batch, |_, _| {}).await?;
         progress.begin(found.queues.iter().map(|q| q.found).sum());
+        started = std::time::Instant::now();
         match dry_run {
             true => Ok(found),
             false => transfer(&scheduler, &taker, management.as_deref(), from, to, false, *batch, |queue, moved| progress.advance(moved, queue)).await,

@@ -32,7 +32,7 @@ use crate::executor::{Broker, ExecutorError};
 use crate::message::Delivery;
 use crate::report::CommandError;
 use crate::scheduler::{ScheduleRequest, Scheduler};
-use crate::service::cancellations::{Answer, Asking, CancelError, Cancellations};
+use crate::service::cancellations::{Answer, OpenCancellations, CancelError, Cancellations};
 use crate::stop::{pause_unless_stopped, unless_stopped};
 
 /// How long a receive of the fates or the reply queue waits for something to come.
@@ -220,7 +220,7 @@ impl Replan for SchedulerReplan {
 }
 /// The fates queue opened for one command, with a reply queue of this
 /// process's own (deleted at close) where a serving host answers.
-pub async fn open_for_command(settings: &SqsSettings, config: &Config) -> Result<Asking, CommandError> {
+pub async fn open_for_command(settings: &SqsSettings, config: &Config) -> Result<OpenCancellations, CommandError> {
     let sqs = super::connect(settings).await?;
     let clock = Clock::system();
     // The fates queue is made by `serve`; without it nothing here is cancellable.
@@ -238,7 +238,7 @@ pub async fn open_for_command(settings: &SqsSettings, config: &Config) -> Result
             cancel.close().await;
         })
     };
-    Ok(Asking::with_closing(cancel, clock, closing))
+    Ok(OpenCancellations::with_closing(cancel, clock, closing))
 }
 
 impl Cancellations for SqsCancel {

@@ -18,6 +18,13 @@
 //!   [`Handler`](crate::message::Handler)'s outcomes as deletes and moves.
 //! * [`properties`]: a message's neutral properties as message attributes
 //!   (`content-type` and one JSON `hourglass-properties`), and back.
+//! * [`cancel`]: cancel and reschedule as a host asks them of the fates
+//!   queue and decides them.
+//!
+//! What a serving host runs on SQS (`side`): a pump per pumped queue (those
+//! the strategies report and those found tagged), the SQS ingress and canary,
+//! and the fates queue with a release receiver per cancellable strategy.
+//! [`pumping`] is `hourglass pump`: the pumps without a service.
 
 pub mod batcher;
 pub mod bundle;

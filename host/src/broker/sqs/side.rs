@@ -18,7 +18,7 @@ use super::pumped::{Discovery, PumpSettings};
 use super::release::SqsRelease;
 use super::{SqsExecutor, release_queue_declaration};
 use crate::config::broker::SqsSettings;
-use crate::config::{Config, TopologyAtStart};
+use crate::config::Config;
 use crate::executor::Executor;
 use crate::message::Handler;
 use crate::scheduler::PumpedQueue;
@@ -51,7 +51,7 @@ impl BrokerSide for SqsSide {
     fn start<'a>(&'a self, service: &'a Arc<Service>, config: &'a Config) -> BoxFuture<'a, Result<(), ServiceError>> {
         Box::pin(async move {
             let scheduler = &service.scheduler;
-            let declaring = service.topology == TopologyAtStart::Apply;
+            let declaring = service.scheduler.declaring();
             let wait_seconds = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
             service.metrics.watch_sqs(self.sqs.requests.clone());
             // Declared before anything starts.
