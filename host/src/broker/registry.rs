@@ -67,9 +67,7 @@ pub async fn verify(config: &Config, strategies: &mut Strategies, strategy: &str
     match config.broker.settings() {
         BrokerSettings::RabbitMq(settings) => rabbitmq::check::verify_command(&settings, config, strategies, strategy, destinations, probes).await,
         BrokerSettings::Nats(settings) => nats::verify::verify_command(&settings, strategies, destinations, probes).await,
-        BrokerSettings::Memory | BrokerSettings::Sqs(_) => {
-            Err(CommandError::Unsupported { command: "verify", kinds: BrokerConfig::topology_verifiers() })
-        }
+        BrokerSettings::Memory | BrokerSettings::Sqs(_) => Err(CommandError::Unsupported { command: "verify", kinds: BrokerConfig::topology_verifiers() }),
     }
 }
 
@@ -130,9 +128,7 @@ pub async fn transfer(config: &Config, strategies: Strategies, request: &Transfe
 pub async fn migrate_delayed_exchange(config: &Config, request: &DelayedExchangeMove) -> Result<Migration, CommandError> {
     match config.broker.settings() {
         BrokerSettings::RabbitMq(settings) => rabbitmq::migration::migrate_command(&settings, config, request).await,
-        BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => {
-            Err(only_on("migrate delayed-exchange", "rabbitmq"))
-        }
+        BrokerSettings::Memory | BrokerSettings::Sqs(_) | BrokerSettings::Nats(_) => Err(only_on("migrate delayed-exchange", "rabbitmq")),
     }
 }
 

@@ -22,7 +22,7 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let mut depths = tokio_runtime()?.block_on(async {
         let reading = registry::depth_reading(&config)?;
         let broker = registry::connect(&config.broker).await?;
-        Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), &reading).await)
+        anyhow::Ok(pending::read(&Scheduler::new(&config, strategies, broker), false, &Default::default(), &reading).await)
     })?;
     if let Some(wanted) = &cli.strategy {
         depths.retain(|s| &s.strategy == wanted);

@@ -27,7 +27,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::config::broker::NatsSettings;
 use crate::report::CommandError;
-use crate::service::cancellations::{Answer, OpenCancellations, CancelError, Cancellations};
+use crate::service::cancellations::{Answer, CancelError, Cancellations, OpenCancellations};
 
 const CANCELLED: &str = "cancelled";
 const RELEASED: &str = "released";

@@ -69,7 +69,7 @@ use crate::config::broker::RabbitMqSettings;
 use crate::report::CommandError;
 use crate::scheduler::strategies::Strategies;
 pub use crate::service::cancellations::{Answer, CancelError};
-use crate::service::cancellations::{OpenCancellations, Cancellations};
+use crate::service::cancellations::{Cancellations, OpenCancellations};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {

@@ -32,7 +32,7 @@ use crate::executor::{Broker, ExecutorError};
 use crate::message::Delivery;
 use crate::report::CommandError;
 use crate::scheduler::{ScheduleRequest, Scheduler};
-use crate::service::cancellations::{Answer, OpenCancellations, CancelError, Cancellations};
+use crate::service::cancellations::{Answer, CancelError, Cancellations, OpenCancellations};
 use crate::stop::{pause_unless_stopped, unless_stopped};
 
 /// How long a receive of the fates or the reply queue waits for something to come.
