@@ -16,9 +16,11 @@ use serde_json::{Value, json};
 
 /// How late a message scheduled before or after a reload may arrive (whole
 /// seconds on 1 s levels and hold queues: no rounding): measured 11–20 ms
-/// with two tests at a time, and once 128 ms for the first message after
-/// `serve` started, in a full CI run (printed). A missed 1 s hop is 1,000 ms.
-const RELOAD_ON_TIME_MS: u64 = 250;
+/// with two tests at a time, once 128 ms for the first message after `serve`
+/// started in a full CI run, and once 547 ms on RabbitMQ 4.3 while the 4.3
+/// pass moved 10,000 messages beside it (printed). A missed 1 s hop is
+/// 1,000 ms late at least, which this still catches.
+const RELOAD_ON_TIME_MS: u64 = 750;
 
 fn write_config(path: &PathBuf, strategy_table: &str, more: &str) {
     std::fs::write(path, config_text(strategy_table, more)).unwrap();
