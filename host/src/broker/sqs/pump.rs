@@ -313,6 +313,22 @@ impl Pump {
         })
     }
 
+    /// A pump for `queue` whose dead-letter queue and visibility are prepared
+    /// first as `settings` ask (created and set when `declaring`); with the
+    /// queue as prepared.
+    pub async fn open(
+        executor: Arc<SqsExecutor>,
+        planner: Box<dyn DueHandler>,
+        queue: &str,
+        wait_seconds: i32,
+        settings: &PumpSettings,
+        declaring: bool,
+    ) -> Result<(Self, PreparedQueue), ExecutorError> {
+        let prepared = executor.prepare_pumped(queue, settings, declaring).await?;
+        let pump = Pump::new(executor, planner, queue, wait_seconds).await?.prepared(&prepared, settings);
+        Ok((pump, prepared))
+    }
+
     /// Reads SQS's clock into `clock` (the service's), and asks it the time.
     pub(crate) fn clocked(mut self, clock: Arc<Clock>) -> Self {
         self.clock = clock;

@@ -43,9 +43,8 @@ pub async fn pump_command(
             })
             .collect();
         for queue in pumped {
-            let prepared = executor.prepare_pumped(&queue, &pump_settings, true).await?;
-            let pump =
-                Pump::new(executor.clone(), Box::new(Strategies::load_one(config, strategy)?), &queue, wait_seconds).await?.prepared(&prepared, &pump_settings);
+            let planner = Box::new(Strategies::load_one(config, strategy)?);
+            let (pump, _) = Pump::open(executor.clone(), planner, &queue, wait_seconds, &pump_settings, true).await?;
             started(&queue);
             counters.push(pump.counters.clone());
             tasks.push(tokio::spawn(pump.run(stopped.clone())));

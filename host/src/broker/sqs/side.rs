@@ -224,13 +224,10 @@ async fn start_pumps(service: Arc<Service>, sqs: Arc<SqsExecutor>, mut reported:
                     .await
                     .map_err(|e| format!("loading the pump's planner: {e}"))?
                     .map_err(|e| format!("loading the pump's planner: {e}"))?;
-                let prepared =
-                    sqs.prepare_pumped(&pumped.queue, &start.settings, start.declaring).await.map_err(|e| format!("preparing the pumped queue: {e}"))?;
-                let pump = Pump::new(sqs, Box::new(planner), &pumped.queue, start.wait_seconds)
+                let (pump, prepared) = Pump::open(sqs, Box::new(planner), &pumped.queue, start.wait_seconds, &start.settings, start.declaring)
                     .await
-                    .map_err(|e| format!("starting the pump: {e}"))?
-                    .prepared(&prepared, &start.settings)
-                    .clocked(clock);
+                    .map_err(|e| format!("starting the pump: {e}"))?;
+                let pump = pump.clocked(clock);
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
                 metrics.watch_pump(&pumped.queue, pump.counters.clone());
                 pump.run(stop).await.map_err(|e| format!("pump stopped: {e}").into())
