@@ -1,4 +1,4 @@
-//! Builds the four built-in planners for `wasm32-wasip2` so they can be
+//! Builds the built-in planners for `wasm32-wasip2` so they can be
 //! embedded in the binary (src/planner/builtin.rs) and `cargo run` needs no
 //! separate step. Nothing else: the tests build the test planners they load
 //! (`hourglass_planner_build::test_planner`).
@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use hourglass_planner_build::{build, component_file, target_dir_above};
 
-const BUILTINS: [&str; 5] = ["binary-levels", "hold-queues", "fixed-intervals", "sqs-cycles", "nats-hold"];
+const BUILTINS: [&str; 6] = ["binary-levels", "hold-queues", "fixed-intervals", "sqs-cycles", "nats-hold", "nats-schedule"];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

@@ -141,6 +141,13 @@ pub enum Command {
         subject: String,
         headers: BTreeMap<String, String>,
     },
+    /// A one-shot JetStream schedule of the message (nats-server 2.12+): the
+    /// server publishes it to `target` `after_ms` from now on its clock.
+    NatsSchedule {
+        target: String,
+        after_ms: u64,
+        headers: BTreeMap<String, String>,
+    },
 }
 
 /// A message a held stream delivered, as its planner sees it.
@@ -186,7 +193,7 @@ impl Command {
     /// Whether this command sends the message being planned (the others declare).
     pub fn sends_the_message(&self) -> bool {
         match self {
-            Command::Publish { .. } | Command::SqsSend { .. } | Command::NatsPublish { .. } => true,
+            Command::Publish { .. } | Command::SqsSend { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => true,
             Command::DeclareExchange { .. }
             | Command::DeclareQueue { .. }
             | Command::BindQueue { .. }
@@ -352,6 +359,8 @@ pub enum InvalidCommand {
     NatsHeaderValue(String),
     #[error("NATS header {0:?} is given twice")]
     NatsHeaderTwice(String),
+    #[error("NATS header {0:?}: the host writes a schedule's Nats-Schedule headers itself")]
+    NatsScheduleHeader(String),
 }
 
 pub(crate) fn check_name(what: &'static str, name: &str, empty_ok: bool) -> Result<(), InvalidCommand> {
@@ -414,6 +423,22 @@ pub(crate) fn check_nats_header_name(name: &str) -> Result<(), InvalidCommand> {
         return Err(InvalidCommand::NatsHeaderName(name.to_string()));
     }
     Ok(())
+}
+
+/// A planner's NATS headers, checked: each name valid and given once, no value with a line break.
+pub(crate) fn nats_headers(headers: impl IntoIterator<Item = (String, String)>) -> Result<BTreeMap<String, String>, InvalidCommand> {
+    let mut checked = BTreeMap::new();
+    for (name, value) in headers {
+        check_nats_header_name(&name)?;
+        if value.contains(['\r', '\n']) {
+            return Err(InvalidCommand::NatsHeaderValue(name));
+        }
+        if checked.contains_key(&name) {
+            return Err(InvalidCommand::NatsHeaderTwice(name));
+        }
+        checked.insert(name, value);
+    }
+    Ok(checked)
 }
 
 pub(crate) fn check_queue_arguments(queue: &str, arguments: &FieldTable) -> Result<(), InvalidCommand> {

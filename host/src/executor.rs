@@ -12,6 +12,7 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::clock::Clock;
 use crate::command::{Command, FieldTable};
 use crate::message::Properties;
 
@@ -101,6 +102,11 @@ pub trait Executor {
 
     /// Where messages go, for people ("RabbitMQ at amqp://…").
     fn describe(&self) -> String;
+
+    /// The clock the host counts due times on (the broker's, once read): a
+    /// broker handed absolute times (NATS schedules) turns delays into them
+    /// on it. Others wait out delays on their own clock and ignore it.
+    fn count_on(&self, _clock: Arc<Clock>) {}
 }
 
 /// Deliveries a broker that keeps them (the in-memory one) keeps per
@@ -163,6 +169,7 @@ trait AnyExecutor: Send + Sync {
     fn delivered(&self, destination: &str) -> Option<Vec<Delivered>>;
     fn outlives_the_process(&self) -> bool;
     fn describe(&self) -> String;
+    fn count_on(&self, clock: Arc<Clock>);
     #[cfg(feature = "testing")]
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
@@ -197,6 +204,9 @@ impl<E: Executor + Send + Sync + 'static> AnyExecutor for E {
     }
     fn outlives_the_process(&self) -> bool {
         Executor::outlives_the_process(self)
+    }
+    fn count_on(&self, clock: Arc<Clock>) {
+        Executor::count_on(self, clock)
     }
     fn describe(&self) -> String {
         Executor::describe(self)
@@ -240,5 +250,8 @@ impl Executor for Broker {
     }
     fn describe(&self) -> String {
         self.0.describe()
+    }
+    fn count_on(&self, clock: Arc<Clock>) {
+        self.0.count_on(clock)
     }
 }

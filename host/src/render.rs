@@ -103,6 +103,14 @@ pub fn commands(commands: &[Command]) -> String {
                     let headers: Vec<String> = headers.iter().map(|(name, value)| format!("{name}={value:?}")).collect();
                     ("nats publish", subject.clone(), if headers.is_empty() { String::new() } else { format!("headers {}", headers.join(" ")) })
                 }
+                Command::NatsSchedule { target, after_ms, headers } => {
+                    let headers: Vec<String> = headers.iter().map(|(name, value)| format!("{name}={value:?}")).collect();
+                    (
+                        "nats schedule",
+                        target.clone(),
+                        format!("after {} {}", duration(*after_ms), if headers.is_empty() { String::new() } else { format!("headers {}", headers.join(" ")) }),
+                    )
+                }
             };
             vec![(i + 1).to_string(), what.to_string(), name, detail.trim().to_string()]
         })

@@ -328,6 +328,37 @@ fn a_planner_built_against_contract_0_3_still_loads_and_plans_with_registered_na
     assert!(err.to_string().contains("before 0.4.0"), "{err}");
 }
 
+/// A planner built against 0.4.0 (NATS holds, no native schedules) still
+/// loads, declares its held stream, plans a publish to its registered hold
+/// subject, and waits or hands over a held message as it did.
+#[test]
+fn a_planner_built_against_contract_0_4_still_holds_and_hands_over_on_nats() {
+    use hourglass::command::{Command, HeldAction, HeldMessage};
+    let runtime = common::runtime();
+    let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-4")), "{}".into()).expect("a 0.4.0 planner loads");
+    assert_eq!(planner.info().name, "contract-0-4");
+    let topology = planner.topology().unwrap();
+    assert!(matches!(&topology[..], [Command::NatsEnsureStream { name, held: true, .. }] if name == "contract-0-4-hold"), "{topology:?}");
+    let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
+    assert_eq!(plan.delivers_after_ms, 2_000);
+    let [Command::NatsPublish { subject, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    assert_eq!(subject, "contract-0-4.hold");
+    let held = HeldMessage {
+        stream: "contract-0-4-hold".into(),
+        subject: "contract-0-4.hold".into(),
+        destination: "orders".into(),
+        due_at_ms: 5_000,
+        now_ms: 4_200,
+        deliveries: 1,
+    };
+    assert_eq!(planner.handle_held(&held).unwrap(), HeldAction::Wait { ms: 800 });
+    let action = planner.handle_held(&HeldMessage { now_ms: 5_000, ..held }).unwrap();
+    assert!(
+        matches!(&action, HeldAction::HandOver { commands } if matches!(&commands[..], [Command::NatsPublish { subject, .. }] if subject == "orders")),
+        "{action:?}"
+    );
+}
+
 /// A publish naming a registered name past the planner's list fails that
 /// call with an error naming the planner and the index; the next call works.
 #[test]

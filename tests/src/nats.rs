@@ -104,9 +104,39 @@ impl NatsDestination {
         let jetstream = connect_to(url).await;
         let (stream, subject) = unique(stem);
         let config = stream::Config { name: stream.clone(), subjects: vec![subject.clone()], num_replicas: replicas, ..Default::default() };
-        let created = jetstream.create_stream(config).await.unwrap_or_else(|e| panic!("create stream {stream}: {e}"));
+        jetstream.create_stream(config).await.unwrap_or_else(|e| panic!("create stream {stream}: {e}"));
+        Self::consume(url, jetstream, stream, subject).await
+    }
+
+    /// A destination whose stream allows message schedules (nats-server
+    /// 2.12+; older servers ignore the option) and, when `captured`, captures
+    /// the subjects hourglass keeps its schedules to it on. Its consumer takes
+    /// the destination subject only, not the schedules beside it.
+    pub async fn create_for_schedules(stem: &str, captured: bool) -> NatsDestination {
+        let url = nats_url();
+        let jetstream = connect_to(&url).await;
+        let (stream, subject) = unique(stem);
+        let mut subjects = vec![subject.clone()];
+        if captured {
+            subjects.push(format!("hourglass.schedules.*.{subject}"));
+        }
+        // Raw: the client's typed configuration has the option only with a feature the host leaves off.
+        let config = serde_json::json!({ "name": stream, "subjects": subjects, "storage": "file", "allow_msg_schedules": true });
+        let created: serde_json::Value = jetstream.request(format!("STREAM.CREATE.{stream}"), &config).await.expect("create stream request");
+        assert!(created.get("error").is_none(), "create stream {stream}: {created}");
+        Self::consume(&url, jetstream, stream, subject).await
+    }
+
+    /// A destination over the stream just made, its consumer taking `subject` only.
+    async fn consume(url: &str, jetstream: jetstream::Context, stream: String, subject: String) -> NatsDestination {
+        let created = jetstream.get_stream(&stream).await.unwrap_or_else(|e| panic!("stream {stream}: {e}"));
         let consumer = created
-            .create_consumer(consumer::pull::Config { durable_name: Some("e2e".into()), ack_policy: consumer::AckPolicy::Explicit, ..Default::default() })
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some("e2e".into()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                filter_subject: subject.clone(),
+                ..Default::default()
+            })
             .await
             .expect("destination consumer");
         let (sender, received) = mpsc::unbounded_channel();

@@ -82,8 +82,8 @@ pub struct Capabilities {
     pub redelivery: bool,
     /// The commands a strategy's planner must write here; `None`: any (the simulator runs every family).
     pub family: Option<BrokerFamily>,
-    /// A cancellable strategy needs this built-in planner (its release step is the broker's own), if any.
-    pub cancellable_planner: Option<&'static str>,
+    /// A cancellable strategy needs one of these built-in planners (its release step is the broker's own); empty: any.
+    pub cancellable_planners: &'static [&'static str],
     /// A cancellable strategy delivers through a release queue that asks the
     /// cancellation log before forwarding; without one, the broker's own hold
     /// asks it at hand-over (NATS).
@@ -112,7 +112,7 @@ impl BrokerConfig {
                 exchanges: false,
                 redelivery: false,
                 family: None,
-                cancellable_planner: None,
+                cancellable_planners: &[],
                 release_queue: false,
                 verify_topology: false,
             },
@@ -124,7 +124,7 @@ impl BrokerConfig {
                 exchanges: true,
                 redelivery: true,
                 family: Some(BrokerFamily::Amqp),
-                cancellable_planner: None,
+                cancellable_planners: &[],
                 release_queue: true,
                 verify_topology: true,
             },
@@ -137,7 +137,7 @@ impl BrokerConfig {
                 redelivery: false,
                 family: Some(BrokerFamily::Sqs),
                 // The release step is a standard queue reached with DelaySeconds: only an SQS planner plans to it.
-                cancellable_planner: Some(crate::planner::builtin::SQS_CYCLES),
+                cancellable_planners: &[crate::planner::builtin::SQS_CYCLES],
                 release_queue: true,
                 verify_topology: false,
             },
@@ -149,8 +149,8 @@ impl BrokerConfig {
                 exchanges: false,
                 redelivery: false,
                 family: Some(BrokerFamily::Nats),
-                // The held stream asks the bucket at hand-over: only the planner that holds there can be cancelled.
-                cancellable_planner: Some(crate::planner::builtin::NATS_HOLD),
+                // The held stream asks the bucket at hand-over, and a cancel removes a schedule: the planners of either.
+                cancellable_planners: &[crate::planner::builtin::NATS_HOLD, crate::planner::builtin::NATS_SCHEDULE],
                 release_queue: false,
                 verify_topology: true,
             },

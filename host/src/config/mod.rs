@@ -644,14 +644,15 @@ impl Config {
             let planner = PlannerSource::parse(&spec, base_dir);
             // Where a broker releases through a queue only its own planner plans to, a cancellable strategy needs that planner.
             // (A planner from a file says its family when loaded, and `serve` refuses the wrong one then.)
-            if let (true, Some(needed), PlannerSource::Builtin(builtin), Some(span)) =
-                (cancellable, raw.broker.capabilities().cancellable_planner, &planner, &cancellable_span)
-                && *builtin != needed
+            let needed = raw.broker.capabilities().cancellable_planners;
+            if let (true, PlannerSource::Builtin(builtin), Some(span)) = (cancellable, &planner, &cancellable_span)
+                && !needed.is_empty()
+                && !needed.contains(builtin)
             {
                 let kind = raw.broker.kind();
                 return Err(invalid(
                     span.clone(),
-                    format!("strategies.{name}.cancellable: on broker.kind = {kind:?} it needs the {needed} planner, not {builtin}"),
+                    format!("strategies.{name}.cancellable: on broker.kind = {kind:?} it needs the {} planner, not {builtin}", needed.join(" or ")),
                 ));
             }
             strategies.insert(

@@ -5,8 +5,9 @@ pub(crate) const HOLD_QUEUES: &str = "hold-queues";
 pub(crate) const FIXED_INTERVALS: &str = "fixed-intervals";
 pub(crate) const SQS_CYCLES: &str = "sqs-cycles";
 pub(crate) const NATS_HOLD: &str = "nats-hold";
+pub(crate) const NATS_SCHEDULE: &str = "nats-schedule";
 
-pub(crate) const NAMES: [&str; 5] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES, NATS_HOLD];
+pub(crate) const NAMES: [&str; 6] = [BINARY_LEVELS, HOLD_QUEUES, FIXED_INTERVALS, SQS_CYCLES, NATS_HOLD, NATS_SCHEDULE];
 
 /// The component bytes of a built-in planner, by name.
 pub fn component(name: &str) -> Option<&'static [u8]> {
@@ -16,6 +17,7 @@ pub fn component(name: &str) -> Option<&'static [u8]> {
         FIXED_INTERVALS => include_bytes!(concat!(env!("OUT_DIR"), "/fixed_intervals.wasm")),
         SQS_CYCLES => include_bytes!(concat!(env!("OUT_DIR"), "/sqs_cycles.wasm")),
         NATS_HOLD => include_bytes!(concat!(env!("OUT_DIR"), "/nats_hold.wasm")),
+        NATS_SCHEDULE => include_bytes!(concat!(env!("OUT_DIR"), "/nats_schedule.wasm")),
         _ => return None,
     })
 }

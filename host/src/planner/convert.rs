@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use super::bindings::hourglass::planner::types as wit;
 use crate::command::{
-    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_nats_header_name,
-    check_nats_stream_name, check_nats_subject, check_queue_arguments, check_sqs_queue_name,
+    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_nats_stream_name,
+    check_nats_subject, check_queue_arguments, check_sqs_queue_name, nats_headers,
 };
 
 /// More than a 32-level strategy needs (one key per bit, and the destination's),
@@ -116,17 +116,16 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
         wit::Command::NatsPublish(publish) => {
             let subject = name_text("subject", publish.subject, names)?;
             check_nats_subject("publish subject", &subject, false)?;
-            let mut headers = BTreeMap::new();
-            for header in publish.headers {
-                check_nats_header_name(&header.name)?;
-                if header.value.contains(['\r', '\n']) {
-                    return Err(InvalidCommand::NatsHeaderValue(header.name));
-                }
-                if headers.insert(header.name.clone(), header.value).is_some() {
-                    return Err(InvalidCommand::NatsHeaderTwice(header.name));
-                }
-            }
+            let headers = nats_headers(publish.headers.into_iter().map(|h| (h.name, h.value)))?;
             Command::NatsPublish { subject, headers }
+        }
+        wit::Command::NatsSchedule(schedule) => {
+            check_nats_subject("schedule target", &schedule.target, false)?;
+            let headers = nats_headers(schedule.headers.into_iter().map(|h| (h.name, h.value)))?;
+            if let Some(name) = headers.keys().find(|name| name.to_ascii_lowercase().starts_with("nats-schedule")) {
+                return Err(InvalidCommand::NatsScheduleHeader(name.clone()));
+            }
+            Command::NatsSchedule { target: schedule.target, after_ms: schedule.after_ms, headers }
         }
     };
     Ok(command)

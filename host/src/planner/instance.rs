@@ -30,7 +30,7 @@ impl BrokerFamily {
             | Command::BindExchange { .. }
             | Command::Publish { .. } => BrokerFamily::Amqp,
             Command::SqsEnsureQueue { .. } | Command::SqsSend { .. } => BrokerFamily::Sqs,
-            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } => BrokerFamily::Nats,
+            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => BrokerFamily::Nats,
         }
     }
 }

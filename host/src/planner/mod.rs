@@ -7,17 +7,26 @@
 //!   instances, so calls run in parallel. Every call goes through it (or
 //!   through a [`PlannerInstance`] checked out of it) and comes back
 //!   converted to host types and validated.
-//! * [`builtin`] holds the five planners embedded in the binary.
+//! * [`builtin`] holds the six planners embedded in the binary.
 
-/// The contract, `hourglass:planner@0.4.0`: what planners are built against.
+/// The contract, `hourglass:planner@0.5.0`: what planners are built against.
 pub mod bindings {
     wasmtime::component::bindgen!({
         world: "planner-world",
         path: "../wit",
     });
 
+    /// `hourglass:planner@0.4.0`, still loaded: its answers are upgraded to
+    /// 0.5.0's types as they leave the planner (see `upgrade`).
+    pub mod v0_4 {
+        wasmtime::component::bindgen!({
+            world: "planner-world",
+            path: "../wit/previous/planner@0.4.0.wit",
+        });
+    }
+
     /// `hourglass:planner@0.3.0`, still loaded: its answers are upgraded to
-    /// 0.4.0's types as they leave the planner (see `upgrade`).
+    /// 0.5.0's types as they leave the planner (see `upgrade`).
     pub mod v0_3 {
         wasmtime::component::bindgen!({
             world: "planner-world",
@@ -26,7 +35,7 @@ pub mod bindings {
     }
 
     /// `hourglass:planner@0.2.0`, still loaded: its answers are upgraded to
-    /// 0.4.0's types as they leave the planner (see `upgrade`).
+    /// 0.5.0's types as they leave the planner (see `upgrade`).
     pub mod v0_2 {
         wasmtime::component::bindgen!({
             world: "planner-world",
@@ -35,7 +44,7 @@ pub mod bindings {
     }
 
     /// `hourglass:planner@0.1.0`, still loaded: its answers are upgraded to
-    /// 0.4.0's types as they leave the planner (see `upgrade`).
+    /// 0.5.0's types as they leave the planner (see `upgrade`).
     pub mod v0_1 {
         wasmtime::component::bindgen!({
             world: "planner-world",

@@ -1,17 +1,21 @@
-//! Answers of a planner built against an earlier contract (`hourglass:planner@0.3.0`,
-//! `@0.2.0` or `@0.1.0`) in 0.4.0's types, so everything past the call sees one
-//! contract. Each version's answers are a subset of the next's: 0.2.0 added
-//! `bcc` to `publish`, 0.3.0 named its exchange and keys with `name` (which an
-//! earlier planner's strings become as `name.text`), and 0.4.0 added the NATS
-//! family, which no earlier planner can answer with. The host's inputs go the
-//! other way.
+//! Answers of a planner built against an earlier contract (`hourglass:planner@0.4.0`,
+//! `@0.3.0`, `@0.2.0` or `@0.1.0`) in 0.5.0's types, so everything past the call
+//! sees one contract. Each version's answers are a subset of the next's: 0.2.0
+//! added `bcc` to `publish`, 0.3.0 named its exchange and keys with `name` (which
+//! an earlier planner's strings become as `name.text`), 0.4.0 added the NATS
+//! family, which no earlier planner can answer with, and 0.5.0 `nats-schedule`.
+//! The host's inputs go the other way.
 
 use super::bindings::hourglass::planner::types as now;
 
 /// The conversions between `old` (in scope where it is expanded) and `now`,
-/// every type but `publish` alike in both.
+/// every type but `publish` alike in both; `commands` and `families` are the
+/// arms of what a version has beyond 0.1.0's (the NATS family from 0.4.0).
 macro_rules! upgrade_from {
     () => {
+        upgrade_from!(commands: {}, families: {});
+    };
+    (commands: { $($command_arm:tt)* }, families: { $($family_arm:tt)* }) => {
         pub(crate) fn commands(commands: Vec<old::Command>) -> Vec<now::Command> {
             commands.into_iter().map(command).collect()
         }
@@ -47,6 +51,7 @@ macro_rules! upgrade_from {
                     group_id: s.group_id,
                     dedup_id: s.dedup_id,
                 }),
+                $($command_arm)*
             }
         }
 
@@ -95,6 +100,7 @@ macro_rules! upgrade_from {
                 family: match info.family {
                     old::BrokerFamily::Amqp => now::BrokerFamily::Amqp,
                     old::BrokerFamily::Sqs => now::BrokerFamily::Sqs,
+                    $($family_arm)*
                 },
                 config_keys: info
                     .config_keys
@@ -140,28 +146,74 @@ macro_rules! upgrade_from {
     };
 }
 
+/// `publish` as 0.3.0 has it, and every version since: exchange and keys
+/// each a registered `name` or text.
+macro_rules! publish_with_names {
+    () => {
+        fn publish(p: old::Publish) -> now::Publish {
+            now::Publish {
+                exchange: name(p.exchange),
+                routing_key: name(p.routing_key),
+                bcc: p.bcc.into_iter().map(name).collect(),
+                headers: fields(p.headers),
+                expiration_ms: p.expiration_ms,
+                mandatory: p.mandatory,
+            }
+        }
+
+        fn name(name: old::Name) -> now::Name {
+            match name {
+                old::Name::Registered(index) => now::Name::Registered(index),
+                old::Name::Text(text) => now::Name::Text(text),
+            }
+        }
+    };
+}
+
+/// From `hourglass:planner@0.4.0`: everything but `nats-schedule`.
+pub(crate) mod v0_4 {
+    use super::now;
+    use crate::planner::bindings::v0_4::hourglass::planner::types as old;
+
+    publish_with_names!();
+
+    fn nats_headers(headers: Vec<old::NatsHeader>) -> Vec<now::NatsHeader> {
+        headers.into_iter().map(|h| now::NatsHeader { name: h.name, value: h.value }).collect()
+    }
+
+    upgrade_from!(
+        commands: {
+            old::Command::NatsEnsureStream(s) => now::Command::NatsEnsureStream(now::NatsEnsureStream { name: s.name, subjects: s.subjects, held: s.held }),
+            old::Command::NatsPublish(p) => now::Command::NatsPublish(now::NatsPublish { subject: name(p.subject), headers: nats_headers(p.headers) }),
+        },
+        families: { old::BrokerFamily::Nats => now::BrokerFamily::Nats, }
+    );
+
+    pub(crate) fn held_action(action: old::HeldAction) -> now::HeldAction {
+        match action {
+            old::HeldAction::Wait(ms) => now::HeldAction::Wait(ms),
+            old::HeldAction::HandOver(c) => now::HeldAction::HandOver(commands(c)),
+        }
+    }
+
+    pub(crate) fn held_message(message: &now::HeldMessage) -> old::HeldMessage {
+        old::HeldMessage {
+            stream: message.stream.clone(),
+            subject: message.subject.clone(),
+            destination: message.destination.clone(),
+            due_at_ms: message.due_at_ms,
+            now_ms: message.now_ms,
+            deliveries: message.deliveries,
+        }
+    }
+}
+
 /// From `hourglass:planner@0.3.0`: the same publish, no NATS commands.
 pub(crate) mod v0_3 {
     use super::now;
     use crate::planner::bindings::v0_3::hourglass::planner::types as old;
 
-    fn publish(p: old::Publish) -> now::Publish {
-        now::Publish {
-            exchange: name(p.exchange),
-            routing_key: name(p.routing_key),
-            bcc: p.bcc.into_iter().map(name).collect(),
-            headers: fields(p.headers),
-            expiration_ms: p.expiration_ms,
-            mandatory: p.mandatory,
-        }
-    }
-
-    fn name(name: old::Name) -> now::Name {
-        match name {
-            old::Name::Registered(index) => now::Name::Registered(index),
-            old::Name::Text(text) => now::Name::Text(text),
-        }
-    }
+    publish_with_names!();
 
     upgrade_from!();
 }

@@ -202,7 +202,8 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
                 | Command::Publish { .. }
                 | Command::SqsEnsureQueue { .. }
                 | Command::SqsSend { .. }
-                | Command::NatsPublish { .. } => {}
+                | Command::NatsPublish { .. }
+                | Command::NatsSchedule { .. } => {}
             }
         }
     }
@@ -292,19 +293,22 @@ pub struct Scheduler<E> {
 
 impl<E: Executor> Scheduler<E> {
     pub fn new(config: &Config, strategies: Strategies, executor: E) -> Self {
+        let clock = Clock::system();
+        executor.count_on(clock.clone());
         Scheduler {
             executor,
             current: RwLock::new(Arc::new(Generation::new(config.clone(), strategies))),
             metrics: Arc::default(),
             pumped_queues: OnceLock::new(),
             declaring: true,
-            clock: Clock::system(),
+            clock,
         }
     }
 
     /// Counts due times on `clock` (default: the system's, until readings of the broker's clock arrive).
     pub(crate) fn set_clock(&mut self, clock: Arc<Clock>) {
         self.metrics.watch_clock(clock.clone());
+        self.executor.count_on(clock.clone());
         self.clock = clock;
     }
 

@@ -199,7 +199,7 @@ impl Simulator {
         match command {
             Command::Publish { .. } | Command::SqsSend { .. } => Err(SimError::Invalid("a publish or send needs a message; use execute".into())),
             Command::SqsEnsureQueue { name, attributes, pumped } => self.sqs.ensure_queue(name, attributes, *pumped),
-            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } => Err(SimError::Invalid(NO_NATS_MODEL.into())),
+            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => Err(SimError::Invalid(NO_NATS_MODEL.into())),
             Command::DeclareExchange { .. } | Command::DeclareQueue { .. } | Command::BindQueue { .. } | Command::BindExchange { .. } => {
                 self.amqp.apply(command, self.now_ms)
             }

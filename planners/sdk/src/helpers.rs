@@ -5,7 +5,7 @@ pub const AMQP_MAX_TTL_MS: u64 = 10 * 365 * 24 * 3_600_000;
 
 use crate::{
     BindExchange, BindQueue, Command, DeclareExchange, DeclareQueue, DelayRange, ExchangeKind, Field, Granularity, Info, Name, NatsEnsureStream, NatsHeader,
-    NatsPublish, Publish, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
+    NatsPublish, NatsSchedule, Publish, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
 };
 use crate::{BrokerFamily, ConfigKey};
 
@@ -110,6 +110,12 @@ pub fn nats_ensure_stream(name: &str, subjects: &[&str], held: bool) -> Command 
 /// Publishes the message to `subject` (a [`Key`](crate::Key) registered once, or text), acknowledged by JetStream.
 pub fn nats_publish(subject: impl Into<Name>, headers: Vec<NatsHeader>) -> Command {
     Command::NatsPublish(NatsPublish { subject: subject.into(), headers })
+}
+
+/// Hands the message to the NATS server as a schedule: it publishes the
+/// message to `target` after `after_ms` (nats-server 2.12+).
+pub fn nats_schedule(target: &str, after_ms: u64, headers: Vec<NatsHeader>) -> Command {
+    Command::NatsSchedule(NatsSchedule { target: target.into(), after_ms, headers })
 }
 
 pub fn nats_header(name: &str, value: impl Into<String>) -> NatsHeader {

@@ -52,8 +52,8 @@ pub mod __bindings {
 
 pub use __bindings::hourglass::planner::types::{
     BindExchange, BindQueue, BrokerFamily, Command, ConfigKey, DeclareExchange, DeclareQueue, DelayPlan as Plan, DelayRange, DueAction, DueMessage,
-    ExchangeKind, Field, Granularity, HeldAction, HeldMessage, Name, NatsEnsureStream, NatsHeader, NatsPublish, PlanRequest, PlannerInfo as Info, Publish,
-    RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
+    ExchangeKind, Field, Granularity, HeldAction, HeldMessage, Name, NatsEnsureStream, NatsHeader, NatsPublish, NatsSchedule, PlanRequest, PlannerInfo as Info,
+    Publish, RedeliveryDecision, RedeliveryRequest, SqsAttribute, SqsEnsureQueue, SqsSend, Value,
 };
 #[doc(hidden)]
 pub use adapter::Adapter;

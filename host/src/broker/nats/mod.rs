@@ -3,10 +3,12 @@
 //! * [`NatsExecutor`] (this file): one client connection, reconnected by the
 //!   client; streams ensured (`nats-ensure-stream`), a destination checked
 //!   (a stream must capture its subject), messages published with JetStream's
-//!   acknowledgement (`nats-publish`).
+//!   acknowledgement (`nats-publish`), handed to the server as schedules
+//!   (`nats-schedule`, [`schedule`]).
 //! * [`convert`]: a message's headers and properties as NATS headers.
 //! * [`consume`]: a JetStream consumer under the neutral `Handler` (the NATS ingress).
 //! * [`cancel`]: cancels and reschedules, a KV bucket the held streams ask at hand-over.
+//! * [`schedule`]: JetStream message schedules (nats-server 2.12+), and their cancel.
 //! * [`verify`]: what the strategies rely on, proven on the user's server.
 //! * [`clock`]: the server's clock, read from the stamp JetStream gives a stored message.
 //! * [`hold`]: the durable consumer of a held stream, which asks the
@@ -25,6 +27,7 @@ pub mod clock;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
+pub mod schedule;
 pub(super) mod side;
 pub mod verify;
 
@@ -34,6 +37,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
+use crate::clock::Clock;
 use crate::command::Command;
 use crate::config::broker::NatsSettings;
 use crate::executor::{Envelope, Executor, ExecutorError};
@@ -59,6 +63,12 @@ pub struct NatsExecutor {
     /// Replicas of every stream hourglass creates (1 on a single server, 3 in a cluster).
     replicas: usize,
     reconnects: Arc<AtomicU64>,
+    /// What a schedule's delay is counted on (the scheduler's clock, see [`Executor::count_on`]).
+    clock: std::sync::RwLock<Arc<Clock>>,
+    /// Targets whose stream was found to keep schedules (see [`schedule::keeper`]).
+    kept: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Where a cancellable message's fate is written before it becomes a schedule (the service's bucket).
+    fates: std::sync::OnceLock<Arc<cancel::NatsCancel>>,
 }
 
 impl NatsExecutor {
@@ -88,7 +98,26 @@ impl NatsExecutor {
         let client = options.connect(servers).await.map_err(|e| ExecutorError::Unavailable(format!("NATS at {url}: {e}")))?;
         let mut jetstream = jetstream::new(client.clone());
         jetstream.set_timeout(REQUEST_TIMEOUT);
-        Ok(NatsExecutor { client, jetstream, url: url.to_string(), replicas: replicas.max(1), reconnects })
+        Ok(NatsExecutor {
+            client,
+            jetstream,
+            url: url.to_string(),
+            replicas: replicas.max(1),
+            reconnects,
+            clock: std::sync::RwLock::new(Clock::system()),
+            kept: Default::default(),
+            fates: Default::default(),
+        })
+    }
+
+    /// Writes the fate of each cancellable message handed over as a schedule to `bucket`.
+    pub(crate) fn keep_fates_in(&self, bucket: Arc<cancel::NatsCancel>) {
+        let _ = self.fates.set(bucket);
+    }
+
+    /// The clock due times count on: the server's, once it was read.
+    pub(crate) fn clock(&self) -> Arc<Clock> {
+        self.clock.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     pub fn url(&self) -> &str {
@@ -189,7 +218,7 @@ impl Executor for NatsExecutor {
                         self.ensure_stream(&parked, &[subject], false).await?;
                     }
                 }
-                Command::NatsPublish { .. } => return Err(ExecutorError::Refused("a publish needs a message".into())),
+                Command::NatsPublish { .. } | Command::NatsSchedule { .. } => return Err(ExecutorError::Refused("a publish needs a message".into())),
                 Command::DeclareExchange { .. }
                 | Command::DeclareQueue { .. }
                 | Command::BindQueue { .. }
@@ -227,6 +256,21 @@ impl Executor for NatsExecutor {
                     }
                     self.publish(subject, headers, body.clone()).await?;
                 }
+                Command::NatsSchedule { target, after_ms, headers: extra } => {
+                    let mut headers = headers.clone();
+                    for (name, value) in extra {
+                        headers.insert(name.as_str(), value.as_str());
+                    }
+                    // A cancellable message (it carries its id) has its fate kept.
+                    let fates = self.fates.get().filter(|_| envelope.headers.contains_key(crate::headers::ID_HEADER));
+                    let record_fate = async {
+                        match fates {
+                            Some(fates) => fates.record_scheduled(&envelope.id).await,
+                            None => Ok(()),
+                        }
+                    };
+                    self.schedule(&envelope.id, target, *after_ms, headers, body.clone(), record_fate).await?;
+                }
                 other => self.apply(std::slice::from_ref(other)).await?,
             }
         }
@@ -239,6 +283,10 @@ impl Executor for NatsExecutor {
 
     fn reconnects(&self) -> u64 {
         self.reconnects.load(Ordering::Relaxed)
+    }
+
+    fn count_on(&self, clock: Arc<Clock>) {
+        *self.clock.write().unwrap_or_else(std::sync::PoisonError::into_inner) = clock;
     }
 
     async fn queue_depth(&self, queue: &str) -> Option<u64> {

@@ -94,6 +94,7 @@ impl BrokerSide for NatsSide {
             if config.strategies.values().any(|s| s.cancellable) {
                 let bucket = cancellation_bucket(config.service.cancel.log());
                 let cancellations = Arc::new(NatsCancel::open(&self.nats, &bucket, config.service.cancel.retention_ms(), declaring).await?);
+                self.nats.keep_fates_in(cancellations.clone());
                 let _ = service.background.cancellations.set(cancellations.clone());
                 let _ = self.cancellations.set(cancellations);
             }

@@ -9,7 +9,10 @@
 //! * each stream a strategy declares exists with its subjects and, for a
 //!   held stream, work-queue retention (`serve` creates a missing one; one
 //!   with other settings it cannot mend);
-//! * each destination asked about (`--to`) is captured by a stream.
+//! * each destination asked about (`--to`) is captured by a stream;
+//! * where a strategy plans schedules (`nats-schedule`): the server knows
+//!   them (2.12+), and each destination's stream allows them and captures
+//!   the destination's schedule subjects.
 
 use std::time::{Duration, Instant};
 
@@ -18,10 +21,11 @@ use async_nats::jetstream::{AckKind, stream};
 use futures_util::StreamExt;
 use serde::Serialize;
 
-use super::NatsExecutor;
+use super::{NatsExecutor, schedule};
 use crate::command::Command;
 use crate::config::broker::NatsSettings;
 use crate::executor::{Executor, ExecutorError};
+use crate::planner::PlanRequest;
 use crate::render;
 use crate::report::{CommandError, Verdict};
 use crate::scheduler::strategies::Strategies;
@@ -62,11 +66,16 @@ fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
 /// a probe of the held streams' mechanism unless `probe` is false.
 pub async fn verify_command(settings: &NatsSettings, strategies: &mut Strategies, destinations: &[String], probe: bool) -> Result<Verdict, CommandError> {
     let mut everything: Vec<Command> = Vec::new();
+    let mut schedules = false;
     for strategy in strategies.names().map(str::to_string).collect::<Vec<_>>() {
-        everything.extend(strategies.get(&strategy)?.topology()?);
+        let planner = strategies.get(&strategy)?;
+        everything.extend(planner.topology()?);
+        // A strategy says what it relies on by what it plans: a second's delay to a destination of the probe's.
+        let probe = PlanRequest { destination: "hourglass.verify".into(), delay_ms: 1_000, message_id: "verify".into(), routing_key: None };
+        schedules |= planner.plan(&probe).is_ok_and(|plan| plan.commands.iter().any(|c| matches!(c, Command::NatsSchedule { .. })));
     }
     let nats = super::connect(settings).await?;
-    let report = verify(&nats, &everything, destinations, probe).await;
+    let report = verify(&nats, &everything, destinations, probe, schedules).await;
     let rows: Vec<Vec<String>> =
         report.checks.iter().map(|c| vec![c.name.clone(), if c.passed { "passed".into() } else { "FAILED".into() }, c.detail.clone()]).collect();
     let table = format!("nats-server {}\n{}", report.server_version, render::table(&["CHECK", "RESULT", "DETAIL"], &rows));
@@ -91,7 +100,7 @@ async fn stream_checks(executor: &NatsExecutor, commands: &[Command]) -> Vec<Che
 }
 
 /// Verifies `commands` (the strategies' declarations), `destinations`, and the server's mechanisms.
-pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations: &[String], probe: bool) -> Report {
+pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations: &[String], probe: bool, schedules: bool) -> Report {
     let server_version = executor.client.server_info().version;
     let mut checks = vec![check("server version", version_is_enough(&server_version)), check("JetStream", jetstream_answers(executor).await)];
     if probe {
@@ -101,8 +110,21 @@ pub async fn verify(executor: &NatsExecutor, commands: &[Command], destinations:
     for destination in destinations {
         let found = executor.check_destination(destination).await.map(|()| "a stream captures it".to_string()).map_err(|e| e.to_string());
         checks.push(check(format!("destination {destination}"), found));
+        if schedules {
+            checks.push(check(format!("schedules to {destination}"), schedules_kept_beside(executor, destination).await));
+        }
+    }
+    if schedules {
+        let known = executor.check_schedules_known().map(|()| "one-shot schedules (@at)".to_string()).map_err(|e| e.to_string());
+        checks.push(check("message schedules", known));
     }
     Report { server_version, checks }
+}
+
+/// Whether the stream that captures `destination` allows schedules and captures its schedule subjects.
+async fn schedules_kept_beside(executor: &NatsExecutor, destination: &str) -> Result<String, String> {
+    let name = schedule::keeper(executor, destination).await.map_err(|e| e.to_string())?;
+    Ok(format!("stream {name} allows schedules and captures {}", schedule::capture_for(destination)))
 }
 
 fn version_is_enough(version: &str) -> Result<String, String> {

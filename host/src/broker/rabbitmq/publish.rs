@@ -331,7 +331,7 @@ impl RabbitMqExecutor {
             Command::SqsEnsureQueue { name, .. } | Command::SqsSend { queue: name, .. } => {
                 Err(ExecutorError::Refused(format!("SQS command for {name:?} sent to RabbitMQ: the strategy is for SQS")))
             }
-            Command::NatsEnsureStream { name, .. } | Command::NatsPublish { subject: name, .. } => {
+            Command::NatsEnsureStream { name, .. } | Command::NatsPublish { subject: name, .. } | Command::NatsSchedule { target: name, .. } => {
                 Err(ExecutorError::Refused(format!("NATS command for {name:?} sent to RabbitMQ: the strategy is for NATS JetStream")))
             }
         }
