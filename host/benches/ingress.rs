@@ -259,7 +259,11 @@ async fn main() {
                 let request =
                     hourglass::planner::PlanRequest { destination: destination.clone(), delay_ms: 3_600_000, message_id: "bench".into(), routing_key: None };
                 let plan = strategies.get_mut("main").unwrap().plan(&request).unwrap();
-                let Some(hourglass::command::Command::Publish { exchange, routing_key, bcc, .. }) = plan.commands.first() else { panic!("a publish first") };
+                let Some(hourglass::command::Command::Amqp(hourglass::command::AmqpCommand::Publish { exchange, routing_key, bcc, .. })) =
+                    plan.commands.first()
+                else {
+                    panic!("a publish first")
+                };
                 let again = format!("{source}.again");
                 phase("relay into the first level");
                 if !profiling {

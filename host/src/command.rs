@@ -83,9 +83,47 @@ impl ExchangeKind {
     }
 }
 
+/// The broker family a planner writes commands for: each broker executes
+/// its own family's commands and refuses the others'.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerFamily {
+    Amqp,
+    Sqs,
+    Nats,
+}
+
+impl BrokerFamily {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerFamily::Amqp => "amqp",
+            BrokerFamily::Sqs => "sqs",
+            BrokerFamily::Nats => "nats",
+        }
+    }
+}
+
+impl std::fmt::Display for BrokerFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One planned broker command, grouped by family: a broker matches its own
+/// family's enum exhaustively and hands the rest to [`Command::foreign`], so
+/// a command added to one family touches that family's broker only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Command {
+    Amqp(AmqpCommand),
+    Sqs(SqsCommand),
+    Nats(NatsCommand),
+}
+
+/// Commands of AMQP 0-9-1 brokers (RabbitMQ).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "command", rename_all = "kebab-case")]
-pub enum Command {
+pub enum AmqpCommand {
     DeclareExchange {
         name: String,
         kind: ExchangeKind,
@@ -119,35 +157,35 @@ pub enum Command {
         expiration_ms: Option<u64>,
         mandatory: bool,
     },
-    SqsEnsureQueue {
-        name: String,
-        attributes: BTreeMap<String, String>,
-        pumped: bool,
-    },
-    SqsSend {
-        queue: String,
-        delay_seconds: u32,
-        attributes: BTreeMap<String, String>,
-        group_id: Option<String>,
-        dedup_id: Option<String>,
-    },
-    NatsEnsureStream {
+}
+
+/// Commands of Amazon SQS.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum SqsCommand {
+    #[serde(rename = "sqs-ensure-queue")]
+    EnsureQueue { name: String, attributes: BTreeMap<String, String>, pumped: bool },
+    #[serde(rename = "sqs-send")]
+    Send { queue: String, delay_seconds: u32, attributes: BTreeMap<String, String>, group_id: Option<String>, dedup_id: Option<String> },
+}
+
+/// Commands of NATS JetStream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum NatsCommand {
+    #[serde(rename = "nats-ensure-stream")]
+    EnsureStream {
         name: String,
         subjects: Vec<String>,
         /// The host runs a held-stream consumer on it (`handle-held`).
         held: bool,
     },
-    NatsPublish {
-        subject: String,
-        headers: BTreeMap<String, String>,
-    },
+    #[serde(rename = "nats-publish")]
+    Publish { subject: String, headers: BTreeMap<String, String> },
     /// A one-shot JetStream schedule of the message (nats-server 2.12+): the
     /// server publishes it to `target` `after_ms` from now on its clock.
-    NatsSchedule {
-        target: String,
-        after_ms: u64,
-        headers: BTreeMap<String, String>,
-    },
+    #[serde(rename = "nats-schedule")]
+    Schedule { target: String, after_ms: u64, headers: BTreeMap<String, String> },
 }
 
 /// A message a held stream delivered, as its planner sees it.
@@ -190,31 +228,152 @@ pub enum DueAction {
 }
 
 impl Command {
+    /// The family whose planners write this command.
+    pub fn family(&self) -> BrokerFamily {
+        match self {
+            Command::Amqp(_) => BrokerFamily::Amqp,
+            Command::Sqs(_) => BrokerFamily::Sqs,
+            Command::Nats(_) => BrokerFamily::Nats,
+        }
+    }
+
     /// Whether this command sends the message being planned (the others declare).
     pub fn sends_the_message(&self) -> bool {
         match self {
-            Command::Publish { .. } | Command::SqsSend { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => true,
-            Command::DeclareExchange { .. }
-            | Command::DeclareQueue { .. }
-            | Command::BindQueue { .. }
-            | Command::BindExchange { .. }
-            | Command::SqsEnsureQueue { .. }
-            | Command::NatsEnsureStream { .. } => false,
+            Command::Amqp(command) => matches!(command, AmqpCommand::Publish { .. }),
+            Command::Sqs(command) => matches!(command, SqsCommand::Send { .. }),
+            Command::Nats(command) => matches!(command, NatsCommand::Publish { .. } | NatsCommand::Schedule { .. }),
         }
     }
 
     /// A mandatory publish of the message as it is, to one routing key: how
     /// the host itself forwards, parks and moves messages.
     pub fn forward(exchange: &str, routing_key: &str) -> Command {
-        Command::Publish {
+        Command::Amqp(AmqpCommand::Publish {
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
             bcc: Vec::new(),
             headers: FieldTable::new(),
             expiration_ms: None,
             mandatory: true,
+        })
+    }
+
+    /// Destination names this command makes hourglass's own: where a strategy
+    /// holds messages is no destination (a message due there would come round again).
+    pub fn held_names(&self) -> Vec<&str> {
+        match self {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, .. } | AmqpCommand::DeclareQueue { name, .. }) => vec![name],
+            Command::Amqp(AmqpCommand::BindQueue { .. } | AmqpCommand::BindExchange { .. } | AmqpCommand::Publish { .. }) => Vec::new(),
+            Command::Sqs(SqsCommand::EnsureQueue { .. } | SqsCommand::Send { .. }) => Vec::new(),
+            Command::Nats(NatsCommand::EnsureStream { subjects, .. }) => subjects.iter().map(String::as_str).collect(),
+            Command::Nats(NatsCommand::Publish { .. } | NatsCommand::Schedule { .. }) => Vec::new(),
         }
     }
+
+    /// What the command does, to what, and the rest, for a table row.
+    pub fn describe(&self) -> Described {
+        let text = |pairs: &mut dyn Iterator<Item = (&String, String)>| pairs.map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+        let fields = |table: &FieldTable| text(&mut table.iter().map(|(k, v)| (k, v.to_string())));
+        let plain = |map: &BTreeMap<String, String>| text(&mut map.iter().map(|(k, v)| (k, v.clone())));
+        let quoted = |map: &BTreeMap<String, String>| text(&mut map.iter().map(|(k, v)| (k, format!("{v:?}"))));
+        let described = |what, name: &String, details: String| Described { what, name: name.clone(), details: details.trim().to_string() };
+        match self {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, kind, durable, arguments }) => {
+                described("declare exchange", name, format!("{}{} {}", kind.as_str(), if *durable { " durable" } else { "" }, fields(arguments)))
+            }
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) => described("declare queue", name, fields(arguments)),
+            Command::Amqp(AmqpCommand::BindQueue { queue, exchange, routing_key, arguments }) => {
+                described("bind queue", queue, format!("from exchange {exchange} key {routing_key:?} {}", fields(arguments)))
+            }
+            Command::Amqp(AmqpCommand::BindExchange { source, destination, routing_key, .. }) => {
+                described("bind exchange", destination, format!("from exchange {source} key {routing_key:?}"))
+            }
+            Command::Amqp(AmqpCommand::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory }) => {
+                let mut details = format!("key {routing_key}");
+                if !bcc.is_empty() {
+                    details += &format!(" bcc {}", bcc.join(","));
+                }
+                if !headers.is_empty() {
+                    details += &format!(" headers {}", fields(headers));
+                }
+                if let Some(ms) = expiration_ms {
+                    details += &format!(" expiration {}", humantime::format_duration(std::time::Duration::from_millis(*ms)));
+                }
+                if *mandatory {
+                    details += " mandatory";
+                }
+                described("publish", &if exchange.is_empty() { "(default)".to_string() } else { exchange.clone() }, details)
+            }
+            Command::Sqs(SqsCommand::EnsureQueue { name, attributes, pumped }) => {
+                described("ensure sqs queue", name, format!("{}{}", plain(attributes), if *pumped { " (pumped)" } else { "" }))
+            }
+            Command::Sqs(SqsCommand::Send { queue, delay_seconds, attributes, group_id, dedup_id }) => {
+                let mut details = format!("DelaySeconds {delay_seconds} {}", plain(attributes));
+                if let Some(group) = group_id {
+                    details += &format!(" group {group}");
+                }
+                if let Some(dedup) = dedup_id {
+                    details += &format!(" dedup {dedup}");
+                }
+                described("sqs send", queue, details)
+            }
+            Command::Nats(NatsCommand::EnsureStream { name, subjects, held }) => {
+                described("ensure nats stream", name, format!("subjects {}{}", subjects.join(","), if *held { " (held)" } else { "" }))
+            }
+            Command::Nats(NatsCommand::Publish { subject, headers }) => {
+                described("nats publish", subject, if headers.is_empty() { String::new() } else { format!("headers {}", quoted(headers)) })
+            }
+            Command::Nats(NatsCommand::Schedule { target, after_ms, headers }) => {
+                let headers = if headers.is_empty() { String::new() } else { format!("headers {}", quoted(headers)) };
+                described("nats schedule", target, format!("after {} {headers}", humantime::format_duration(std::time::Duration::from_millis(*after_ms))))
+            }
+        }
+    }
+
+    /// The broker object this command declares, for diagrams: what kind, its name, a label.
+    pub fn declared_object(&self) -> Option<DeclaredObject> {
+        let object = |kind, name: &String, label| Some(DeclaredObject { kind, name: name.clone(), label });
+        match self {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, kind, .. }) => {
+                object(ObjectKind::Exchange, name, format!("exchange {name} ({})", kind.as_str()))
+            }
+            Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) => object(ObjectKind::Queue, name, format!("queue {name}")),
+            Command::Amqp(AmqpCommand::BindQueue { .. } | AmqpCommand::BindExchange { .. } | AmqpCommand::Publish { .. }) => None,
+            Command::Sqs(SqsCommand::EnsureQueue { name, pumped, .. }) => {
+                object(ObjectKind::Queue, name, format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" }))
+            }
+            Command::Sqs(SqsCommand::Send { .. }) => None,
+            Command::Nats(NatsCommand::EnsureStream { name, held, .. }) => {
+                object(ObjectKind::Stream, name, format!("nats stream {name}{}", if *held { " (held)" } else { "" }))
+            }
+            Command::Nats(NatsCommand::Publish { .. } | NatsCommand::Schedule { .. }) => None,
+        }
+    }
+}
+
+/// A command for people: what it does, to what, and the rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    pub what: &'static str,
+    pub name: String,
+    pub details: String,
+}
+
+/// What a command declares, for diagrams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeclaredObject {
+    pub kind: ObjectKind,
+    pub name: String,
+    pub label: String,
+}
+
+/// Exchanges route; queues and streams hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    Exchange,
+    Queue,
+    Stream,
 }
 
 /// Where a held stream (`nats-ensure-stream` with `held`) parks what can never
@@ -231,7 +390,9 @@ pub fn parking_queues(commands: &[Command]) -> Vec<String> {
     let exchanges: Vec<(&str, Option<&str>)> = commands
         .iter()
         .filter_map(|command| match command {
-            Command::DeclareExchange { name, arguments, .. } => Some((name.as_str(), arguments.get("alternate-exchange").and_then(FieldValue::as_text))),
+            Command::Amqp(AmqpCommand::DeclareExchange { name, arguments, .. }) => {
+                Some((name.as_str(), arguments.get("alternate-exchange").and_then(FieldValue::as_text)))
+            }
             _ => None,
         })
         .collect();
@@ -243,12 +404,12 @@ pub fn parking_queues(commands: &[Command]) -> Vec<String> {
     let mut queues: Vec<String> = commands
         .iter()
         .filter_map(|command| match command {
-            Command::BindQueue { queue, exchange, .. } if alternates.contains(&exchange.as_str()) => Some(queue.clone()),
+            Command::Amqp(AmqpCommand::BindQueue { queue, exchange, .. }) if alternates.contains(&exchange.as_str()) => Some(queue.clone()),
             _ => None,
         })
         .collect();
     queues.extend(commands.iter().filter_map(|command| match command {
-        Command::NatsEnsureStream { name, held: true, .. } => Some(held_parked_stream(name).0),
+        Command::Nats(NatsCommand::EnsureStream { name, held: true, .. }) => Some(held_parked_stream(name).0),
         _ => None,
     }));
     queues.sort();
@@ -264,7 +425,7 @@ pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
     let mut queues: Vec<(String, Option<u64>)> = commands
         .iter()
         .filter_map(|command| match command {
-            Command::DeclareQueue { name, arguments, .. } if !parking.contains(name) => {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if !parking.contains(name) => {
                 let ttl = match arguments.get("x-message-ttl") {
                     Some(FieldValue::Int(ms)) => u64::try_from(*ms).ok(),
                     _ => None,
@@ -272,7 +433,7 @@ pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
                 Some((name.clone(), ttl))
             }
             // A held stream: its messages wait there, each for its own time.
-            Command::NatsEnsureStream { name, held: true, .. } => Some((name.clone(), None)),
+            Command::Nats(NatsCommand::EnsureStream { name, held: true, .. }) => Some((name.clone(), None)),
             _ => None,
         })
         .collect();
@@ -292,7 +453,7 @@ pub fn at_most_once_dead_lettering(commands: &[Command]) -> Vec<String> {
     let mut queues: Vec<String> = commands
         .iter()
         .filter_map(|command| match command {
-            Command::DeclareQueue { name, arguments, .. } if arguments.contains_key("x-dead-letter-exchange") => {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if arguments.contains_key("x-dead-letter-exchange") => {
                 let at_least_once = is(arguments, "x-queue-type", "quorum")
                     && is(arguments, "x-dead-letter-strategy", "at-least-once")
                     && is(arguments, "x-overflow", "reject-publish");
@@ -460,7 +621,7 @@ mod tests {
 
     fn queue(name: &str, arguments: &[(&str, &str)]) -> Command {
         let arguments = arguments.iter().map(|(k, v)| (k.to_string(), FieldValue::Text(v.to_string()))).collect();
-        Command::DeclareQueue { name: name.into(), durable: true, arguments }
+        Command::Amqp(AmqpCommand::DeclareQueue { name: name.into(), durable: true, arguments })
     }
 
     #[test]
@@ -498,12 +659,11 @@ mod tests {
     #[test]
     fn parking_queues_are_those_bound_to_an_alternate_exchange() {
         let text = |k: &str, v: &str| -> FieldTable { [(k.to_string(), FieldValue::Text(v.into()))].into() };
-        let exchange = |name: &str, arguments: FieldTable| Command::DeclareExchange { name: name.into(), kind: ExchangeKind::Direct, durable: true, arguments };
-        let bind = |queue: &str, exchange: &str| Command::BindQueue {
-            queue: queue.into(),
-            exchange: exchange.into(),
-            routing_key: String::new(),
-            arguments: FieldTable::new(),
+        let exchange = |name: &str, arguments: FieldTable| {
+            Command::Amqp(AmqpCommand::DeclareExchange { name: name.into(), kind: ExchangeKind::Direct, durable: true, arguments })
+        };
+        let bind = |queue: &str, exchange: &str| {
+            Command::Amqp(AmqpCommand::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: String::new(), arguments: FieldTable::new() })
         };
         let commands = [
             exchange("p.parking", FieldTable::new()),

@@ -13,7 +13,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::clock::Clock;
-use crate::command::{Command, FieldTable};
+use crate::command::{BrokerFamily, Command, Described, FieldTable};
 use crate::message::Properties;
 
 #[derive(Clone, Debug, Error)]
@@ -27,6 +27,18 @@ pub enum ExecutorError {
     Unroutable(String),
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+}
+
+impl ExecutorError {
+    /// `command` is another family's than this broker's: its strategy is
+    /// configured on the wrong broker.
+    pub fn other_family(command: &Command, this: BrokerFamily) -> ExecutorError {
+        let Described { what, name, .. } = command.describe();
+        ExecutorError::Refused(format!(
+            "{what} {name:?} is for {} brokers and this one runs {this} commands: the strategy is for another broker",
+            command.family()
+        ))
+    }
 }
 
 /// A message on its way: identity, payload and the headers it carries.
@@ -253,5 +265,19 @@ impl Executor for Broker {
     }
     fn count_on(&self, clock: Arc<Clock>) {
         self.0.count_on(clock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_family_s_command_is_refused_naming_both_families() {
+        let refused = ExecutorError::other_family(&Command::forward("orders", "created"), BrokerFamily::Nats);
+        assert_eq!(
+            refused.to_string(),
+            "broker refused: publish \"orders\" is for amqp brokers and this one runs nats commands: the strategy is for another broker"
+        );
     }
 }

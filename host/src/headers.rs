@@ -57,7 +57,7 @@ pub const GAVE_UP_HEADER: &str = "hourglass-gave-up";
 /// On error-queue and unknown messages: the queue the message failed on.
 pub(crate) const FAILED_QUEUE_HEADER: &str = "hourglass-failed-queue";
 
-/// Where a plan's extra routing keys travel (`Command::Publish::bcc`); set only by the host.
+/// Where a plan's extra routing keys travel (`AmqpCommand::Publish::bcc`); set only by the host.
 pub(crate) const BCC_HEADER: &str = "BCC";
 
 /// Headers that make the broker copy a message to the queues they name

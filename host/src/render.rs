@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::command::{Command, FieldTable};
+use crate::command::{AmqpCommand, Command, DeclaredObject, Described, FieldTable, ObjectKind};
 use crate::sim::simulation::SimulatedMessage;
 use crate::sim::{Hop, HopStep};
 
@@ -45,74 +45,14 @@ fn arguments(table: &FieldTable) -> String {
     table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
 }
 
-fn attributes(map: &BTreeMap<String, String>) -> String {
-    map.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
-}
-
 /// One line per command: what it does and to what.
 pub fn commands(commands: &[Command]) -> String {
     let rows: Vec<Vec<String>> = commands
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            let (what, name, detail) = match c {
-                Command::DeclareExchange { name, kind, durable, arguments: args } => {
-                    ("declare exchange", name.clone(), format!("{}{} {}", kind.as_str(), if *durable { " durable" } else { "" }, arguments(args)))
-                }
-                Command::DeclareQueue { name, arguments: args, .. } => ("declare queue", name.clone(), arguments(args)),
-                Command::BindQueue { queue, exchange, routing_key, arguments: args } => {
-                    ("bind queue", queue.clone(), format!("from exchange {exchange} key {routing_key:?} {}", arguments(args)))
-                }
-                Command::BindExchange { source, destination, routing_key, .. } => {
-                    ("bind exchange", destination.clone(), format!("from exchange {source} key {routing_key:?}"))
-                }
-                Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } => {
-                    let exchange = if exchange.is_empty() { "(default)".to_string() } else { exchange.clone() };
-                    let mut detail = format!("key {routing_key}");
-                    if !bcc.is_empty() {
-                        let _ = write!(detail, " bcc {}", bcc.join(","));
-                    }
-                    if !headers.is_empty() {
-                        let _ = write!(detail, " headers {}", arguments(headers));
-                    }
-                    if let Some(ms) = expiration_ms {
-                        let _ = write!(detail, " expiration {}", duration(*ms));
-                    }
-                    if *mandatory {
-                        detail.push_str(" mandatory");
-                    }
-                    ("publish", exchange, detail)
-                }
-                Command::SqsEnsureQueue { name, attributes: attrs, pumped } => {
-                    ("ensure sqs queue", name.clone(), format!("{}{}", attributes(attrs), if *pumped { " (pumped)" } else { "" }))
-                }
-                Command::SqsSend { queue, delay_seconds, attributes: attrs, group_id, dedup_id } => {
-                    let mut detail = format!("DelaySeconds {delay_seconds} {}", attributes(attrs));
-                    if let Some(g) = group_id {
-                        let _ = write!(detail, " group {g}");
-                    }
-                    if let Some(d) = dedup_id {
-                        let _ = write!(detail, " dedup {d}");
-                    }
-                    ("sqs send", queue.clone(), detail)
-                }
-                Command::NatsEnsureStream { name, subjects, held } => {
-                    ("ensure nats stream", name.clone(), format!("subjects {}{}", subjects.join(","), if *held { " (held)" } else { "" }))
-                }
-                Command::NatsPublish { subject, headers } => {
-                    let headers: Vec<String> = headers.iter().map(|(name, value)| format!("{name}={value:?}")).collect();
-                    ("nats publish", subject.clone(), if headers.is_empty() { String::new() } else { format!("headers {}", headers.join(" ")) })
-                }
-                Command::NatsSchedule { target, after_ms, headers } => {
-                    let headers: Vec<String> = headers.iter().map(|(name, value)| format!("{name}={value:?}")).collect();
-                    (
-                        "nats schedule",
-                        target.clone(),
-                        format!("after {} {}", duration(*after_ms), if headers.is_empty() { String::new() } else { format!("headers {}", headers.join(" ")) }),
-                    )
-                }
-            };
-            vec![(i + 1).to_string(), what.to_string(), name, detail.trim().to_string()]
+        .map(|(i, command)| {
+            let Described { what, name, details } = command.describe();
+            vec![(i + 1).to_string(), what.to_string(), name, details]
         })
         .collect();
     table(&["#", "COMMAND", "NAME", "DETAILS"], &rows)
@@ -222,45 +162,51 @@ fn display_name(name: &str) -> &str {
     if name.is_empty() { "(default)" } else { name }
 }
 
-/// Diagram edges: (from kind, from, to kind, to, label, dashed).
+/// Diagram edges: (from kind, from, to kind, to, label, dashed). Only
+/// AMQP's bindings and dead-lettering join objects; SQS queues and NATS
+/// streams stand alone.
 fn edges(commands: &[Command]) -> Vec<(char, String, char, String, String, bool)> {
     let mut edges = Vec::new();
-    for c in commands {
-        match c {
-            Command::BindQueue { queue, exchange, routing_key, arguments: args } => {
+    for command in commands {
+        let Command::Amqp(command) = command else { continue };
+        match command {
+            AmqpCommand::BindQueue { queue, exchange, routing_key, arguments: args } => {
                 let label = if args.is_empty() { routing_key.clone() } else { arguments(args) };
                 edges.push(('e', exchange.clone(), 'q', queue.clone(), label, false));
             }
-            Command::BindExchange { source, destination, routing_key, .. } => {
+            AmqpCommand::BindExchange { source, destination, routing_key, .. } => {
                 edges.push(('e', source.clone(), 'e', destination.clone(), routing_key.clone(), false));
             }
-            Command::DeclareExchange { name, arguments: args, .. } => {
+            AmqpCommand::DeclareExchange { name, arguments: args, .. } => {
                 // What the exchange routes nowhere goes on to its alternate.
                 if let Some(alternate) = args.get("alternate-exchange").and_then(|v| v.as_text()) {
                     edges.push(('e', name.clone(), 'e', alternate.to_string(), "unrouted".into(), false));
                 }
             }
-            Command::DeclareQueue { name, arguments: args, .. } => {
+            AmqpCommand::DeclareQueue { name, arguments: args, .. } => {
                 if let Some(dlx) = args.get("x-dead-letter-exchange").and_then(|v| v.as_text()) {
                     let ttl = args.get("x-message-ttl").and_then(|v| v.as_int()).map(|t| format!("TTL {}", duration(t as u64)));
                     edges.push(('q', name.clone(), 'e', dlx.to_string(), ttl.unwrap_or_else(|| "dead-letter".into()), true));
                 }
             }
-            _ => {}
+            AmqpCommand::Publish { .. } => {}
         }
     }
     edges
 }
 
+/// Declared objects as diagram nodes: (kind, name, label); exchanges are 'e'.
 fn node_list(commands: &[Command]) -> Vec<(char, String, String)> {
     commands
         .iter()
-        .filter_map(|c| match c {
-            Command::DeclareExchange { name, kind, .. } => Some(('e', name.clone(), format!("exchange {} ({})", name, kind.as_str()))),
-            Command::DeclareQueue { name, .. } => Some(('q', name.clone(), format!("queue {name}"))),
-            Command::SqsEnsureQueue { name, pumped, .. } => Some(('s', name.clone(), format!("sqs queue {name}{}", if *pumped { " (pumped)" } else { "" }))),
-            Command::NatsEnsureStream { name, held, .. } => Some(('n', name.clone(), format!("nats stream {name}{}", if *held { " (held)" } else { "" }))),
-            _ => None,
+        .filter_map(Command::declared_object)
+        .map(|DeclaredObject { kind, name, label }| {
+            let kind = match kind {
+                ObjectKind::Exchange => 'e',
+                ObjectKind::Queue => 'q',
+                ObjectKind::Stream => 'n',
+            };
+            (kind, name, label)
         })
         .collect()
 }
@@ -413,13 +359,13 @@ mod tests {
     #[test]
     fn diagrams_show_bindings_and_dead_letter_edges() {
         let commands = vec![
-            Command::DeclareExchange { name: "x".into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() },
-            Command::DeclareQueue {
+            Command::Amqp(AmqpCommand::DeclareExchange { name: "x".into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() }),
+            Command::Amqp(AmqpCommand::DeclareQueue {
                 name: "q".into(),
                 durable: true,
                 arguments: [("x-message-ttl".to_string(), FieldValue::Int(2_000)), ("x-dead-letter-exchange".to_string(), FieldValue::Text("x".into()))].into(),
-            },
-            Command::BindQueue { queue: "q".into(), exchange: "x".into(), routing_key: "1.#".into(), arguments: FieldTable::new() },
+            }),
+            Command::Amqp(AmqpCommand::BindQueue { queue: "q".into(), exchange: "x".into(), routing_key: "1.#".into(), arguments: FieldTable::new() }),
         ];
         let m = mermaid(&commands);
         assert!(m.contains("e0 -->|\"1.#\"| q1"), "{m}");
@@ -430,17 +376,18 @@ mod tests {
 
     #[test]
     fn the_svg_draws_every_node_once_and_places_each_below_what_feeds_it() {
-        let queue = |name: &str, dlx: &str| Command::DeclareQueue {
-            name: name.into(),
-            durable: true,
-            arguments: [("x-dead-letter-exchange".to_string(), FieldValue::Text(dlx.into()))].into(),
+        let queue = |name: &str, dlx: &str| {
+            Command::Amqp(AmqpCommand::DeclareQueue {
+                name: name.into(),
+                durable: true,
+                arguments: [("x-dead-letter-exchange".to_string(), FieldValue::Text(dlx.into()))].into(),
+            })
         };
-        let exchange = |name: &str| Command::DeclareExchange { name: name.into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
-        let bind = |queue: &str, exchange: &str| Command::BindQueue {
-            queue: queue.into(),
-            exchange: exchange.into(),
-            routing_key: "<1>.#".into(),
-            arguments: FieldTable::new(),
+        let exchange = |name: &str| {
+            Command::Amqp(AmqpCommand::DeclareExchange { name: name.into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() })
+        };
+        let bind = |queue: &str, exchange: &str| {
+            Command::Amqp(AmqpCommand::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: "<1>.#".into(), arguments: FieldTable::new() })
         };
         let commands = vec![exchange("top"), queue("wait", "next"), exchange("next"), bind("wait", "top"), bind("orders", "next")];
         let svg = svg(&commands);

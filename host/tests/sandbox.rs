@@ -289,23 +289,26 @@ fn a_planner_built_against_contract_0_1_still_loads_and_plans() {
     assert_eq!(plan.delivers_after_ms, 2_000);
     assert_eq!(plan.commands, vec![hourglass::command::Command::forward("", "orders.wait")]);
     let setup = planner.destination_setup("orders").unwrap();
-    assert!(matches!(&setup[..], [hourglass::command::Command::DeclareQueue { name, .. }] if name == "orders.wait"), "{setup:?}");
+    assert!(
+        matches!(&setup[..], [hourglass::command::Command::Amqp(hourglass::command::AmqpCommand::DeclareQueue { name, .. })] if name == "orders.wait"),
+        "{setup:?}"
+    );
 }
 
 /// A planner built against 0.2.0 (every name a string) still loads, plans
 /// with its `bcc` keys kept, and answers in today's commands.
 #[test]
 fn a_planner_built_against_contract_0_2_still_loads_and_plans_with_bcc() {
-    use hourglass::command::Command;
+    use hourglass::command::{AmqpCommand, Command};
     let runtime = common::runtime();
     let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-2")), "{}".into()).expect("a 0.2.0 planner loads");
     assert_eq!(planner.info().name, "contract-0-2");
     let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
     assert_eq!(plan.delivers_after_ms, 2_000);
-    let [Command::Publish { exchange, routing_key, bcc, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    let [Command::Amqp(AmqpCommand::Publish { exchange, routing_key, bcc, .. })] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
     assert_eq!((exchange.as_str(), routing_key.as_str(), bcc.as_slice()), ("", "orders.wait", ["copy:m1".to_string()].as_slice()));
     let setup = planner.destination_setup("orders").unwrap();
-    assert!(matches!(&setup[..], [Command::DeclareQueue { name, .. }] if name == "orders.wait"), "{setup:?}");
+    assert!(matches!(&setup[..], [Command::Amqp(AmqpCommand::DeclareQueue { name, .. })] if name == "orders.wait"), "{setup:?}");
     let err = runtime.load(&PlannerSource::File(common::test_planner("contract-0-2")), r#"{"panic": true}"#.into()).unwrap_err();
     assert!(err.to_string().contains("asked to panic while configured"), "{err}");
 }
@@ -315,13 +318,13 @@ fn a_planner_built_against_contract_0_2_still_loads_and_plans_with_bcc() {
 /// message it fails that call naming why, as a planner of another family would.
 #[test]
 fn a_planner_built_against_contract_0_3_still_loads_and_plans_with_registered_names() {
-    use hourglass::command::{Command, HeldMessage};
+    use hourglass::command::{AmqpCommand, Command, HeldMessage};
     let runtime = common::runtime();
     let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-3")), "{}".into()).expect("a 0.3.0 planner loads");
     assert_eq!(planner.info().name, "contract-0-3");
     let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
     assert_eq!(plan.delivers_after_ms, 2_000);
-    let [Command::Publish { exchange, routing_key, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    let [Command::Amqp(AmqpCommand::Publish { exchange, routing_key, .. })] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
     assert_eq!((exchange.as_str(), routing_key.as_str()), ("contract-0-3.wait", "orders"));
     let held = HeldMessage { stream: "s".into(), subject: "s".into(), destination: "orders".into(), due_at_ms: 1, now_ms: 2, deliveries: 1 };
     let err = planner.handle_held(&held).unwrap_err();
@@ -333,15 +336,15 @@ fn a_planner_built_against_contract_0_3_still_loads_and_plans_with_registered_na
 /// subject, and waits or hands over a held message as it did.
 #[test]
 fn a_planner_built_against_contract_0_4_still_holds_and_hands_over_on_nats() {
-    use hourglass::command::{Command, HeldAction, HeldMessage};
+    use hourglass::command::{Command, HeldAction, HeldMessage, NatsCommand};
     let runtime = common::runtime();
     let planner = runtime.load(&PlannerSource::File(common::test_planner("contract-0-4")), "{}".into()).expect("a 0.4.0 planner loads");
     assert_eq!(planner.info().name, "contract-0-4");
     let topology = planner.topology().unwrap();
-    assert!(matches!(&topology[..], [Command::NatsEnsureStream { name, held: true, .. }] if name == "contract-0-4-hold"), "{topology:?}");
+    assert!(matches!(&topology[..], [Command::Nats(NatsCommand::EnsureStream { name, held: true, .. })] if name == "contract-0-4-hold"), "{topology:?}");
     let plan = planner.plan(&PlanRequest { delay_ms: 1_500, ..request("orders") }).unwrap();
     assert_eq!(plan.delivers_after_ms, 2_000);
-    let [Command::NatsPublish { subject, .. }] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
+    let [Command::Nats(NatsCommand::Publish { subject, .. })] = &plan.commands[..] else { panic!("one publish: {:?}", plan.commands) };
     assert_eq!(subject, "contract-0-4.hold");
     let held = HeldMessage {
         stream: "contract-0-4-hold".into(),
@@ -354,7 +357,7 @@ fn a_planner_built_against_contract_0_4_still_holds_and_hands_over_on_nats() {
     assert_eq!(planner.handle_held(&held).unwrap(), HeldAction::Wait { ms: 800 });
     let action = planner.handle_held(&HeldMessage { now_ms: 5_000, ..held }).unwrap();
     assert!(
-        matches!(&action, HeldAction::HandOver { commands } if matches!(&commands[..], [Command::NatsPublish { subject, .. }] if subject == "orders")),
+        matches!(&action, HeldAction::HandOver { commands } if matches!(&commands[..], [Command::Nats(NatsCommand::Publish { subject, .. })] if subject == "orders")),
         "{action:?}"
     );
 }

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use hourglass::broker::rabbitmq::manage::{encode, vhost_of};
 use hourglass::broker::rabbitmq::parked::orphan_queue;
-use hourglass::command::{Command, parking_queues};
+use hourglass::command::{AmqpCommand, Command, parking_queues};
 use hourglass::config::Config;
 
 use crate::{amqp_url, management_request};
@@ -37,8 +37,8 @@ impl Cleanup {
     pub fn also_declared(&self, commands: &[Command]) {
         for command in commands {
             match command {
-                Command::DeclareQueue { name, .. } => self.queue(name),
-                Command::DeclareExchange { name, .. } => self.exchange(name),
+                Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) => self.queue(name),
+                Command::Amqp(AmqpCommand::DeclareExchange { name, .. }) => self.exchange(name),
                 _ => {}
             }
         }

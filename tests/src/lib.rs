@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use hourglass::broker;
 use hourglass::clock::unix_now_ms;
-use hourglass::command::Command;
+use hourglass::command::{AmqpCommand, Command};
 use hourglass::config::Config;
 use hourglass::executor::Broker;
 use hourglass::scheduler::Scheduler;
@@ -252,10 +252,10 @@ pub async fn delete_declared(connection: &Connection, commands: &[Command]) {
     let channel = connection.create_channel().await.unwrap();
     for command in commands {
         match command {
-            Command::DeclareQueue { name, .. } => {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) => {
                 channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await.ok();
             }
-            Command::DeclareExchange { name, .. } => {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, .. }) => {
                 channel.exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default()).await.ok();
             }
             _ => {}

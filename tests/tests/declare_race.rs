@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::command::{Command, FieldTable};
+use hourglass::command::{AmqpCommand, Command, FieldTable};
 use hourglass::executor::{Envelope, Executor, ExecutorError};
 use hourglass_e2e::blackhole::Blackhole;
 use hourglass_e2e::*;
@@ -26,7 +26,7 @@ const ENDS_WITHIN: Duration = Duration::from_secs(2);
 const ROUNDS: u64 = 150;
 
 fn declare(queue: &str) -> Command {
-    Command::DeclareQueue { name: queue.to_string(), durable: false, arguments: Default::default() }
+    Command::Amqp(AmqpCommand::DeclareQueue { name: queue.to_string(), durable: false, arguments: Default::default() })
 }
 
 fn envelope(id: &str) -> Envelope {

@@ -174,7 +174,7 @@ const NATS_EXAMPLE_ON_TIME_MS: i64 = 250;
 /// checks that this covers every stream and subject the config makes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_nats_toml_with_its_python_producer_and_consumer_delivers_on_time_on_nats() {
-    use hourglass::command::Command as BrokerCommand;
+    use hourglass::command::{Command as BrokerCommand, NatsCommand};
     use hourglass_e2e::nats::{delete_streams, nats_url};
     use std::io::{BufRead, BufReader};
     let python = std::env::var("HOURGLASS_TEST_PYTHON")
@@ -192,7 +192,7 @@ async fn examples_nats_toml_with_its_python_producer_and_consumer_delivers_on_ti
     let names: Vec<&str> = config.strategies.keys().map(String::as_str).collect();
     let mut streams = Vec::new();
     for command in topologies_of(&config, &names) {
-        if let BrokerCommand::NatsEnsureStream { name, subjects, held } = command {
+        if let BrokerCommand::Nats(NatsCommand::EnsureStream { name, subjects, held }) = command {
             assert!(name.starts_with(&prefix) && subjects.iter().all(|s| s.starts_with(&prefix)), "stream {name} ({subjects:?}) is not this run's own");
             if held {
                 streams.push(format!("{name}-parked"));

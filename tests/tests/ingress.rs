@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
 use hourglass::broker::rabbitmq::consume::{Consumer, Handler, MAX_PANICS, long_string};
-use hourglass::command::Command;
+use hourglass::command::{AmqpCommand, Command};
 use hourglass::headers::{DELIVER_AT_HEADER, DESTINATION_HEADER, INVALID_REASON_HEADER, REQUESTED_DELAY_HEADER as DELAY_HEADER, STRATEGY_HEADER};
 use hourglass::message::{Outcome, Settled};
 use hourglass::service::Service;
@@ -317,7 +317,10 @@ impl Handler for Panicking {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        [&self.queue, &self.aside].into_iter().map(|q| Command::DeclareQueue { name: q.clone(), durable: true, arguments: Default::default() }).collect()
+        [&self.queue, &self.aside]
+            .into_iter()
+            .map(|q| Command::Amqp(AmqpCommand::DeclareQueue { name: q.clone(), durable: true, arguments: Default::default() }))
+            .collect()
     }
 
     async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, String) {
@@ -398,7 +401,7 @@ impl Handler for Gated {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() }]
+        vec![Command::Amqp(AmqpCommand::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() })]
     }
 
     async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, (String, bool)) {
@@ -653,7 +656,7 @@ impl Handler for WaitingOutAnOutage {
             ("x-queue-type".to_string(), hourglass::command::FieldValue::Text("quorum".into())),
             ("x-delivery-limit".to_string(), hourglass::command::FieldValue::Int(DELIVERY_LIMIT)),
         ];
-        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: arguments.into_iter().collect() }]
+        vec![Command::Amqp(AmqpCommand::DeclareQueue { name: self.queue.clone(), durable: true, arguments: arguments.into_iter().collect() })]
     }
 
     async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, ()) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hourglass::broker;
 use hourglass::broker::rabbitmq::manage::Management;
-use hourglass::command::{Command, at_most_once_dead_lettering};
+use hourglass::command::{AmqpCommand, Command, at_most_once_dead_lettering};
 use hourglass::config::Config;
 use hourglass::executor::Executor;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
@@ -23,7 +23,7 @@ fn dead_lettering_queues(topology: &[Command]) -> Vec<String> {
     topology
         .iter()
         .filter_map(|c| match c {
-            Command::DeclareQueue { name, arguments, .. } if arguments.contains_key("x-dead-letter-exchange") => Some(name.clone()),
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if arguments.contains_key("x-dead-letter-exchange") => Some(name.clone()),
             _ => None,
         })
         .collect()

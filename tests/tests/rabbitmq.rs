@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::command::{Command, ExchangeKind, FieldTable, FieldValue};
+use hourglass::command::{AmqpCommand, Command, ExchangeKind, FieldTable, FieldValue};
 use hourglass::executor::{Envelope, Executor, ExecutorError};
 use hourglass::message::Properties;
 use hourglass::scheduler::{ScheduleRequest, Scheduled};
@@ -159,7 +159,8 @@ async fn scheduling_to_a_missing_destination_fails_clearly() {
 #[tokio::test]
 async fn an_unroutable_publish_comes_back_as_an_error() {
     let exchange = unique("dead-end");
-    let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() };
+    let declare =
+        Command::Amqp(AmqpCommand::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() });
     let _cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();

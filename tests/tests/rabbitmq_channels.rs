@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use hourglass::broker::rabbitmq::RabbitMqExecutor;
-use hourglass::command::{Command, ExchangeKind, FieldTable};
+use hourglass::command::{AmqpCommand, Command, ExchangeKind, FieldTable};
 use hourglass::executor::{Broker, Envelope, Executor, ExecutorError};
 use hourglass::message::{HeaderValue, Properties};
 use hourglass::scheduler::{ScheduleRequest, Scheduler};
@@ -204,7 +204,8 @@ async fn valid_requests_beside_refused_ones_all_succeed_and_arrive_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returns_go_to_their_own_publish_under_many_outstanding_confirms() {
     let exchange = unique("returns");
-    let declare = Command::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Direct, durable: false, arguments: FieldTable::new() };
+    let declare =
+        Command::Amqp(AmqpCommand::DeclareExchange { name: exchange.clone(), kind: ExchangeKind::Direct, durable: false, arguments: FieldTable::new() });
     let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     let connection = connect().await;
     let executor = RabbitMqExecutor::connect(&amqp_url()).await.unwrap();
@@ -277,10 +278,13 @@ async fn a_declaration_too_large_for_a_control_frame_is_refused_and_the_connecti
     cleanup.queue(&big);
     cleanup.queue(&small);
     let arguments = FieldTable::from([("x-note".to_string(), hourglass::command::FieldValue::Text("x".repeat(20 * 1024)))]);
-    let err = executor.apply(&[Command::DeclareQueue { name: big.clone(), durable: false, arguments }]).await.unwrap_err();
+    let err = executor.apply(&[Command::Amqp(AmqpCommand::DeclareQueue { name: big.clone(), durable: false, arguments })]).await.unwrap_err();
     assert!(matches!(err, ExecutorError::Refused(_)), "{err}");
     assert!(err.to_string().contains("arguments take") && err.to_string().contains(&big), "{err}");
-    executor.apply(&[Command::DeclareQueue { name: small.clone(), durable: false, arguments: FieldTable::new() }]).await.expect("the next declare");
+    executor
+        .apply(&[Command::Amqp(AmqpCommand::DeclareQueue { name: small.clone(), durable: false, arguments: FieldTable::new() })])
+        .await
+        .expect("the next declare");
     assert_eq!(executor.reconnects(), 0, "the control connection never dropped");
     assert_eq!(executor.queue_depth(&small).await.expect("declared"), 0);
     let control = executor.connection_names()[1].clone();
@@ -369,7 +373,7 @@ async fn a_blocked_broker_makes_the_executor_unready_and_publishes_fail_fast() {
     let node = tokio::task::spawn_blocking(PrivateNode::start).await.unwrap().expect("a private RabbitMQ node starts");
     let executor = std::sync::Arc::new(RabbitMqExecutor::connect(&node.url()).await.unwrap());
     let queue = unique("blocked");
-    let declare = Command::DeclareQueue { name: queue.clone(), durable: false, arguments: FieldTable::new() };
+    let declare = Command::Amqp(AmqpCommand::DeclareQueue { name: queue.clone(), durable: false, arguments: FieldTable::new() });
     executor.apply(&[declare]).await.unwrap();
     executor.send(&[publish_to("", &queue)], &envelope("before", vec![])).await.expect("before the alarm");
     assert!(executor.is_ready().await);
@@ -409,7 +413,8 @@ async fn a_publish_that_closes_a_shared_channel_fails_alone() {
     let connection = connect().await;
     let executor = RabbitMqExecutor::connect_with(&amqp_url(), 2).await.unwrap();
     let doomed = unique("doomed");
-    let declare = Command::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() };
+    let declare =
+        Command::Amqp(AmqpCommand::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() });
     // The exchange is deleted on purpose below; this covers a failure before that.
     let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();
@@ -486,7 +491,8 @@ async fn publishes_queued_behind_a_channel_close_never_cost_the_connection() {
     let throttle = Throttle::start(&amqp_url(), 16 * 1024, Duration::from_millis(1)).await;
     let executor = RabbitMqExecutor::connect_with(&throttle.url, 1).await.unwrap();
     let doomed = unique("doomed-queued");
-    let declare = Command::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() };
+    let declare =
+        Command::Amqp(AmqpCommand::DeclareExchange { name: doomed.clone(), kind: ExchangeKind::Fanout, durable: false, arguments: FieldTable::new() });
     // The exchange is deleted on purpose below; this covers a failure before that.
     let cleanup = Cleanup::declared(std::slice::from_ref(&declare));
     executor.apply(std::slice::from_ref(&declare)).await.unwrap();

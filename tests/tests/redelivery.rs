@@ -390,7 +390,7 @@ async fn serve_refuses_a_redelivery_whose_policy_cannot_answer_and_declares_noth
     let level_queue = topology_of(&setup.config)
         .into_iter()
         .find_map(|c| match c {
-            hourglass::command::Command::DeclareQueue { name, .. } => Some(name),
+            hourglass::command::Command::Amqp(hourglass::command::AmqpCommand::DeclareQueue { name, .. }) => Some(name),
             _ => None,
         })
         .unwrap();

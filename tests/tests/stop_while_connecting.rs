@@ -25,7 +25,7 @@ use hourglass::broker::rabbitmq::consume::{Consumer, Handler};
 use hourglass::broker::rabbitmq::link::PARTING_TIMEOUT;
 use hourglass::broker::rabbitmq::stream::{self, declare_stream};
 use hourglass::broker::rabbitmq::take::Taker;
-use hourglass::command::Command;
+use hourglass::command::{AmqpCommand, Command};
 use hourglass::config::Config;
 use hourglass::message::{Delivery, Outcome, Settled};
 use hourglass::service::Service;
@@ -73,7 +73,7 @@ impl Handler for Acking {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() }]
+        vec![Command::Amqp(AmqpCommand::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() })]
     }
 
     async fn handle(&self, _delivery: &Delivery) -> (Outcome, ()) {

@@ -16,7 +16,7 @@ use hourglass::broker::rabbitmq::RabbitMqExecutor;
 use hourglass::broker::rabbitmq::consume::{Consumer, Handler, long_string};
 use hourglass::broker::rabbitmq::link::Slot;
 use hourglass::broker::rabbitmq::manage::encode;
-use hourglass::command::Command;
+use hourglass::command::{AmqpCommand, Command};
 use hourglass::config::Config;
 use hourglass::headers::{DESTINATION_HEADER, REQUESTED_DELAY_HEADER};
 use hourglass::message::{Outcome, Settled};
@@ -277,7 +277,7 @@ impl Handler for Counting {
 
     fn declarations(&self) -> Vec<Command> {
         self.attaches.fetch_add(1, Ordering::Relaxed);
-        vec![Command::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() }]
+        vec![Command::Amqp(AmqpCommand::DeclareQueue { name: self.queue.clone(), durable: true, arguments: Default::default() })]
     }
 
     async fn handle(&self, delivery: &hourglass::message::Delivery) -> (Outcome, Vec<u8>) {

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hourglass::broker;
-use hourglass::command::Command;
+use hourglass::command::{AmqpCommand, Command};
 use hourglass::config::Config;
 use hourglass::config::broker::amqp_url;
 use hourglass::executor::Broker;
@@ -76,8 +76,8 @@ pub async fn delete_topology(channel: &lapin::Channel, config: &Config) {
         queues.extend([format!("{release}.parked"), release]);
         for command in topology {
             match command {
-                Command::DeclareQueue { name, .. } => queues.push(name),
-                Command::DeclareExchange { name, .. } => exchanges.push(name),
+                Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) => queues.push(name),
+                Command::Amqp(AmqpCommand::DeclareExchange { name, .. }) => exchanges.push(name),
                 _ => {}
             }
         }

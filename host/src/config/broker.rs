@@ -11,7 +11,7 @@
 use hourglass_planner_sdk::DurationMs;
 use serde::Deserialize;
 
-use crate::command::{Command, FieldValue};
+use crate::command::{AmqpCommand, Command, FieldValue, NatsCommand, SqsCommand};
 use crate::environment::environment_text;
 use crate::planner::BrokerFamily;
 
@@ -326,17 +326,17 @@ pub fn nats_safe_subject(name: &str) -> String {
 /// quorum, so it keeps what it holds through a broker crash.
 pub fn rabbitmq_release_queue(name: &str) -> Command {
     let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))];
-    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+    Command::Amqp(AmqpCommand::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() })
 }
 
 /// An SQS release queue: a standard queue, kept as long as SQS keeps anything,
 /// so a message waiting there for a host outlives any outage.
 pub fn sqs_release_queue(name: &str) -> Command {
     let attributes = [("MessageRetentionPeriod".to_string(), "1209600".to_string())].into();
-    Command::SqsEnsureQueue { name: name.to_string(), attributes, pumped: false }
+    Command::Sqs(SqsCommand::EnsureQueue { name: name.to_string(), attributes, pumped: false })
 }
 
 /// The stream that captures a NATS release subject.
 pub fn nats_release_stream(subject: &str) -> Command {
-    Command::NatsEnsureStream { name: subject.replace('.', "_"), subjects: vec![subject.to_string()], held: false }
+    Command::Nats(NatsCommand::EnsureStream { name: subject.replace('.', "_"), subjects: vec![subject.to_string()], held: false })
 }

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use super::bindings::hourglass::planner::types as wit;
 use crate::command::{
-    AMQP_MAX_TTL_MS, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, check_name, check_nats_stream_name,
-    check_nats_subject, check_queue_arguments, check_sqs_queue_name, nats_headers,
+    AMQP_MAX_TTL_MS, AmqpCommand, Command, ExchangeKind, FieldTable, FieldValue, InvalidCommand, NatsCommand, SQS_MAX_DELAY_SECONDS, SQS_MAX_ID, SqsCommand,
+    check_name, check_nats_stream_name, check_nats_subject, check_queue_arguments, check_sqs_queue_name, nats_headers,
 };
 
 /// More than a 32-level strategy needs (one key per bit, and the destination's),
@@ -19,7 +19,7 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
     let command = match command {
         wit::Command::DeclareExchange(e) => {
             check_name("exchange", &e.name, false)?;
-            Command::DeclareExchange {
+            Command::Amqp(AmqpCommand::DeclareExchange {
                 name: e.name,
                 kind: match e.kind {
                     wit::ExchangeKind::Direct => ExchangeKind::Direct,
@@ -29,25 +29,30 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
                 },
                 durable: e.durable,
                 arguments: field_table(e.arguments)?,
-            }
+            })
         }
         wit::Command::DeclareQueue(q) => {
             check_name("queue", &q.name, false)?;
             let arguments = field_table(q.arguments)?;
             check_queue_arguments(&q.name, &arguments)?;
-            Command::DeclareQueue { name: q.name, durable: q.durable, arguments }
+            Command::Amqp(AmqpCommand::DeclareQueue { name: q.name, durable: q.durable, arguments })
         }
         wit::Command::BindQueue(b) => {
             check_name("queue", &b.queue, false)?;
             check_name("exchange", &b.exchange, false)?;
             check_name("routing key", &b.routing_key, true)?;
-            Command::BindQueue { queue: b.queue, exchange: b.exchange, routing_key: b.routing_key, arguments: field_table(b.arguments)? }
+            Command::Amqp(AmqpCommand::BindQueue { queue: b.queue, exchange: b.exchange, routing_key: b.routing_key, arguments: field_table(b.arguments)? })
         }
         wit::Command::BindExchange(b) => {
             check_name("exchange", &b.source, false)?;
             check_name("exchange", &b.destination, false)?;
             check_name("routing key", &b.routing_key, true)?;
-            Command::BindExchange { source: b.source, destination: b.destination, routing_key: b.routing_key, arguments: field_table(b.arguments)? }
+            Command::Amqp(AmqpCommand::BindExchange {
+                source: b.source,
+                destination: b.destination,
+                routing_key: b.routing_key,
+                arguments: field_table(b.arguments)?,
+            })
         }
         wit::Command::Publish(p) => {
             if p.bcc.len() > MAX_BCC_KEYS {
@@ -62,7 +67,14 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
             {
                 return Err(InvalidCommand::ExpirationTooLong(ms));
             }
-            Command::Publish { exchange, routing_key, bcc, headers: field_table(p.headers)?, expiration_ms: p.expiration_ms, mandatory: p.mandatory }
+            Command::Amqp(AmqpCommand::Publish {
+                exchange,
+                routing_key,
+                bcc,
+                headers: field_table(p.headers)?,
+                expiration_ms: p.expiration_ms,
+                mandatory: p.mandatory,
+            })
         }
         wit::Command::SqsEnsureQueue(q) => {
             check_sqs_queue_name(&q.name)?;
@@ -76,7 +88,7 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
             if q.name.ends_with(".fifo") != (attributes.get("FifoQueue").map(String::as_str) == Some("true")) {
                 return Err(InvalidCommand::FifoNameMismatch(q.name));
             }
-            Command::SqsEnsureQueue { name: q.name, attributes, pumped: q.pumped }
+            Command::Sqs(SqsCommand::EnsureQueue { name: q.name, attributes, pumped: q.pumped })
         }
         wit::Command::SqsSend(s) => {
             check_sqs_queue_name(&s.queue)?;
@@ -95,13 +107,13 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
                     return Err(InvalidCommand::SqsIdLength { queue: s.queue.clone(), id: id.clone() });
                 }
             }
-            Command::SqsSend {
+            Command::Sqs(SqsCommand::Send {
                 queue: s.queue,
                 delay_seconds: s.delay_seconds,
                 attributes: sqs_attributes(s.attributes)?,
                 group_id: s.group_id,
                 dedup_id: s.dedup_id,
-            }
+            })
         }
         wit::Command::NatsEnsureStream(stream) => {
             check_nats_stream_name(&stream.name)?;
@@ -111,13 +123,13 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
             for subject in &stream.subjects {
                 check_nats_subject("stream subject", subject, true)?;
             }
-            Command::NatsEnsureStream { name: stream.name, subjects: stream.subjects, held: stream.held }
+            Command::Nats(NatsCommand::EnsureStream { name: stream.name, subjects: stream.subjects, held: stream.held })
         }
         wit::Command::NatsPublish(publish) => {
             let subject = name_text("subject", publish.subject, names)?;
             check_nats_subject("publish subject", &subject, false)?;
             let headers = nats_headers(publish.headers.into_iter().map(|h| (h.name, h.value)))?;
-            Command::NatsPublish { subject, headers }
+            Command::Nats(NatsCommand::Publish { subject, headers })
         }
         wit::Command::NatsSchedule(schedule) => {
             check_nats_subject("schedule target", &schedule.target, false)?;
@@ -125,7 +137,7 @@ pub(crate) fn command_from_planner(command: wit::Command, names: &[String]) -> R
             if let Some(name) = headers.keys().find(|name| name.to_ascii_lowercase().starts_with("nats-schedule")) {
                 return Err(InvalidCommand::NatsScheduleHeader(name.clone()));
             }
-            Command::NatsSchedule { target: schedule.target, after_ms: schedule.after_ms, headers }
+            Command::Nats(NatsCommand::Schedule { target: schedule.target, after_ms: schedule.after_ms, headers })
         }
     };
     Ok(command)
@@ -217,7 +229,7 @@ mod tests {
             wit::Command::Publish(wit::Publish { exchange, routing_key: wit::Name::Registered(1), bcc, headers: vec![], expiration_ms: None, mandatory: true })
         };
         let command = command_from_planner(publish(wit::Name::Registered(0), vec![wit::Name::Text("to:orders".into())]), &names).unwrap();
-        let Command::Publish { exchange, routing_key, bcc, .. } = command else { panic!("a publish") };
+        let Command::Amqp(AmqpCommand::Publish { exchange, routing_key, bcc, .. }) = command else { panic!("a publish") };
         assert_eq!((exchange.as_str(), routing_key.as_str(), bcc), ("levels", "bit:0", vec!["to:orders".to_string()]));
         let err = command_from_planner(publish(wit::Name::Text(String::new()), vec![wit::Name::Registered(2)]), &names).unwrap_err();
         assert_eq!(err.to_string(), "bcc routing key names registered name 2, but the planner registered 2 (indices from 0)");

@@ -10,30 +10,8 @@ use super::PlannerError;
 use super::bindings::hourglass::planner::types as wit;
 use super::contract::{Contract, ContractPre, PlanRequestRef, StoreState};
 use super::epoch::set_epoch_deadline;
+pub use crate::command::BrokerFamily;
 use crate::command::{Command, DueAction, DueMessage, HeldAction, HeldMessage};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BrokerFamily {
-    Amqp,
-    Sqs,
-    Nats,
-}
-
-impl BrokerFamily {
-    /// The family whose planners write `command`.
-    pub fn of(command: &Command) -> BrokerFamily {
-        match command {
-            Command::DeclareExchange { .. }
-            | Command::DeclareQueue { .. }
-            | Command::BindQueue { .. }
-            | Command::BindExchange { .. }
-            | Command::Publish { .. } => BrokerFamily::Amqp,
-            Command::SqsEnsureQueue { .. } | Command::SqsSend { .. } => BrokerFamily::Sqs,
-            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => BrokerFamily::Nats,
-        }
-    }
-}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigKey {
@@ -343,7 +321,7 @@ impl LoadedPlanner {
                     function,
                     source,
                 })?;
-                if BrokerFamily::of(&command) != self.info.family {
+                if command.family() != self.info.family {
                     return Err(invalid(format!("{command:?} does not belong to a {:?} planner", self.info.family)));
                 }
                 Ok(command)

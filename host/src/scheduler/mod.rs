@@ -21,7 +21,7 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::command::{Command, FieldTable, FieldValue};
+use crate::command::{AmqpCommand, Command, FieldTable, FieldValue, SqsCommand};
 use crate::config::{Config, OwnQueueType, UnknownStrategy};
 use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
@@ -168,7 +168,7 @@ pub(crate) fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Com
         OwnQueueType::Quorum => [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
         OwnQueueType::Classic => FieldTable::default(),
     };
-    Command::DeclareQueue { name: name.to_string(), durable: true, arguments }
+    Command::Amqp(AmqpCommand::DeclareQueue { name: name.to_string(), durable: true, arguments })
 }
 
 /// What to do when one of hourglass's own queues exists with another type.
@@ -191,20 +191,7 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
         // A planner that cannot say its topology fails its own requests later, with its own error.
         let Some(commands) = strategies.get_mut(name).ok().and_then(|planner| planner.topology().ok()) else { continue };
         for command in commands {
-            // What a strategy holds messages in is no destination: a message due there would come round again.
-            match command {
-                Command::DeclareExchange { name, .. } | Command::DeclareQueue { name, .. } => {
-                    reserved.insert(name);
-                }
-                Command::NatsEnsureStream { subjects, .. } => reserved.extend(subjects),
-                Command::BindQueue { .. }
-                | Command::BindExchange { .. }
-                | Command::Publish { .. }
-                | Command::SqsEnsureQueue { .. }
-                | Command::SqsSend { .. }
-                | Command::NatsPublish { .. }
-                | Command::NatsSchedule { .. } => {}
-            }
+            reserved.extend(command.held_names().into_iter().map(str::to_string));
         }
     }
     reserved.remove("");
@@ -431,12 +418,12 @@ impl<E: Executor> Scheduler<E> {
             .into_iter()
             .filter_map(|strategy| {
                 let topology = self.topology_of(&strategy).unwrap_or_default();
-                let declared = |name: &str| topology.iter().any(|c| matches!(c, Command::DeclareQueue { name: n, .. } if n == name));
+                let declared = |name: &str| topology.iter().any(|c| matches!(c, Command::Amqp(AmqpCommand::DeclareQueue { name: n, .. }) if n == name));
                 let mut targets: Vec<String> = self
                     .declarations_of(&strategy)
                     .iter()
                     .filter_map(|c| match c {
-                        Command::DeclareQueue { name, arguments, .. } if !declared(name) => {
+                        Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if !declared(name) => {
                             arguments.get("x-dead-letter-exchange").and_then(|v| v.as_text()).map(str::to_string)
                         }
                         _ => None,
@@ -594,7 +581,7 @@ impl<E: Executor> Scheduler<E> {
             self.executor.apply(&setup).await?;
         }
         for command in &setup {
-            let Command::SqsEnsureQueue { name, pumped: true, .. } = command else { continue };
+            let Command::Sqs(SqsCommand::EnsureQueue { name, pumped: true, .. }) = command else { continue };
             // Tagged before any message is accepted, so a host that dies right
             // after still leaves the queue where the next one will find it.
             if self.declaring {

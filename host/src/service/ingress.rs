@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use crate::clock::{TimeError, parse_rfc3339_ms};
-use crate::command::{Command, ExchangeKind, FieldValue};
+use crate::command::{AmqpCommand, Command, ExchangeKind, FieldValue};
 use crate::config::{DelayedExchangeConfig, IngressConfig};
 use crate::executor::{Broker, ExecutorError};
 use crate::headers::{
@@ -306,10 +306,17 @@ pub(crate) const X_DELAY_HEADER: &str = "x-delay";
 /// exchange's `type`. A delayed exchange that exists as the plugin's
 /// `x-delayed-message` is refused by the broker, by name, until it is deleted.
 pub(crate) fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
-    let declare = |name: &str, kind: ExchangeKind| Command::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() };
+    let declare = |name: &str, kind: ExchangeKind| {
+        Command::Amqp(AmqpCommand::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() })
+    };
     vec![
         declare(name, ExchangeKind::Fanout),
-        Command::BindQueue { queue: ingress_queue.to_string(), exchange: name.to_string(), routing_key: String::new(), arguments: Default::default() },
+        Command::Amqp(AmqpCommand::BindQueue {
+            queue: ingress_queue.to_string(),
+            exchange: name.to_string(),
+            routing_key: String::new(),
+            arguments: Default::default(),
+        }),
         declare(&exchange.deliver_to, exchange.kind.exchange_kind()),
     ]
 }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use serde::Serialize;
 
 use super::{Arrival, Hop, HopStep, Lost, SimError, SimMessage};
-use crate::command::{Command, ExchangeKind, FieldTable, FieldValue};
+use crate::command::{AmqpCommand, ExchangeKind, FieldTable, FieldValue};
 
 /// One entry of a message's `x-death` history.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -206,9 +206,9 @@ impl AmqpBroker {
         }
     }
 
-    pub fn apply(&mut self, command: &Command, now: u64) -> Result<(), SimError> {
+    pub fn apply(&mut self, command: &AmqpCommand, now: u64) -> Result<(), SimError> {
         match command {
-            Command::DeclareExchange { name, kind, durable, arguments } => {
+            AmqpCommand::DeclareExchange { name, kind, durable, arguments } => {
                 if let Some(existing) = self.exchanges.get(name) {
                     if existing.kind != *kind || existing.durable != *durable || existing.arguments != *arguments {
                         return Err(SimError::PreconditionFailed(format!(
@@ -223,7 +223,7 @@ impl AmqpBroker {
                 let exchange = Exchange { kind: *kind, durable: *durable, arguments: arguments.clone(), bindings: Vec::new() };
                 self.exchanges.insert(name.clone(), exchange);
             }
-            Command::DeclareQueue { name, durable, arguments } => {
+            AmqpCommand::DeclareQueue { name, durable, arguments } => {
                 if let Some(existing) = self.queues.get_mut(name) {
                     if existing.destination && existing.arguments.is_empty() && arguments.is_empty() {
                         return Ok(());
@@ -261,21 +261,21 @@ impl AmqpBroker {
                 }
                 self.queues.insert(name.clone(), queue);
             }
-            Command::BindQueue { queue, exchange, routing_key, arguments } => {
+            AmqpCommand::BindQueue { queue, exchange, routing_key, arguments } => {
                 if !self.queues.contains_key(queue) {
                     return Err(SimError::NotFound(format!("no queue {queue:?} to bind to exchange {exchange:?}")));
                 }
                 let target = Target::Queue(queue.clone());
                 self.bind(exchange, Binding { target, routing_key: routing_key.clone(), arguments: arguments.clone() })?;
             }
-            Command::BindExchange { source, destination, routing_key, arguments } => {
+            AmqpCommand::BindExchange { source, destination, routing_key, arguments } => {
                 if !self.exchanges.contains_key(destination) {
                     return Err(SimError::NotFound(format!("no exchange {destination:?} to bind from {source:?}")));
                 }
                 let target = Target::Exchange(destination.clone());
                 self.bind(source, Binding { target, routing_key: routing_key.clone(), arguments: arguments.clone() })?;
             }
-            other => return Err(SimError::Invalid(format!("not an AMQP topology command: {other:?}"))),
+            AmqpCommand::Publish { .. } => return Err(SimError::Invalid("a publish needs a message; use execute".into())),
         }
         self.schedule_held_retries(now);
         Ok(())

@@ -27,7 +27,7 @@ use thiserror::Error;
 pub(crate) use amqp::Death;
 pub(crate) use sqs::DueSqsMessage;
 
-use crate::command::{Command, FieldTable};
+use crate::command::{AmqpCommand, Command, FieldTable, SqsCommand};
 
 /// Why a NATS plan cannot be simulated.
 pub(crate) const NO_NATS_MODEL: &str = "the simulator models AMQP and SQS; NATS JetStream plans run on a real server only";
@@ -197,12 +197,12 @@ impl Simulator {
     /// Applies a topology or setup command (anything but a send).
     pub fn apply(&mut self, command: &Command) -> Result<(), SimError> {
         match command {
-            Command::Publish { .. } | Command::SqsSend { .. } => Err(SimError::Invalid("a publish or send needs a message; use execute".into())),
-            Command::SqsEnsureQueue { name, attributes, pumped } => self.sqs.ensure_queue(name, attributes, *pumped),
-            Command::NatsEnsureStream { .. } | Command::NatsPublish { .. } | Command::NatsSchedule { .. } => Err(SimError::Invalid(NO_NATS_MODEL.into())),
-            Command::DeclareExchange { .. } | Command::DeclareQueue { .. } | Command::BindQueue { .. } | Command::BindExchange { .. } => {
-                self.amqp.apply(command, self.now_ms)
+            Command::Amqp(AmqpCommand::Publish { .. }) | Command::Sqs(SqsCommand::Send { .. }) => {
+                Err(SimError::Invalid("a publish or send needs a message; use execute".into()))
             }
+            Command::Amqp(command) => self.amqp.apply(command, self.now_ms),
+            Command::Sqs(SqsCommand::EnsureQueue { name, attributes, pumped }) => self.sqs.ensure_queue(name, attributes, *pumped),
+            Command::Nats(_) => Err(SimError::Invalid(NO_NATS_MODEL.into())),
         }
     }
 
@@ -211,7 +211,7 @@ impl Simulator {
     /// its route on every hop of a long-cycling message.
     pub(crate) fn execute(&mut self, command: &Command, mut message: SimMessage) -> Result<(), SimError> {
         match command {
-            Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } => {
+            Command::Amqp(AmqpCommand::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory }) => {
                 message.routing_key = routing_key.clone();
                 message.bcc = bcc.clone();
                 message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -219,7 +219,7 @@ impl Simulator {
                 let outcome = self.amqp.publish(exchange, message, self.now_ms)?;
                 self.settle(outcome, *mandatory, exchange, routing_key)
             }
-            Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } => {
+            Command::Sqs(SqsCommand::Send { queue, delay_seconds, attributes, group_id, dedup_id }) => {
                 message.sqs_attributes.extend(attributes.iter().map(|(k, v)| (k.clone(), v.clone())));
                 let send = sqs::Send { delay_seconds: *delay_seconds, group_id: group_id.clone(), dedup_id: dedup_id.clone() };
                 self.sqs.send(queue, message, send, self.now_ms)

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::command::{Command, FieldTable, FieldValue};
+use crate::command::{Command, FieldTable, FieldValue, SqsCommand};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::planner::{BrokerFamily, DueAction, LoadedPlanner, PlanRequest, PlannerError};
 use crate::sim::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
@@ -221,7 +221,7 @@ impl<'p> Simulation<'p> {
         };
         let mut message = due.message;
         let sends = commands.iter().filter_map(|c| match c {
-            Command::SqsSend { queue, delay_seconds, .. } => Some(format!("{queue} with DelaySeconds {delay_seconds}")),
+            Command::Sqs(SqsCommand::Send { queue, delay_seconds, .. }) => Some(format!("{queue} with DelaySeconds {delay_seconds}")),
             _ => None,
         });
         let step = HopStep::Pump { queue: due.queue.clone(), action: name.into(), sends: sends.collect() };

@@ -1,25 +1,32 @@
 use super::amqp::topic_matches;
 use super::*;
-use crate::command::{ExchangeKind, FieldValue};
+use crate::command::{AmqpCommand, ExchangeKind, FieldValue, SqsCommand};
 
 fn table(pairs: &[(&str, FieldValue)]) -> FieldTable {
     pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
 }
 
 fn queue(name: &str, args: &[(&str, FieldValue)]) -> Command {
-    Command::DeclareQueue { name: name.into(), durable: true, arguments: table(args) }
+    Command::Amqp(AmqpCommand::DeclareQueue { name: name.into(), durable: true, arguments: table(args) })
 }
 
 fn exchange(name: &str, kind: ExchangeKind) -> Command {
-    Command::DeclareExchange { name: name.into(), kind, durable: true, arguments: FieldTable::new() }
+    Command::Amqp(AmqpCommand::DeclareExchange { name: name.into(), kind, durable: true, arguments: FieldTable::new() })
 }
 
 fn bind(queue: &str, exchange: &str, key: &str) -> Command {
-    Command::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: key.into(), arguments: FieldTable::new() }
+    Command::Amqp(AmqpCommand::BindQueue { queue: queue.into(), exchange: exchange.into(), routing_key: key.into(), arguments: FieldTable::new() })
 }
 
 fn publish(exchange: &str, key: &str, expiration_ms: Option<u64>) -> Command {
-    Command::Publish { exchange: exchange.into(), routing_key: key.into(), bcc: Vec::new(), headers: FieldTable::new(), expiration_ms, mandatory: true }
+    Command::Amqp(AmqpCommand::Publish {
+        exchange: exchange.into(),
+        routing_key: key.into(),
+        bcc: Vec::new(),
+        headers: FieldTable::new(),
+        expiration_ms,
+        mandatory: true,
+    })
 }
 
 fn run(sim: &mut Simulator) {
@@ -137,7 +144,7 @@ fn headers_exchange_routes_on_matching_headers() {
     sim.declare_destination_queue("a");
     sim.apply(&exchange("h", ExchangeKind::Headers)).unwrap();
     let arguments = table(&[("x-match", FieldValue::Text("all".into())), ("to", FieldValue::Text("a".into()))]);
-    sim.apply(&Command::BindQueue { queue: "a".into(), exchange: "h".into(), routing_key: String::new(), arguments }).unwrap();
+    sim.apply(&Command::Amqp(AmqpCommand::BindQueue { queue: "a".into(), exchange: "h".into(), routing_key: String::new(), arguments })).unwrap();
     let to_a = SimMessage::new("m", table(&[("to", FieldValue::Text("a".into()))]));
     sim.execute(&publish("h", "anything", None), to_a).unwrap();
     assert_eq!(sim.arrivals()[0].message.routing_key, "anything");
@@ -149,9 +156,14 @@ fn headers_exchange_routes_on_matching_headers() {
 fn sqs_fifo_uses_the_queue_delay_and_deduplicates_within_five_minutes() {
     let mut sim = Simulator::new();
     let attributes = [("FifoQueue", "true"), ("DelaySeconds", "900")].map(|(k, v)| (k.to_string(), v.to_string())).into();
-    sim.apply(&Command::SqsEnsureQueue { name: "d.fifo".into(), attributes, pumped: true }).unwrap();
-    let send =
-        Command::SqsSend { queue: "d.fifo".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: Some("g".into()), dedup_id: Some("m-0".into()) };
+    sim.apply(&Command::Sqs(SqsCommand::EnsureQueue { name: "d.fifo".into(), attributes, pumped: true })).unwrap();
+    let send = Command::Sqs(SqsCommand::Send {
+        queue: "d.fifo".into(),
+        delay_seconds: 0,
+        attributes: BTreeMap::new(),
+        group_id: Some("g".into()),
+        dedup_id: Some("m-0".into()),
+    });
     let message = SimMessage::new("m", FieldTable::new());
     sim.execute(&send, message.clone()).unwrap();
     sim.execute(&send, message).unwrap();
@@ -164,11 +176,11 @@ fn sqs_fifo_uses_the_queue_delay_and_deduplicates_within_five_minutes() {
 fn sqs_destination_receives_when_visible() {
     let mut sim = Simulator::new();
     sim.declare_destination_sqs_queue("orders");
-    let send = Command::SqsSend { queue: "orders".into(), delay_seconds: 125, attributes: BTreeMap::new(), group_id: None, dedup_id: None };
+    let send = Command::Sqs(SqsCommand::Send { queue: "orders".into(), delay_seconds: 125, attributes: BTreeMap::new(), group_id: None, dedup_id: None });
     sim.execute(&send, SimMessage::new("m", FieldTable::new())).unwrap();
     run(&mut sim);
     assert_eq!(sim.arrivals()[0].at_ms, 125_000);
-    let missing = Command::SqsSend { queue: "nope".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: None, dedup_id: None };
+    let missing = Command::Sqs(SqsCommand::Send { queue: "nope".into(), delay_seconds: 0, attributes: BTreeMap::new(), group_id: None, dedup_id: None });
     assert!(matches!(sim.execute(&missing, SimMessage::new("m", FieldTable::new())), Err(SimError::NotFound(_))));
 }
 
@@ -183,12 +195,12 @@ fn at_least_once() -> [(&'static str, FieldValue); 3] {
 /// A wait queue dead-lettering to a delivery exchange that parks what it cannot route.
 fn parking_topology(sim: &mut Simulator, wait_arguments: &[(&str, FieldValue)]) {
     sim.declare_destination_queue("dest");
-    let delivery = Command::DeclareExchange {
+    let delivery = Command::Amqp(AmqpCommand::DeclareExchange {
         name: "delivery".into(),
         kind: ExchangeKind::Direct,
         durable: true,
         arguments: table(&[text("alternate-exchange", "parking")]),
-    };
+    });
     for c in [exchange("parking", ExchangeKind::Fanout), queue("parked", &[]), bind("parked", "parking", ""), delivery, bind("dest", "delivery", "dest")] {
         sim.apply(&c).unwrap();
     }
@@ -268,8 +280,18 @@ fn bcc_keys_route_survive_dead_lettering_and_never_reach_the_consumer() {
     sim.declare_destination_queue("dest");
     for command in [
         exchange("delivery", ExchangeKind::Direct),
-        Command::DeclareExchange { name: "low".into(), kind: ExchangeKind::Direct, durable: true, arguments: table(&[text("alternate-exchange", "delivery")]) },
-        Command::DeclareExchange { name: "high".into(), kind: ExchangeKind::Direct, durable: true, arguments: table(&[text("alternate-exchange", "low")]) },
+        Command::Amqp(AmqpCommand::DeclareExchange {
+            name: "low".into(),
+            kind: ExchangeKind::Direct,
+            durable: true,
+            arguments: table(&[text("alternate-exchange", "delivery")]),
+        }),
+        Command::Amqp(AmqpCommand::DeclareExchange {
+            name: "high".into(),
+            kind: ExchangeKind::Direct,
+            durable: true,
+            arguments: table(&[text("alternate-exchange", "low")]),
+        }),
         queue("high", &[ttl(200), dlx("low")]),
         queue("low", &[ttl(100), dlx("delivery")]),
         bind("high", "high", "bit:1"),
@@ -278,13 +300,15 @@ fn bcc_keys_route_survive_dead_lettering_and_never_reach_the_consumer() {
     ] {
         sim.apply(&command).unwrap();
     }
-    let send = |bcc: &[&str]| Command::Publish {
-        exchange: "high".into(),
-        routing_key: "bit:1".into(),
-        bcc: bcc.iter().map(|k| k.to_string()).collect(),
-        headers: FieldTable::new(),
-        expiration_ms: None,
-        mandatory: true,
+    let send = |bcc: &[&str]| {
+        Command::Amqp(AmqpCommand::Publish {
+            exchange: "high".into(),
+            routing_key: "bit:1".into(),
+            bcc: bcc.iter().map(|k| k.to_string()).collect(),
+            headers: FieldTable::new(),
+            expiration_ms: None,
+            mandatory: true,
+        })
     };
     sim.execute(&send(&["bit:0", "to:dest"]), SimMessage::new("both", FieldTable::new())).unwrap();
     sim.execute(&send(&["to:dest"]), SimMessage::new("high-only", FieldTable::new())).unwrap();

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 use super::NatsExecutor;
 use super::convert;
-use crate::command::Command;
+use crate::command::{AmqpCommand, Command};
 use crate::executor::ExecutorError;
 use crate::headers::is_reserved;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
@@ -70,7 +70,7 @@ impl<H: Handler> NatsConsumer<H> {
     /// Creates a stream for each subject the handler names, where missing.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
         for command in self.handler.declarations() {
-            let Command::DeclareQueue { name, .. } = command else { continue };
+            let Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) = command else { continue };
             let work_queue = name == self.handler.queue();
             self.executor.ensure_stream(&stream_for(&name), std::slice::from_ref(&name), work_queue).await?;
         }

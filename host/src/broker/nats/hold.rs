@@ -35,7 +35,7 @@ use super::cancel::NatsCancel;
 use super::convert::text;
 use crate::cancellation::Answer;
 use crate::clock::Clock;
-use crate::command::{Command, HeldAction, HeldMessage};
+use crate::command::{Command, HeldAction, HeldMessage, NatsCommand};
 use crate::executor::ExecutorError;
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
 use crate::metrics::HoldCounters;
@@ -261,7 +261,7 @@ impl HeldStream {
             Asked::HandOver(commands) => commands,
         };
         for command in commands {
-            let Command::NatsPublish { subject, headers: extra } = &command else {
+            let Command::Nats(NatsCommand::Publish { subject, headers: extra }) = &command else {
                 return Err(Undeliverable::NotAPublish { planner: self.handler.label().to_string(), command: Box::new(command) }.into());
             };
             let mut headers = headers.clone();

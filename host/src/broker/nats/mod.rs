@@ -38,7 +38,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 
 use crate::clock::Clock;
-use crate::command::Command;
+use crate::command::{BrokerFamily, Command, NatsCommand};
 use crate::config::broker::NatsSettings;
 use crate::executor::{Envelope, Executor, ExecutorError};
 
@@ -210,24 +210,16 @@ impl Executor for NatsExecutor {
 
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         for command in commands {
+            let Command::Nats(command) = command else { return Err(ExecutorError::other_family(command, BrokerFamily::Nats)) };
             match command {
-                Command::NatsEnsureStream { name, subjects, held } => {
+                NatsCommand::EnsureStream { name, subjects, held } => {
                     self.ensure_stream(name, subjects, *held).await?;
                     if *held {
                         let (parked, subject) = parked_stream(name);
                         self.ensure_stream(&parked, &[subject], false).await?;
                     }
                 }
-                Command::NatsPublish { .. } | Command::NatsSchedule { .. } => return Err(ExecutorError::Refused("a publish needs a message".into())),
-                Command::DeclareExchange { .. }
-                | Command::DeclareQueue { .. }
-                | Command::BindQueue { .. }
-                | Command::BindExchange { .. }
-                | Command::Publish { .. }
-                | Command::SqsEnsureQueue { .. }
-                | Command::SqsSend { .. } => {
-                    return Err(ExecutorError::Refused(format!("{command:?} is not a NATS command: the strategy is for another broker")));
-                }
+                NatsCommand::Publish { .. } | NatsCommand::Schedule { .. } => return Err(ExecutorError::Refused("a publish needs a message".into())),
             }
         }
         Ok(())
@@ -249,14 +241,14 @@ impl Executor for NatsExecutor {
         let body = bytes::Bytes::from(envelope.body.clone());
         for command in commands {
             match command {
-                Command::NatsPublish { subject, headers: extra } => {
+                Command::Nats(NatsCommand::Publish { subject, headers: extra }) => {
                     let mut headers = headers.clone();
                     for (name, value) in extra {
                         headers.insert(name.as_str(), value.as_str());
                     }
                     self.publish(subject, headers, body.clone()).await?;
                 }
-                Command::NatsSchedule { target, after_ms, headers: extra } => {
+                Command::Nats(NatsCommand::Schedule { target, after_ms, headers: extra }) => {
                     let mut headers = headers.clone();
                     for (name, value) in extra {
                         headers.insert(name.as_str(), value.as_str());

@@ -21,7 +21,7 @@ use super::clock;
 use super::consume::NatsConsumer;
 use super::hold::HeldStream;
 use super::{NatsExecutor, cancellation_bucket};
-use crate::command::Command;
+use crate::command::{Command, NatsCommand};
 use crate::config::Config;
 use crate::config::broker::NatsSettings;
 use crate::executor::Broker;
@@ -141,7 +141,7 @@ fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, S
     for strategy in config.strategies.keys() {
         let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::refused(config, format!("strategy {strategy}: {e}")))?;
         for command in topology {
-            let Command::NatsEnsureStream { name, held: true, .. } = command else { continue };
+            let Command::Nats(NatsCommand::EnsureStream { name, held: true, .. }) = command else { continue };
             if let Some(other) = held.insert(name.clone(), strategy.clone())
                 && other != *strategy
             {

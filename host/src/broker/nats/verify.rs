@@ -22,7 +22,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::{NatsExecutor, schedule};
-use crate::command::Command;
+use crate::command::{Command, NatsCommand};
 use crate::config::broker::NatsSettings;
 use crate::executor::{Executor, ExecutorError};
 use crate::planner::PlanRequest;
@@ -72,7 +72,7 @@ pub async fn verify_command(settings: &NatsSettings, strategies: &mut Strategies
         everything.extend(planner.topology()?);
         // A strategy says what it relies on by what it plans: a second's delay to a destination of the probe's.
         let probe = PlanRequest { destination: "hourglass.verify".into(), delay_ms: 1_000, message_id: "verify".into(), routing_key: None };
-        schedules |= planner.plan(&probe).is_ok_and(|plan| plan.commands.iter().any(|c| matches!(c, Command::NatsSchedule { .. })));
+        schedules |= planner.plan(&probe).is_ok_and(|plan| plan.commands.iter().any(|c| matches!(c, Command::Nats(NatsCommand::Schedule { .. }))));
     }
     let nats = super::connect(settings).await?;
     let report = verify(&nats, &everything, destinations, probe, schedules).await;
@@ -92,7 +92,7 @@ pub async fn streams(executor: &NatsExecutor, commands: &[Command]) -> Result<Ve
 async fn stream_checks(executor: &NatsExecutor, commands: &[Command]) -> Vec<Check> {
     let mut checks = Vec::new();
     for command in commands {
-        if let Command::NatsEnsureStream { name, subjects, held } = command {
+        if let Command::Nats(NatsCommand::EnsureStream { name, subjects, held }) = command {
             checks.push(check(format!("stream {name}"), stream_matches(executor, name, subjects, *held).await));
         }
     }

@@ -37,7 +37,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::command::{Command, FieldValue, parking_queues};
+use crate::command::{AmqpCommand, Command, FieldValue, parking_queues};
 
 use super::manage::{Management, ManagementError, management_url, vhost_of};
 use super::redact;
@@ -123,7 +123,7 @@ fn weigh(version: Option<String>, nodes: &[Value], queues: &[Value], vhost: &str
     let mut declared_quorum: Vec<&str> = declarations
         .iter()
         .filter_map(|c| match c {
-            Command::DeclareQueue { name, arguments, .. } if is_quorum(arguments) => Some(name.as_str()),
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if is_quorum(arguments) => Some(name.as_str()),
             _ => None,
         })
         .collect();
@@ -218,7 +218,9 @@ fn delivery_limit_warning(version: Option<&str>, queues: &[Value], vhost: &str, 
     let mut read: Vec<&str> = declarations
         .iter()
         .filter_map(|c| match c {
-            Command::DeclareQueue { name, arguments, .. } if is_quorum(arguments) && !arguments.contains_key("x-message-ttl") => Some(name.as_str()),
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if is_quorum(arguments) && !arguments.contains_key("x-message-ttl") => {
+                Some(name.as_str())
+            }
             _ => None,
         })
         .filter(|name| !has_limit(name))
@@ -246,12 +248,16 @@ mod tests {
     use serde_json::json;
 
     fn quorum(name: &str) -> Command {
-        Command::DeclareQueue { name: name.into(), durable: true, arguments: [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into() }
+        Command::Amqp(AmqpCommand::DeclareQueue {
+            name: name.into(),
+            durable: true,
+            arguments: [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
+        })
     }
 
     fn level(name: &str) -> Command {
         let arguments = [("x-queue-type".to_string(), FieldValue::Text("quorum".into())), ("x-message-ttl".to_string(), FieldValue::Int(1_000))];
-        Command::DeclareQueue { name: name.into(), durable: true, arguments: arguments.into() }
+        Command::Amqp(AmqpCommand::DeclareQueue { name: name.into(), durable: true, arguments: arguments.into() })
     }
 
     fn node_3_10() -> Value {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError, encode};
-use crate::command::{AMQP_MAX_NAME, Command, ExchangeKind, FieldTable, FieldValue};
+use crate::command::{AMQP_MAX_NAME, AmqpCommand, Command, ExchangeKind, FieldTable, FieldValue};
 use crate::executor::{Executor, ExecutorError};
 
 /// The exchange type the plugin registers.
@@ -421,7 +421,7 @@ fn field_table(arguments: &Map<String, Value>) -> Result<FieldTable, Undeclarabl
 pub fn build(exchange: PluginExchange, deliver_to: String, existing: Option<Existing>, base: &str, user: &str) -> Plan {
     let kind = exchange.delayed_type;
     let toml = format!("[exchanges.{}]\ntype = \"{}\"\ndeliver_to = {}\n", toml_string(&exchange.name), kind.as_str(), toml_string(&deliver_to));
-    let mut commands = vec![Command::DeclareExchange { name: deliver_to.clone(), kind, durable: true, arguments: FieldTable::new() }];
+    let mut commands = vec![Command::Amqp(AmqpCommand::DeclareExchange { name: deliver_to.clone(), kind, durable: true, arguments: FieldTable::new() })];
     let mut by_hand = Vec::new();
     for binding in &exchange.bindings {
         let arguments = match field_table(&binding.arguments) {
@@ -433,8 +433,12 @@ pub fn build(exchange: PluginExchange, deliver_to: String, existing: Option<Exis
         };
         let routing_key = binding.routing_key.clone();
         commands.push(match binding.destination_type {
-            DestinationType::Queue => Command::BindQueue { queue: binding.destination.clone(), exchange: deliver_to.clone(), routing_key, arguments },
-            DestinationType::Exchange => Command::BindExchange { source: deliver_to.clone(), destination: binding.destination.clone(), routing_key, arguments },
+            DestinationType::Queue => {
+                Command::Amqp(AmqpCommand::BindQueue { queue: binding.destination.clone(), exchange: deliver_to.clone(), routing_key, arguments })
+            }
+            DestinationType::Exchange => {
+                Command::Amqp(AmqpCommand::BindExchange { source: deliver_to.clone(), destination: binding.destination.clone(), routing_key, arguments })
+            }
         });
     }
     let mut notes = Vec::new();
@@ -495,7 +499,7 @@ pub async fn apply(executor: &impl Executor, plan: &Plan) -> Result<Applied, Mig
         match executor.apply(std::slice::from_ref(command)).await {
             Ok(()) => applied.done.push(what),
             // Without the exchange no binding can be made.
-            Err(err) if matches!(command, Command::DeclareExchange { .. }) => {
+            Err(err) if matches!(command, Command::Amqp(AmqpCommand::DeclareExchange { .. })) => {
                 return Err(MigrateError::Declare { name: plan.deliver_to.clone(), source: err });
             }
             Err(err) => applied.failed.push(format!("{what}: {err}")),
@@ -509,11 +513,11 @@ pub fn describe(command: &Command) -> String {
         if table.is_empty() { String::new() } else { format!(", arguments {}", table.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")) }
     };
     match command {
-        Command::DeclareExchange { name, kind, .. } => format!("declare exchange {name:?} ({}, durable)", kind.as_str()),
-        Command::BindQueue { queue, exchange, routing_key, arguments: table } => {
+        Command::Amqp(AmqpCommand::DeclareExchange { name, kind, .. }) => format!("declare exchange {name:?} ({}, durable)", kind.as_str()),
+        Command::Amqp(AmqpCommand::BindQueue { queue, exchange, routing_key, arguments: table }) => {
             format!("bind queue {queue:?} to {exchange:?} with key {routing_key:?}{}", arguments(table))
         }
-        Command::BindExchange { source, destination, routing_key, arguments: table } => {
+        Command::Amqp(AmqpCommand::BindExchange { source, destination, routing_key, arguments: table }) => {
             format!("bind exchange {destination:?} to {source:?} with key {routing_key:?}{}", arguments(table))
         }
         other => format!("{other:?}"),
@@ -623,13 +627,18 @@ mod tests {
         assert_eq!(plan.commands.len(), 3);
         assert_eq!(
             plan.commands[0],
-            Command::DeclareExchange { name: "orders".into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() }
+            Command::Amqp(AmqpCommand::DeclareExchange { name: "orders".into(), kind: ExchangeKind::Topic, durable: true, arguments: FieldTable::new() })
         );
         assert_eq!(
             plan.commands[1],
-            Command::BindQueue { queue: "orders-eu".into(), exchange: "orders".into(), routing_key: "order.eu.*".into(), arguments: FieldTable::new() }
+            Command::Amqp(AmqpCommand::BindQueue {
+                queue: "orders-eu".into(),
+                exchange: "orders".into(),
+                routing_key: "order.eu.*".into(),
+                arguments: FieldTable::new()
+            })
         );
-        let Command::BindExchange { source, destination, arguments, .. } = &plan.commands[2] else { panic!("{:?}", plan.commands[2]) };
+        let Command::Amqp(AmqpCommand::BindExchange { source, destination, arguments, .. }) = &plan.commands[2] else { panic!("{:?}", plan.commands[2]) };
         assert_eq!((source.as_str(), destination.as_str()), ("orders", "audit"));
         assert_eq!(arguments["n"], FieldValue::Int(5));
         assert_eq!(arguments["on"], FieldValue::Bool(true));
@@ -675,7 +684,7 @@ mod tests {
     #[tokio::test]
     async fn apply_refuses_while_messages_are_delayed_and_otherwise_declares_and_binds() {
         let memory = crate::broker::memory::MemoryExecutor::default();
-        memory.apply(&[Command::DeclareQueue { name: "orders-eu".into(), durable: true, arguments: FieldTable::new() }]).await.unwrap();
+        memory.apply(&[Command::Amqp(AmqpCommand::DeclareQueue { name: "orders-eu".into(), durable: true, arguments: FieldTable::new() })]).await.unwrap();
         let bindings =
             vec![binding("orders-eu", DestinationType::Queue, "order.eu.*", json!({})), binding("gone", DestinationType::Queue, "order.us.*", json!({}))];
         let held = build(exchange(bindings.clone(), &[("rabbit@a", Some(2))]), "due".into(), None, "http://h", "u");

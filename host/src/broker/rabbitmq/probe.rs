@@ -40,7 +40,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::command::{Command, FieldValue};
+use crate::command::{AmqpCommand, Command, FieldValue};
 use crate::headers::BCC_HEADER;
 
 use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting};
@@ -127,7 +127,7 @@ pub fn mechanisms_used(declarations: &[Command]) -> Vec<Mechanism> {
     let mut dead_letter_targets = Vec::new();
     let (mut at_least_once, mut keeps_keys, mut alternate, mut bcc) = (false, false, false, false);
     for command in declarations {
-        if let Command::DeclareQueue { arguments, .. } = command {
+        if let Command::Amqp(AmqpCommand::DeclareQueue { arguments, .. }) = command {
             at_least_once |= text(arguments, "x-dead-letter-strategy").as_deref() == Some("at-least-once");
             if let Some(target) = text(arguments, "x-dead-letter-exchange") {
                 keeps_keys |= !arguments.contains_key("x-dead-letter-routing-key");
@@ -137,8 +137,10 @@ pub fn mechanisms_used(declarations: &[Command]) -> Vec<Mechanism> {
     }
     for command in declarations {
         match command {
-            Command::DeclareExchange { name, arguments, .. } => alternate |= arguments.contains_key("alternate-exchange") && dead_letter_targets.contains(name),
-            Command::Publish { bcc: keys, .. } => bcc |= !keys.is_empty(),
+            Command::Amqp(AmqpCommand::DeclareExchange { name, arguments, .. }) => {
+                alternate |= arguments.contains_key("alternate-exchange") && dead_letter_targets.contains(name)
+            }
+            Command::Amqp(AmqpCommand::Publish { bcc: keys, .. }) => bcc |= !keys.is_empty(),
             _ => {}
         }
     }
@@ -438,23 +440,23 @@ mod tests {
 
     fn queue(name: &str, arguments: &[(&str, &str)]) -> Command {
         let arguments = arguments.iter().map(|(k, v)| (k.to_string(), FieldValue::Text(v.to_string()))).collect();
-        Command::DeclareQueue { name: name.into(), durable: true, arguments }
+        Command::Amqp(AmqpCommand::DeclareQueue { name: name.into(), durable: true, arguments })
     }
 
     fn exchange(name: &str, alternate: Option<&str>) -> Command {
         let arguments: FieldTable = alternate.map(|a| ("alternate-exchange".to_string(), FieldValue::Text(a.into()))).into_iter().collect();
-        Command::DeclareExchange { name: name.into(), kind: Kind::Direct, durable: true, arguments }
+        Command::Amqp(AmqpCommand::DeclareExchange { name: name.into(), kind: Kind::Direct, durable: true, arguments })
     }
 
     fn publish(bcc: &[&str]) -> Command {
-        Command::Publish {
+        Command::Amqp(AmqpCommand::Publish {
             exchange: "level-01".into(),
             routing_key: "bit:1".into(),
             bcc: bcc.iter().map(|k| k.to_string()).collect(),
             headers: FieldTable::new(),
             expiration_ms: None,
             mandatory: true,
-        }
+        })
     }
 
     #[test]

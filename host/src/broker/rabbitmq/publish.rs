@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::command::{Command, ExchangeKind, FieldTable};
+use crate::command::{AmqpCommand, BrokerFamily, Command, ExchangeKind, FieldTable};
 use crate::headers::{BCC_HEADER, is_routing_header};
 use crate::message::HeaderValue;
 
@@ -270,25 +270,26 @@ impl RabbitMqExecutor {
     }
 
     async fn apply_one(&self, command: &Command) -> Result<(), ExecutorError> {
+        let Command::Amqp(command) = command else { return Err(ExecutorError::other_family(command, BrokerFamily::Amqp)) };
         match command {
-            Command::DeclareExchange { name, kind, durable, arguments } => {
-                let kind = match kind {
+            AmqpCommand::DeclareExchange { name, kind, durable, arguments } => {
+                let amqp_kind = match kind {
                     ExchangeKind::Direct => AmqpExchangeKind::Direct,
                     ExchangeKind::Fanout => AmqpExchangeKind::Fanout,
                     ExchangeKind::Topic => AmqpExchangeKind::Topic,
                     ExchangeKind::Headers => AmqpExchangeKind::Headers,
                 };
-                let what = || format!("exchange {name:?} (wanted: {} durable={durable}, {})", command_kind(command), describe(arguments));
+                let what = || format!("exchange {name:?} (wanted: {} durable={durable}, {})", kind.as_str(), describe(arguments));
                 let options = ExchangeDeclareOptions { durable: *durable, ..Default::default() };
                 let arguments = to_amqp_table(arguments);
                 check_arguments(what, &arguments)?;
-                self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), kind, options, arguments).await)
+                self.control(what, async |channel| channel.exchange_declare(name.as_str().into(), amqp_kind, options, arguments).await)
                     .await?
                     .map_err(|e| self.refused(what(), e))?;
                 self.remember_exchange(name);
                 Ok(())
             }
-            Command::DeclareQueue { name, durable, arguments } => {
+            AmqpCommand::DeclareQueue { name, durable, arguments } => {
                 let what = || format!("queue {name:?} (wanted: durable={durable}, {})", describe(arguments));
                 let options = QueueDeclareOptions { durable: *durable, ..Default::default() };
                 let arguments = to_amqp_table(arguments);
@@ -297,7 +298,7 @@ impl RabbitMqExecutor {
                     .await?
                     .map_err(|e| self.refused(what(), e))
             }
-            Command::BindQueue { queue, exchange, routing_key, arguments } => {
+            AmqpCommand::BindQueue { queue, exchange, routing_key, arguments } => {
                 let what = || format!("binding queue {queue:?} to exchange {exchange:?} with key {routing_key:?}");
                 let arguments = to_amqp_table(arguments);
                 check_arguments(what, &arguments)?;
@@ -309,7 +310,7 @@ impl RabbitMqExecutor {
                 .await?
                 .map_err(|e| self.refused(what(), e))
             }
-            Command::BindExchange { source, destination, routing_key, arguments } => {
+            AmqpCommand::BindExchange { source, destination, routing_key, arguments } => {
                 let what = || format!("binding exchange {destination:?} to exchange {source:?} with key {routing_key:?}");
                 let arguments = to_amqp_table(arguments);
                 check_arguments(what, &arguments)?;
@@ -327,18 +328,12 @@ impl RabbitMqExecutor {
                 .await?
                 .map_err(|e| self.refused(what(), e))
             }
-            Command::Publish { .. } => Err(ExecutorError::Refused("a publish needs a message".into())),
-            Command::SqsEnsureQueue { name, .. } | Command::SqsSend { queue: name, .. } => {
-                Err(ExecutorError::Refused(format!("SQS command for {name:?} sent to RabbitMQ: the strategy is for SQS")))
-            }
-            Command::NatsEnsureStream { name, .. } | Command::NatsPublish { subject: name, .. } | Command::NatsSchedule { target: name, .. } => {
-                Err(ExecutorError::Refused(format!("NATS command for {name:?} sent to RabbitMQ: the strategy is for NATS JetStream")))
-            }
+            AmqpCommand::Publish { .. } => Err(ExecutorError::Refused("a publish needs a message".into())),
         }
     }
 
     async fn publish(&self, command: &Command, envelope: &Envelope) -> Result<(), ExecutorError> {
-        let Command::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory } = command else {
+        let Command::Amqp(AmqpCommand::Publish { exchange, routing_key, bcc, headers, expiration_ms, mandatory }) = command else {
             // Boxed: a declare among the commands to send is rare; inline it would size every publish.
             return Box::pin(self.apply_one(command)).await;
         };
@@ -461,18 +456,11 @@ impl RabbitMqExecutor {
     }
 }
 
-fn command_kind(command: &Command) -> &'static str {
-    match command {
-        Command::DeclareExchange { kind, .. } => kind.as_str(),
-        _ => "",
-    }
-}
-
 /// Exchanges first, then queues, then bindings: a binding fails unless both ends exist.
 fn declaration_order(command: &Command) -> u8 {
     match command {
-        Command::DeclareExchange { .. } => 0,
-        Command::DeclareQueue { .. } => 1,
+        Command::Amqp(AmqpCommand::DeclareExchange { .. }) => 0,
+        Command::Amqp(AmqpCommand::DeclareQueue { .. }) => 1,
         _ => 2,
     }
 }

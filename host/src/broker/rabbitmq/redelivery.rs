@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
-use crate::command::{Command, ExchangeKind, FieldValue};
+use crate::command::{AmqpCommand, Command, ExchangeKind, FieldValue};
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
 use crate::executor::{Broker, ExecutorError};
 use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
@@ -334,21 +334,25 @@ impl Handler for Redelivery {
     fn declarations(&self) -> Vec<Command> {
         let queue_type = self.scheduler.config().service.queue_type;
         let durable_queue = |name: String| own_queue_declaration(&name, queue_type);
-        let mut commands =
-            vec![Command::DeclareExchange { name: self.input.clone(), kind: ExchangeKind::Fanout, durable: true, arguments: Default::default() }];
+        let mut commands = vec![Command::Amqp(AmqpCommand::DeclareExchange {
+            name: self.input.clone(),
+            kind: ExchangeKind::Fanout,
+            durable: true,
+            arguments: Default::default(),
+        })];
         commands.push(durable_queue(self.input.clone()));
         commands.push(durable_queue(self.unknown_queue()));
         commands.extend(self.queues.values().map(|entry| durable_queue(entry.error_queue())));
-        commands.push(Command::BindQueue {
+        commands.push(Command::Amqp(AmqpCommand::BindQueue {
             queue: self.input.clone(),
             exchange: self.input.clone(),
             routing_key: String::new(),
             arguments: Default::default(),
-        });
+        }));
         if self.declaring {
             for entry in self.queues.values().filter(|e| e.dead_letter == DeadLetterSetup::Declare) {
                 let arguments = [("x-dead-letter-exchange".to_string(), FieldValue::Text(self.input.clone()))].into();
-                commands.push(Command::DeclareQueue { name: entry.queue.clone(), durable: true, arguments });
+                commands.push(Command::Amqp(AmqpCommand::DeclareQueue { name: entry.queue.clone(), durable: true, arguments }));
             }
         }
         commands

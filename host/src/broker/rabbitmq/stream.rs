@@ -13,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable as AmqpTable};
 use lapin::{Connection, ConnectionProperties};
 use tokio::sync::{mpsc, watch};
 
-use crate::command::{Command, FieldValue};
+use crate::command::{AmqpCommand, Command, FieldValue};
 use crate::executor::ExecutorError;
 
 use super::link::{CHANNEL_TIMEOUT, CONNECT_TIMEOUT, create_channel, parting};
@@ -25,7 +25,7 @@ const READ_AHEAD: u16 = 1_000;
 /// The declaration of a durable stream that drops whole segments older than `max_age` (`"7D"`, `"12h"`).
 pub fn declare_stream(name: &str, max_age: &str) -> Command {
     let arguments = [("x-queue-type".to_string(), FieldValue::Text("stream".into())), ("x-max-age".to_string(), FieldValue::Text(max_age.into()))];
-    Command::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() }
+    Command::Amqp(AmqpCommand::DeclareQueue { name: name.to_string(), durable: true, arguments: arguments.into() })
 }
 
 /// Sends each entry of `stream` from offset `from` on, as `(offset, body)`,

@@ -18,7 +18,7 @@ use crate::broker::rabbitmq::link::{create_channel, parting};
 use crate::broker::rabbitmq::manage::{Management, ManagementError, vhost_of};
 use crate::broker::rabbitmq::nodes::ConnectError;
 use crate::broker::rabbitmq::redact;
-use crate::command::{Command, FieldTable, FieldValue};
+use crate::command::{AmqpCommand, Command, FieldTable, FieldValue};
 
 #[derive(Debug, Error)]
 pub enum VerifyError {
@@ -83,7 +83,7 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
     let mut drift = |object: String, problem: String| drifts.push(Drift { object, problem });
     for command in commands {
         match command {
-            Command::DeclareQueue { name, durable, arguments } => match api.object("queues", name)? {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, durable, arguments }) => match api.object("queues", name)? {
                 None => drift(format!("queue {name}"), "missing".into()),
                 Some(found) => {
                     if found["durable"].as_bool() != Some(*durable) {
@@ -94,7 +94,7 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
                     }
                 }
             },
-            Command::DeclareExchange { name, kind, arguments, .. } => match api.object("exchanges", name)? {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, kind, arguments, .. }) => match api.object("exchanges", name)? {
                 None => drift(format!("exchange {name}"), "missing".into()),
                 Some(found) => {
                     if found["type"].as_str() != Some(kind.as_str()) {
@@ -105,7 +105,7 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
                     }
                 }
             },
-            Command::BindQueue { queue, exchange, routing_key, arguments } => {
+            Command::Amqp(AmqpCommand::BindQueue { queue, exchange, routing_key, arguments }) => {
                 check_binding(
                     api.bindings(exchange, 'q', queue)?,
                     routing_key,
@@ -114,7 +114,7 @@ fn verify_with_management(api: &Management, commands: &[Command]) -> Result<Vec<
                     &mut drift,
                 );
             }
-            Command::BindExchange { source, destination, routing_key, arguments } => {
+            Command::Amqp(AmqpCommand::BindExchange { source, destination, routing_key, arguments }) => {
                 check_binding(
                     api.bindings(source, 'e', destination)?,
                     routing_key,
@@ -146,11 +146,11 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
     let mut unchecked = 0;
     for command in commands {
         let (object, result) = match command {
-            Command::DeclareQueue { name, .. } => {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) => {
                 let passive = QueueDeclareOptions { passive: true, ..Default::default() };
                 (format!("queue {name}"), channel.queue_declare(name.as_str().into(), passive, AmqpTable::default()).await.map(|_| ()))
             }
-            Command::DeclareExchange { name, .. } => {
+            Command::Amqp(AmqpCommand::DeclareExchange { name, .. }) => {
                 let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
                 let result = channel.exchange_declare(name.as_str().into(), AmqpExchangeKind::Topic, passive, AmqpTable::default()).await;
                 (format!("exchange {name}"), result)
@@ -174,7 +174,7 @@ async fn verify_with_passive_declares(amqp_url: &str, commands: &[Command]) -> R
 /// else by passive declares. `management_url` is the configured one;
 /// `$HOURGLASS_MANAGEMENT_URL` overrides it (see [`crate::broker::rabbitmq::manage::management_url`]).
 pub async fn verify(amqp_url: &str, management_url: Option<&str>, commands: &[Command]) -> Result<Report, VerifyError> {
-    let checked = commands.iter().filter(|c| !matches!(c, Command::Publish { .. })).count();
+    let checked = commands.iter().filter(|c| !matches!(c, Command::Amqp(AmqpCommand::Publish { .. }))).count();
     let management_url = crate::broker::rabbitmq::manage::management_url(amqp_url, management_url);
     let mut fallback_reason = "no management URL".to_string();
     if let Some(url) = management_url {

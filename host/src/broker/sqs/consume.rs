@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use super::properties::{from_attributes, is_property_attribute};
 use super::send::{SqsExecutor, count, message_size, unavailable};
-use crate::command::{Command, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::command::{AmqpCommand, Command, SQS_MAX_MESSAGE_ATTRIBUTES};
 use crate::executor::ExecutorError;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::stop::{pause_unless_stopped, unless_stopped};
@@ -62,7 +62,7 @@ impl<H: Handler> SqsConsumer<H> {
     /// Creates the queues the handler names (as standard queues) where missing.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
         for command in self.handler.declarations() {
-            let Command::DeclareQueue { name, .. } = command else { continue };
+            let Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) = command else { continue };
             if self.executor.url(&name).await?.is_none() {
                 count(&self.executor.requests.create_queue);
                 self.executor.client().create_queue().queue_name(&name).send().await.map_err(|e| unavailable(format!("CreateQueue {name}"), e))?;

@@ -42,7 +42,7 @@ use aws_sdk_sqs::types::{
 
 use crate::clock::estimate::Reading;
 use crate::clock::{Clock, monotonic_ms};
-use crate::command::{Command, FieldValue};
+use crate::command::{Command, FieldValue, SqsCommand};
 use crate::command::{DueAction, DueMessage};
 use crate::executor::ExecutorError;
 use crate::metrics::PumpCounters;
@@ -480,7 +480,7 @@ impl Pump {
         };
         let mut sends = Vec::with_capacity(commands.len());
         for (n, command) in commands.iter().enumerate() {
-            let Command::SqsSend { queue, attributes, .. } = command else {
+            let Command::Sqs(SqsCommand::Send { queue, attributes, .. }) = command else {
                 return Err(Undeliverable::NotAnSqsSend { planner: self.planner.label().to_string() });
             };
             // The planner's attributes win over the message's own.

@@ -3,7 +3,7 @@
 
 use super::pump::Pump;
 use super::pumped::PumpSettings;
-use crate::command::Command;
+use crate::command::{Command, SqsCommand};
 use crate::config::Config;
 use crate::config::broker::SqsSettings;
 use crate::executor::Broker;
@@ -38,7 +38,7 @@ pub async fn pump_command(
             .destination_setup(destination)?
             .into_iter()
             .filter_map(|c| match c {
-                Command::SqsEnsureQueue { name, pumped: true, .. } => Some(name),
+                Command::Sqs(SqsCommand::EnsureQueue { name, pumped: true, .. }) => Some(name),
                 _ => None,
             })
             .collect();

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 
 use super::batcher::{Batcher, SQS_MAX_MESSAGE_BYTES, SendBatch, fits_in_batch};
 use super::dead_letters::{dead_letter_queue, redrives_to_own_dead_letters};
-use crate::command::{Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::command::{BrokerFamily, Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES, SqsCommand};
 use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::ID_HEADER;
 use crate::metrics::RequestCounts;
@@ -168,8 +168,8 @@ fn checked_send<'c>(
     properties: &PropertyAttributes,
     room: Room,
 ) -> Result<(SendParts<'c>, HashMap<String, MessageAttributeValue>, usize), ExecutorError> {
-    let Command::SqsSend { queue, delay_seconds, attributes, group_id, dedup_id } = command else {
-        return Err(ExecutorError::Refused(format!("{command:?} is not an SQS command: the strategy is for RabbitMQ")));
+    let Command::Sqs(SqsCommand::Send { queue, delay_seconds, attributes, group_id, dedup_id }) = command else {
+        return Err(ExecutorError::other_family(command, BrokerFamily::Sqs));
     };
     let message_attributes = message_attributes(properties, base, attributes)?;
     if room.attributes() > 0 && message_attributes.len() + room.attributes() > SQS_MAX_MESSAGE_ATTRIBUTES {
@@ -430,14 +430,15 @@ impl Executor for SqsExecutor {
 
     async fn apply(&self, commands: &[Command]) -> Result<(), ExecutorError> {
         for command in commands {
+            let Command::Sqs(command) = command else { return Err(ExecutorError::other_family(command, BrokerFamily::Sqs)) };
             match command {
-                Command::SqsEnsureQueue { name, attributes, pumped } => {
+                SqsCommand::EnsureQueue { name, attributes, pumped } => {
                     self.ensure_queue(name, attributes).await?;
                     if *pumped {
                         self.pumped.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
                     }
                 }
-                other => return Err(ExecutorError::Refused(format!("{other:?} is not an SQS command: the strategy is for RabbitMQ"))),
+                SqsCommand::Send { .. } => return Err(ExecutorError::Refused("a send needs a message".into())),
             }
         }
         Ok(())
@@ -462,7 +463,7 @@ impl Executor for SqsExecutor {
         let mut sends = Vec::with_capacity(commands.len());
         let cancellable = envelope.headers.contains_key(ID_HEADER);
         for command in commands {
-            let pumped = matches!(command, Command::SqsSend { queue, .. } if self.is_pumped(queue));
+            let pumped = matches!(command, Command::Sqs(SqsCommand::Send { queue, .. }) if self.is_pumped(queue));
             // The batcher gives the entry an id unique within its request.
             let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, Room { pumped, cancellable })?;
             let url = self.existing_url(queue).await?;
