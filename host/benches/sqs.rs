@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hourglass::broker::sqs::SqsExecutor;
+use hourglass::broker::sqs::metrics::RequestSnapshot;
 use hourglass::config::Config;
-use hourglass::metrics::RequestSnapshot;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::Service;
 use sqs_support::{collect, consume, consume_all, create_destination, delete_queues, endpoint, percentile, run_id, summary};

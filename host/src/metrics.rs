@@ -1,11 +1,12 @@
-//! Prometheus metrics, shared by the scheduler, the service, the ingress and
-//! the pumps. Encoded as OpenMetrics text for `GET /metrics`.
+//! Prometheus metrics, shared by the scheduler, the service and the ingress;
+//! a broker registers families of its own ([`BrokerMetric`], declared in its
+//! folder) when its side starts. Encoded as OpenMetrics text for `GET /metrics`.
 //!
 //! Every label set is bounded: a strategy or destination label is a name from
 //! the config (set by [`Metrics::bound_labels`]), anything else counts as
 //! `other`, so a client cannot grow the series without limit.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,8 +16,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use serde::Serialize;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Route {
@@ -41,16 +40,6 @@ struct Level {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Kind {
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Queue {
-    queue: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
     outcome: String,
 }
@@ -60,16 +49,23 @@ struct TaskLabel {
     task: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ConnectionLabel {
-    connection: String,
-}
-
 /// The label value for anything not named in the config.
 pub(crate) const OTHER_LABEL: &str = "other";
 
-/// Open channels per connection, read when the metrics are read.
-pub(crate) type ChannelCounts = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>;
+/// A metric family a broker keeps of its own (SQS requests, a NATS hold's
+/// deliveries, …): declared in the broker's folder, registered when its side
+/// starts, sampled with labels as name–value pairs.
+#[derive(Clone, Copy, Debug)]
+pub struct BrokerMetric {
+    /// Without the `hourglass_` prefix (and a counter's `_total`).
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+/// A broker's label set: each label's name and value.
+pub(crate) type BrokerLabels = Vec<(&'static str, String)>;
+pub(crate) type BrokerCounters = Family<BrokerLabels, Counter>;
+pub(crate) type BrokerGauges = Family<BrokerLabels, Gauge>;
 
 /// The names a strategy or destination label may take.
 #[derive(Default)]
@@ -94,16 +90,20 @@ struct QueueOutcome {
     outcome: String,
 }
 
-/// Counters kept as atomics elsewhere (SQS requests, pump cycles), copied
-/// into Prometheus counters when the metrics are read.
+/// What is read when the metrics are read: counts brokers keep as atomics
+/// (copied into their families), and the host's clock.
 #[derive(Default)]
 struct Mirrored {
-    sqs: Vec<Arc<RequestCounts>>,
-    pumps: Vec<(String, Arc<PumpCounters>)>,
-    holds: Vec<(String, Arc<HoldCounters>)>,
-    channels: Vec<ChannelCounts>,
+    scrapers: Vec<Box<dyn Fn() + Send + Sync>>,
     /// The host's clock, whose offset from the broker's is read at each scrape.
     clock: Option<Arc<crate::clock::Clock>>,
+}
+
+/// The families brokers registered, by name: a second side of the same broker shares them.
+#[derive(Default)]
+struct BrokerFamilies {
+    counters: std::collections::BTreeMap<&'static str, BrokerCounters>,
+    gauges: std::collections::BTreeMap<&'static str, BrokerGauges>,
 }
 
 /// A registry that remembers the names it was given, so tests (and the
@@ -123,26 +123,20 @@ impl Named {
 pub struct Metrics {
     registry: Mutex<Registry>,
     /// Every registered family's full name.
-    families: Vec<String>,
+    families: Mutex<Vec<String>>,
     mirrored: Mutex<Mirrored>,
+    broker_families: Mutex<BrokerFamilies>,
     scheduled: Family<Route, Counter>,
     failed: Family<Route, Counter>,
     rejected: Family<Field, Counter>,
     schedule_seconds: Histogram,
     planner_call_seconds: Family<Strategy, Histogram>,
     confirm_seconds: Histogram,
-    sqs_requests: Family<Kind, Counter>,
-    pump_cycles: Family<Queue, Counter>,
-    pump_parked: Family<Queue, Counter>,
-    pump_empty_polls: Family<Queue, Counter>,
-    pump_bundled: Family<Queue, Counter>,
-    held_deliveries: Family<QueueOutcome, Counter>,
     ingress: Family<Outcome, Counter>,
     ingress_in_flight: Gauge,
     reloads: Family<Outcome, Counter>,
     redeliveries: Family<QueueOutcome, Counter>,
     task_restarts: Family<TaskLabel, Counter>,
-    open_channels: Family<ConnectionLabel, Gauge>,
     clock_offset: Gauge<f64, AtomicU64>,
     clock_offset_error: Gauge<f64, AtomicU64>,
     parked: Family<Strategy, Gauge>,
@@ -182,26 +176,20 @@ impl Default for Metrics {
         let mut registry = Named { registry: Registry::with_prefix("hourglass"), families: Vec::new() };
         let mut metrics = Metrics {
             registry: Mutex::new(Registry::default()),
-            families: Vec::new(),
+            families: Mutex::default(),
             mirrored: Mutex::default(),
+            broker_families: Mutex::default(),
             scheduled: Family::default(),
             failed: Family::default(),
             rejected: Family::default(),
             schedule_seconds: latency_histogram(),
             planner_call_seconds: Family::new_with_constructor(latency_histogram),
             confirm_seconds: latency_histogram(),
-            sqs_requests: Family::default(),
-            pump_cycles: Family::default(),
-            pump_parked: Family::default(),
-            pump_empty_polls: Family::default(),
-            pump_bundled: Family::default(),
-            held_deliveries: Family::default(),
             ingress: Family::default(),
             ingress_in_flight: Gauge::default(),
             reloads: Family::default(),
             redeliveries: Family::default(),
             task_restarts: Family::default(),
-            open_channels: Family::default(),
             clock_offset: not_measured(),
             clock_offset_error: not_measured(),
             parked: Family::default(),
@@ -220,28 +208,6 @@ impl Default for Metrics {
         registry.register("schedule_seconds", "Plan plus confirmed publish, per message", metrics.schedule_seconds.clone());
         registry.register("planner_call_seconds", "One plan call into a planner's sandbox", metrics.planner_call_seconds.clone());
         registry.register("broker_confirm_seconds", "From first publish to the broker's last confirm, per message", metrics.confirm_seconds.clone());
-        registry.register("sqs_requests", "SQS API requests by kind", metrics.sqs_requests.clone());
-        registry.register(
-            "held_deliveries",
-            "Deliveries of a NATS held stream (queue) by what became of them: waited, handed_over, parked, cancelled, retried",
-            metrics.held_deliveries.clone(),
-        );
-        registry.register("pump_cycles", "Messages a pump received and sent on (around again or to the destination)", metrics.pump_cycles.clone());
-        registry.register(
-            "pump_parked",
-            "Messages a pump moved to its queue's dead-letter queue, with the reason, because they could not go on",
-            metrics.pump_parked.clone(),
-        );
-        registry.register(
-            "pump_empty_polls",
-            "Long polls of a pump that came back empty: what an idle pumped queue costs in SQS requests",
-            metrics.pump_empty_polls.clone(),
-        );
-        registry.register(
-            "pump_bundled",
-            "Messages a pump sent around again in a bundle (several in one SQS message, sharing its requests)",
-            metrics.pump_bundled.clone(),
-        );
         registry.register("ingress_messages", "Ingress messages (AMQP or SQS ingress queue) by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
         registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
         registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
@@ -251,7 +217,6 @@ impl Default for Metrics {
             "Background tasks (ingress, redelivery, pump:<queue>) restarted after a panic, an error or an early end",
             metrics.task_restarts.clone(),
         );
-        registry.register("open_channels", "AMQP channels open, by connection", metrics.open_channels.clone());
         registry.register(
             "clock_offset_seconds",
             "The broker's clock minus this host's, as last read (RabbitMQ: the management API's Date header; SQS: the pumps' receive stamps); NaN until read",
@@ -290,15 +255,54 @@ impl Default for Metrics {
             metrics.cancellations.clone(),
         );
         *metrics.registry.lock().expect("fresh mutex") = registry.registry;
-        metrics.families = registry.families;
+        metrics.families = Mutex::new(registry.families);
         metrics
     }
 }
 
 impl Metrics {
     /// The full name of every metric family, whether sampled yet or not.
-    pub fn families(&self) -> &[String] {
-        &self.families
+    pub fn families(&self) -> Vec<String> {
+        self.families.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `metric`'s counters, registered on the first ask.
+    pub(crate) fn broker_counters(&self, metric: &BrokerMetric) -> BrokerCounters {
+        let mut families = self.broker_families.lock().unwrap_or_else(|p| p.into_inner());
+        families.counters.entry(metric.name).or_insert_with(|| self.register(metric, BrokerCounters::default())).clone()
+    }
+
+    /// `metric`'s gauges, registered on the first ask.
+    pub(crate) fn broker_gauges(&self, metric: &BrokerMetric) -> BrokerGauges {
+        let mut families = self.broker_families.lock().unwrap_or_else(|p| p.into_inner());
+        families.gauges.entry(metric.name).or_insert_with(|| self.register(metric, BrokerGauges::default())).clone()
+    }
+
+    fn register<M: prometheus_client::registry::Metric + Clone>(&self, metric: &BrokerMetric, family: M) -> M {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner()).register(metric.name, metric.help, family.clone());
+        self.families.lock().unwrap_or_else(|p| p.into_inner()).push(format!("hourglass_{}", metric.name));
+        family
+    }
+
+    /// Runs `read` at each scrape, before the families are encoded: how a
+    /// broker reads a gauge of its own.
+    pub(crate) fn on_scrape(&self, read: impl Fn() + Send + Sync + 'static) {
+        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).scrapers.push(Box::new(read));
+    }
+
+    /// Adds to `family`, at each scrape, what the counts `read` returns (kept
+    /// as atomics by a broker) grew by since the last one: several sources
+    /// (a restarted pump, another consumer of a held stream) add up in one series.
+    pub(crate) fn count_from(&self, family: BrokerCounters, read: impl Fn() -> Vec<(BrokerLabels, u64)> + Send + Sync + 'static) {
+        let seen = Mutex::new(std::collections::HashMap::<BrokerLabels, u64>::new());
+        self.on_scrape(move || {
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            for (labels, count) in read() {
+                let last = seen.entry(labels.clone()).or_default();
+                family.get_or_create(&labels).inc_by(count.saturating_sub(*last));
+                *last = count.max(*last);
+            }
+        });
     }
 
     /// The strategy and destination names labels may carry from now on (the
@@ -425,11 +429,6 @@ impl Metrics {
         self.parked.get_or_create(&Strategy { strategy: strategy.into() }).set(messages as i64);
     }
 
-    /// Reports open AMQP channels per connection, read at each scrape.
-    pub(crate) fn watch_open_channels(&self, counts: ChannelCounts) {
-        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).channels.push(counts);
-    }
-
     pub fn rejected(&self, field: &str) {
         self.rejected.get_or_create(&Field { field: field.into() }).inc();
     }
@@ -472,64 +471,10 @@ impl Metrics {
         self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).clock = Some(clock);
     }
 
-    /// Reports an SQS executor's request counts.
-    pub(crate) fn watch_sqs(&self, counts: Arc<RequestCounts>) {
-        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).sqs.push(counts);
-    }
-
-    /// Reports a pump's cycles.
-    pub(crate) fn watch_pump(&self, queue: &str, counters: Arc<PumpCounters>) {
-        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).pumps.push((queue.to_string(), counters));
-    }
-
-    pub(crate) fn watch_hold(&self, stream: &str, counters: Arc<HoldCounters>) {
-        self.mirrored.lock().unwrap_or_else(|p| p.into_inner()).holds.push((stream.to_string(), counters));
-    }
-
     fn mirror(&self) {
-        fn raise(counter: &Counter, to: u64) {
-            counter.inc_by(to.saturating_sub(counter.get()));
-        }
         let mirrored = self.mirrored.lock().unwrap_or_else(|p| p.into_inner());
-        let mut by_kind = std::collections::BTreeMap::<&str, u64>::new();
-        for counts in &mirrored.sqs {
-            for (kind, value) in counts.by_kind() {
-                *by_kind.entry(kind).or_default() += value;
-            }
-        }
-        for (kind, value) in by_kind {
-            raise(&self.sqs_requests.get_or_create(&Kind { kind: kind.into() }), value);
-        }
-        // Per queue: (cycles, parked, empty polls, bundled), summed over its pumps.
-        let mut by_queue = std::collections::BTreeMap::<&str, (u64, u64, u64, u64)>::new();
-        for (queue, counters) in &mirrored.pumps {
-            let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-            let sums = by_queue.entry(queue).or_default();
-            sums.0 += get(&counters.recycled) + get(&counters.handed_over);
-            sums.1 += get(&counters.parked);
-            sums.2 += get(&counters.empty_polls);
-            sums.3 += get(&counters.bundled);
-        }
-        for (queue, (cycles, parked, empty_polls, bundled)) in by_queue {
-            raise(&self.pump_bundled.get_or_create(&Queue { queue: queue.into() }), bundled);
-            raise(&self.pump_empty_polls.get_or_create(&Queue { queue: queue.into() }), empty_polls);
-            raise(&self.pump_cycles.get_or_create(&Queue { queue: queue.into() }), cycles);
-            raise(&self.pump_parked.get_or_create(&Queue { queue: queue.into() }), parked);
-        }
-        // Per held stream and outcome, summed over its consumers (a restarted one counts on from zero).
-        let mut by_outcome = std::collections::BTreeMap::<(&str, &str), u64>::new();
-        for (stream, counters) in &mirrored.holds {
-            for (outcome, value) in counters.by_outcome() {
-                *by_outcome.entry((stream, outcome)).or_default() += value;
-            }
-        }
-        for ((stream, outcome), value) in by_outcome {
-            raise(&self.held_deliveries.get_or_create(&QueueOutcome { queue: stream.into(), outcome: outcome.into() }), value);
-        }
-        for counts in &mirrored.channels {
-            for (connection, open) in counts() {
-                self.open_channels.get_or_create(&ConnectionLabel { connection: connection.into() }).set(open);
-            }
+        for read in &mirrored.scrapers {
+            read();
         }
         // Read now against the host's clock now: a step of it shows at the next scrape.
         if let Some(offset) = mirrored.clock.as_ref().and_then(|clock| clock.offset()) {
@@ -552,170 +497,34 @@ fn sum<S: Clone + std::hash::Hash + Eq>(family: &Family<S, Counter>, labels: imp
     labels.into_iter().filter_map(|label| family.get(&label).map(|counter| counter.get())).sum()
 }
 
-/// Every SQS request made, by kind: the bill.
-#[derive(Debug, Default)]
-pub struct RequestCounts {
-    pub get_queue_url: AtomicU64,
-    pub create_queue: AtomicU64,
-    pub get_queue_attributes: AtomicU64,
-    pub send_message: AtomicU64,
-    pub send_message_batch: AtomicU64,
-    pub receive_message: AtomicU64,
-    pub delete_message_batch: AtomicU64,
-    pub change_message_visibility_batch: AtomicU64,
-    pub list_queues: AtomicU64,
-    pub list_queue_tags: AtomicU64,
-    pub tag_queue: AtomicU64,
-    pub set_queue_attributes: AtomicU64,
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct RequestSnapshot {
-    pub get_queue_url: u64,
-    pub create_queue: u64,
-    pub get_queue_attributes: u64,
-    pub send_message: u64,
-    pub send_message_batch: u64,
-    pub receive_message: u64,
-    pub delete_message_batch: u64,
-    pub change_message_visibility_batch: u64,
-    pub list_queues: u64,
-    pub list_queue_tags: u64,
-    pub tag_queue: u64,
-    pub set_queue_attributes: u64,
-}
+    use super::*;
 
-impl RequestSnapshot {
-    /// Requests that move messages (what a steady state pays for).
-    pub fn message_requests(&self) -> u64 {
-        self.send_message + self.send_message_batch + self.receive_message + self.delete_message_batch
-    }
+    const WIDGETS: BrokerMetric = BrokerMetric { name: "widgets", help: "Widgets by colour" };
 
-    /// The requests made since `earlier` was taken.
-    pub fn since(&self, earlier: &RequestSnapshot) -> RequestSnapshot {
-        RequestSnapshot {
-            get_queue_url: self.get_queue_url - earlier.get_queue_url,
-            create_queue: self.create_queue - earlier.create_queue,
-            get_queue_attributes: self.get_queue_attributes - earlier.get_queue_attributes,
-            send_message: self.send_message - earlier.send_message,
-            send_message_batch: self.send_message_batch - earlier.send_message_batch,
-            receive_message: self.receive_message - earlier.receive_message,
-            delete_message_batch: self.delete_message_batch - earlier.delete_message_batch,
-            change_message_visibility_batch: self.change_message_visibility_batch - earlier.change_message_visibility_batch,
-            list_queues: self.list_queues - earlier.list_queues,
-            list_queue_tags: self.list_queue_tags - earlier.list_queue_tags,
-            tag_queue: self.tag_queue - earlier.tag_queue,
-            set_queue_attributes: self.set_queue_attributes - earlier.set_queue_attributes,
+    #[test]
+    fn a_broker_family_sums_its_sources_and_a_restarted_one_counts_on() {
+        let metrics = Metrics::default();
+        let (first, second) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        for source in [&first, &second] {
+            let source = source.clone();
+            metrics.count_from(metrics.broker_counters(&WIDGETS), move || vec![(vec![("colour", "blue".to_string())], source.load(Ordering::Relaxed))]);
         }
-    }
-}
-
-impl RequestCounts {
-    pub fn snapshot(&self) -> RequestSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        RequestSnapshot {
-            get_queue_url: get(&self.get_queue_url),
-            create_queue: get(&self.create_queue),
-            get_queue_attributes: get(&self.get_queue_attributes),
-            send_message: get(&self.send_message),
-            send_message_batch: get(&self.send_message_batch),
-            receive_message: get(&self.receive_message),
-            delete_message_batch: get(&self.delete_message_batch),
-            change_message_visibility_batch: get(&self.change_message_visibility_batch),
-            list_queues: get(&self.list_queues),
-            list_queue_tags: get(&self.list_queue_tags),
-            tag_queue: get(&self.tag_queue),
-            set_queue_attributes: get(&self.set_queue_attributes),
-        }
-    }
-}
-
-impl RequestCounts {
-    /// Each request kind by its SQS API name, for metrics.
-    pub fn by_kind(&self) -> [(&'static str, u64); 12] {
-        let s = self.snapshot();
-        [
-            ("GetQueueUrl", s.get_queue_url),
-            ("CreateQueue", s.create_queue),
-            ("GetQueueAttributes", s.get_queue_attributes),
-            ("SendMessage", s.send_message),
-            ("SendMessageBatch", s.send_message_batch),
-            ("ReceiveMessage", s.receive_message),
-            ("DeleteMessageBatch", s.delete_message_batch),
-            ("ChangeMessageVisibilityBatch", s.change_message_visibility_batch),
-            ("ListQueues", s.list_queues),
-            ("ListQueueTags", s.list_queue_tags),
-            ("TagQueue", s.tag_queue),
-            ("SetQueueAttributes", s.set_queue_attributes),
-        ]
-    }
-}
-
-/// What became of the deliveries a NATS held stream's consumer handled (`broker::nats::hold`).
-#[derive(Debug, Default)]
-pub struct HoldCounters {
-    pub waited: AtomicU64,
-    pub handed_over: AtomicU64,
-    pub parked: AtomicU64,
-    /// Dropped at hand-over: cancelled.
-    pub cancelled: AtomicU64,
-    /// Delivered again later: the server or the planner could not answer now.
-    pub retried: AtomicU64,
-}
-
-impl HoldCounters {
-    fn by_outcome(&self) -> [(&'static str, u64); 5] {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        [
-            ("waited", get(&self.waited)),
-            ("handed_over", get(&self.handed_over)),
-            ("parked", get(&self.parked)),
-            ("cancelled", get(&self.cancelled)),
-            ("retried", get(&self.retried)),
-        ]
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct PumpCounters {
-    pub received: AtomicU64,
-    pub recycled: AtomicU64,
-    pub handed_over: AtomicU64,
-    /// Messages received more than once (a pump died, or a delete failed).
-    pub redelivered: AtomicU64,
-    pub failed: AtomicU64,
-    /// Messages moved to the queue's dead-letter queue with the reason they could not go on.
-    pub parked: AtomicU64,
-    /// Long polls that found nothing: the pump's idle cost.
-    pub empty_polls: AtomicU64,
-    /// Messages sent around again in a bundle (several in one SQS message).
-    pub bundled: AtomicU64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PumpStats {
-    pub received: u64,
-    pub recycled: u64,
-    pub handed_over: u64,
-    pub redelivered: u64,
-    pub failed: u64,
-    pub parked: u64,
-    pub empty_polls: u64,
-    pub bundled: u64,
-}
-
-impl PumpCounters {
-    pub fn snapshot(&self) -> PumpStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        PumpStats {
-            received: get(&self.received),
-            recycled: get(&self.recycled),
-            handed_over: get(&self.handed_over),
-            redelivered: get(&self.redelivered),
-            failed: get(&self.failed),
-            parked: get(&self.parked),
-            empty_polls: get(&self.empty_polls),
-            bundled: get(&self.bundled),
-        }
+        first.store(3, Ordering::Relaxed);
+        second.store(4, Ordering::Relaxed);
+        assert!(metrics.encode().contains("hourglass_widgets_total{colour=\"blue\"} 7"), "{}", metrics.encode());
+        // A third source starting from zero (a restarted pump) adds what it counts.
+        let third = Arc::new(AtomicU64::new(0));
+        let counting = third.clone();
+        metrics.count_from(metrics.broker_counters(&WIDGETS), move || vec![(vec![("colour", "blue".to_string())], counting.load(Ordering::Relaxed))]);
+        first.store(5, Ordering::Relaxed);
+        third.store(1, Ordering::Relaxed);
+        let encoded = metrics.encode();
+        assert!(encoded.contains("hourglass_widgets_total{colour=\"blue\"} 10"), "{encoded}");
+        assert_eq!(encoded.matches("# HELP hourglass_widgets Widgets by colour").count(), 1, "registered once: {encoded}");
+        assert!(metrics.families().contains(&"hourglass_widgets".to_string()));
     }
 }

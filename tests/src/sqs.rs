@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use hourglass::broker;
+use hourglass::broker::sqs::metrics::PumpCounters;
 use hourglass::broker::sqs::pump::Pump;
 use hourglass::broker::sqs::send::SqsExecutor;
 use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
 use hourglass::executor::Broker;
-use hourglass::metrics::PumpCounters;
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use tokio::sync::{mpsc, watch};

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::config::broker::BrokerSettings;
 use crate::config::{BrokerConfig, Config};
 use crate::executor::{Broker, ExecutorError};
+use crate::metrics::BrokerMetric;
 use crate::report::{CommandError, DelayedExchangeMove, Migration, ParkedAction, Progress, Transfer, Verdict};
 use crate::scheduler::strategies::Strategies;
 use crate::service::cancellations::OpenCancellations;
@@ -163,4 +164,10 @@ pub fn gathering(config: &Config) -> (std::time::Duration, std::time::Duration) 
         BrokerSettings::Sqs(settings) => (sqs::batcher::window(settings.send_batch_window), sqs::pumped::PumpSettings::from_config(config).linger),
         BrokerSettings::Memory | BrokerSettings::RabbitMq(_) | BrokerSettings::Nats(_) => Default::default(),
     }
+}
+
+/// Every family a broker may add to `/metrics`, whichever is configured: each
+/// registers its own when its side starts.
+pub fn metric_families() -> Vec<BrokerMetric> {
+    [rabbitmq::metrics::METRICS, sqs::metrics::METRICS, nats::metrics::METRICS].concat()
 }

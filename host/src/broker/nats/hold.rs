@@ -33,12 +33,12 @@ use tokio::sync::{mpsc, watch};
 use super::NatsExecutor;
 use super::cancel::NatsCancel;
 use super::convert::text;
+use super::metrics::HoldCounters;
 use crate::cancellation::Answer;
 use crate::clock::Clock;
 use crate::command::{Command, HeldAction, HeldMessage, NatsCommand};
 use crate::executor::ExecutorError;
 use crate::headers::{DUE_AT_HEADER, ID_HEADER, PARKED_REASON_HEADER, TARGET_HEADER};
-use crate::metrics::HoldCounters;
 use crate::planner::{LoadedPlanner, PlannerError};
 
 /// The durable consumer every host of a held stream pulls from.

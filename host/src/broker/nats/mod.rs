@@ -14,7 +14,7 @@
 //! * [`hold`]: the durable consumer of a held stream, which asks the
 //!   strategy's planner about every delivery: wait (a negative acknowledgement
 //!   with a delay) or hand over (publish on, then acknowledge), and parks what
-//!   can never go on.
+//!   can never go on; [`metrics`] counts its deliveries by outcome.
 //! * `side`: what a serving host runs on NATS: a consumer per held stream,
 //!   the ingress and canary subjects, the bucket, the server's clock read
 //!   every 10 s; `hourglass verify` is [`verify::verify_command`].
@@ -27,6 +27,7 @@ pub mod clock;
 pub(crate) mod consume;
 pub mod convert;
 pub mod hold;
+pub mod metrics;
 pub mod schedule;
 pub(super) mod side;
 pub mod verify;

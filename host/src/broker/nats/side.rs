@@ -236,7 +236,7 @@ impl NatsSide {
                         Some(cancellations) => held.cancellable(cancellations),
                         None => held,
                     });
-                    metrics.watch_hold(held.stream(), held.counters.clone());
+                    super::metrics::count_hold(&metrics, held.stream(), held.counters.clone());
                     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(held.clone());
                     held.run(stop).await.map_err(|e| format!("held stream stopped: {e}").into())
                 }

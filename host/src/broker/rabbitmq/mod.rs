@@ -10,6 +10,7 @@
 //! * [`consume`]: a queue consumer that survives the broker, under the ingress and redelivery.
 //! * [`acks`]: a consume channel's acks, many finished deliveries in one.
 //! * [`manage`]: the management HTTP API (bindings for `verify`, broker policies).
+//! * [`metrics`]: the families RabbitMQ adds to `/metrics` (open channels).
 //! * [`migrate`]: reads a delayed-message plugin exchange and plans (and applies) its move to hourglass.
 //! * [`verify`]: compares a broker with a strategy's topology.
 //! * [`probe`]: sends one message through each broker mechanism the strategies rely on.
@@ -36,6 +37,7 @@ pub mod consume;
 pub mod convert;
 pub mod link;
 pub mod manage;
+pub mod metrics;
 pub mod migrate;
 pub mod migration;
 pub mod nodes;

@@ -219,10 +219,10 @@ impl RabbitMqSide {
             );
         }
         let publisher = Arc::downgrade(&self.publisher);
-        service.metrics.watch_open_channels(Box::new(move || match publisher.upgrade() {
+        super::metrics::watch_open_channels(&service.metrics, move || match publisher.upgrade() {
             Some(publisher) => vec![("publishing", publisher.open_channels() as i64)],
             None => Vec::new(),
-        }));
+        });
     }
 
     /// `broker-connections` reconnects the publisher's connections, which

@@ -14,6 +14,7 @@
 //! * [`pumped`]: finds pumped queues by their tag and gives each its
 //!   dead-letter queue and visibility timeout.
 //! * [`dead_letters`]: a pumped queue's dead-letter queue, by name.
+//! * [`metrics`]: requests by kind and each pump's cycles, as `/metrics` families.
 //! * [`consume`]: the consumer under the SQS ingress queue, carrying out a
 //!   [`Handler`](crate::message::Handler)'s outcomes as deletes and moves.
 //! * [`properties`]: a message's neutral properties as message attributes
@@ -33,6 +34,7 @@ pub mod consume;
 pub mod dead_letters;
 pub mod fates;
 pub mod fates_queue;
+pub mod metrics;
 pub mod properties;
 pub mod pump;
 pub mod pumped;

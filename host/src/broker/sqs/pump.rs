@@ -40,12 +40,12 @@ use aws_sdk_sqs::types::{
     SendMessageBatchRequestEntry,
 };
 
+use super::metrics::PumpCounters;
 use crate::clock::estimate::Reading;
 use crate::clock::{Clock, monotonic_ms};
 use crate::command::{Command, FieldValue, SqsCommand};
 use crate::command::{DueAction, DueMessage};
 use crate::executor::ExecutorError;
-use crate::metrics::PumpCounters;
 use crate::stop::{pause_unless_stopped, unless_stopped};
 
 use super::bundle::{self, Bundled, Candidate, Outgoing};

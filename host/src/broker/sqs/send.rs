@@ -13,10 +13,10 @@ use tokio::sync::Mutex;
 
 use super::batcher::{Batcher, SQS_MAX_MESSAGE_BYTES, SendBatch, fits_in_batch};
 use super::dead_letters::{dead_letter_queue, redrives_to_own_dead_letters};
+use super::metrics::RequestCounts;
 use crate::command::{BrokerFamily, Command, FieldValue, SQS_MAX_MESSAGE_ATTRIBUTES, SqsCommand};
 use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::ID_HEADER;
-use crate::metrics::RequestCounts;
 
 /// Queue attributes `ensure_queue` sets when they differ instead of refusing the queue.
 const SETTABLE_ATTRIBUTES: [&str; 2] = ["DeduplicationScope", "FifoThroughputLimit"];

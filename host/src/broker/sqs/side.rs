@@ -53,7 +53,7 @@ impl BrokerSide for SqsSide {
             let scheduler = &service.scheduler;
             let declaring = service.scheduler.declaring();
             let wait_seconds = config.service.pump_wait.map_or(DEFAULT_PUMP_WAIT_SECONDS, |d| d.ms().div_ceil(1000) as i32);
-            service.metrics.watch_sqs(self.sqs.requests.clone());
+            super::metrics::count_requests(&service.metrics, self.sqs.requests.clone());
             // Declared before anything starts.
             let releases = self.cancellation(service, config, declaring, wait_seconds).await?;
             let ingress = match config.service.sqs_ingress.enabled {
@@ -229,7 +229,7 @@ async fn start_pumps(service: Arc<Service>, sqs: Arc<SqsExecutor>, mut reported:
                     .map_err(|e| format!("starting the pump: {e}"))?;
                 let pump = pump.clocked(clock);
                 tracing::info!(queue = %pumped.queue, strategy = %pumped.strategy, dead_letters = ?prepared.dead_letters, "pumping");
-                metrics.watch_pump(&pumped.queue, pump.counters.clone());
+                super::metrics::count_pump(&metrics, &pumped.queue, pump.counters.clone());
                 pump.run(stop).await.map_err(|e| format!("pump stopped: {e}").into())
             }
         });
