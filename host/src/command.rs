@@ -271,6 +271,14 @@ impl Command {
         }
     }
 
+    /// The queue this command makes for a pump to drain (`sqs-ensure-queue` with `pumped`).
+    pub fn pumped_queue(&self) -> Option<&str> {
+        match self {
+            Command::Sqs(SqsCommand::EnsureQueue { name, pumped: true, .. }) => Some(name),
+            _ => None,
+        }
+    }
+
     /// What the command does, to what, and the rest, for a table row.
     pub fn describe(&self) -> Described {
         let text = |pairs: &mut dyn Iterator<Item = (&String, String)>| pairs.map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
@@ -440,6 +448,25 @@ pub fn waiting_queues(commands: &[Command]) -> Vec<(String, Option<u64>)> {
     queues.sort();
     queues.dedup();
     queues
+}
+
+/// The exchanges that queues declared per message (in `declarations` but
+/// not in the strategy's `topology`: hold-queues) dead-letter into: a broker
+/// listing finds those queues by it.
+pub fn per_message_queue_targets(topology: &[Command], declarations: &[Command]) -> Vec<String> {
+    let declared = |name: &str| topology.iter().any(|c| matches!(c, Command::Amqp(AmqpCommand::DeclareQueue { name: n, .. }) if n == name));
+    let mut targets: Vec<String> = declarations
+        .iter()
+        .filter_map(|c| match c {
+            Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if !declared(name) => {
+                arguments.get("x-dead-letter-exchange").and_then(FieldValue::as_text).map(str::to_string)
+            }
+            _ => None,
+        })
+        .collect();
+    targets.sort();
+    targets.dedup();
+    targets
 }
 
 /// The queues among `commands` that dead-letter at most once: declared with a

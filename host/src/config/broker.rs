@@ -3,15 +3,19 @@
 //! [`BrokerConfig`] is the table as `delay.toml` writes it. [`Capabilities`]
 //! says what a kind can do, which is all `delay.toml`'s parsing asks when it
 //! checks a strategy, a delayed exchange or a redelivery entry. A config also
-//! asks here how its broker names and declares hourglass's release queues.
+//! asks here how its broker names and declares hourglass's own queues (the
+//! ingress, the canary, the release queues) and the ingress's delayed exchanges.
 //! Every match on the kind in this file is exhaustive, so a new kind is
 //! refused by the compiler until each one answers for it; the code that runs
 //! each kind is opened by the broker registry (`broker/registry.rs`).
 
+use std::collections::BTreeMap;
+
 use hourglass_planner_sdk::DurationMs;
 use serde::Deserialize;
 
-use crate::command::{AmqpCommand, Command, FieldValue, NatsCommand, SqsCommand};
+use super::{DelayedExchangeConfig, OwnQueueType};
+use crate::command::{AmqpCommand, Command, ExchangeKind, FieldTable, FieldValue, NatsCommand, SqsCommand};
 use crate::environment::environment_text;
 use crate::planner::BrokerFamily;
 
@@ -234,6 +238,40 @@ impl BrokerConfig {
             BrokerConfig::Nats { .. } => nats_release_stream(name),
         }
     }
+
+    /// The ingress's queue and its invalid queue (see [`Self::own_queue_declaration`]),
+    /// and on RabbitMQ each delayed exchange, bound to the ingress queue, with its `deliver_to`.
+    pub fn ingress_declarations(
+        &self,
+        queue: &str,
+        invalid_queue: &str,
+        queue_type: OwnQueueType,
+        exchanges: &BTreeMap<String, DelayedExchangeConfig>,
+    ) -> Vec<Command> {
+        let mut declarations: Vec<Command> = [queue, invalid_queue].into_iter().map(|name| self.own_queue_declaration(name, queue_type)).collect();
+        match self {
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => {
+                declarations.extend(exchanges.iter().flat_map(|(name, exchange)| rabbitmq_delayed_exchange(name, exchange, queue)));
+            }
+            // [exchanges] is refused on these when the config is read.
+            BrokerConfig::Sqs { .. } | BrokerConfig::Nats { .. } => {}
+        }
+        declarations
+    }
+
+    /// One of hourglass's own queues (the ingress and its invalid queue, the
+    /// canary's), as this broker makes it: a durable queue of `queue_type` on
+    /// RabbitMQ, a standard queue on SQS, a stream capturing the subject
+    /// (named after it, '.' as '-') on NATS.
+    pub fn own_queue_declaration(&self, name: &str, queue_type: OwnQueueType) -> Command {
+        match self {
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => rabbitmq_own_queue(name, queue_type),
+            BrokerConfig::Sqs { .. } => Command::Sqs(SqsCommand::EnsureQueue { name: name.to_string(), attributes: Default::default(), pumped: false }),
+            BrokerConfig::Nats { .. } => {
+                Command::Nats(NatsCommand::EnsureStream { name: name.replace('.', "-"), subjects: vec![name.to_string()], held: false })
+            }
+        }
+    }
 }
 
 /// `[broker]` with the environment's overrides taken and defaults filled in:
@@ -319,6 +357,35 @@ pub fn sqs_safe_name(name: &str) -> String {
 /// A name made a valid NATS subject (letters, digits, `-`, `_`, `.`).
 pub fn nats_safe_subject(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect()
+}
+
+/// One of hourglass's own RabbitMQ queues (ingress, invalid, canary, redelivery), durable, of `queue_type`.
+pub fn rabbitmq_own_queue(name: &str, queue_type: OwnQueueType) -> Command {
+    let arguments: FieldTable = match queue_type {
+        OwnQueueType::Quorum => [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
+        OwnQueueType::Classic => FieldTable::default(),
+    };
+    Command::Amqp(AmqpCommand::DeclareQueue { name: name.to_string(), durable: true, arguments })
+}
+
+/// What a delayed exchange declares: itself, a fanout exchange bound to the
+/// ingress queue (every routing key reaches it), and `deliver_to` with the
+/// exchange's `type`. A delayed exchange that exists as the plugin's
+/// `x-delayed-message` is refused by the broker, by name, until it is deleted.
+pub fn rabbitmq_delayed_exchange(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
+    let declare = |name: &str, kind: ExchangeKind| {
+        Command::Amqp(AmqpCommand::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() })
+    };
+    vec![
+        declare(name, ExchangeKind::Fanout),
+        Command::Amqp(AmqpCommand::BindQueue {
+            queue: ingress_queue.to_string(),
+            exchange: name.to_string(),
+            routing_key: String::new(),
+            arguments: Default::default(),
+        }),
+        declare(&exchange.deliver_to, exchange.kind.exchange_kind()),
+    ]
 }
 
 /// A RabbitMQ release queue (where a `cancellable = true` strategy, or a

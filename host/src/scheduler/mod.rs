@@ -21,8 +21,8 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 
 use crate::clock::Clock;
-use crate::command::{AmqpCommand, Command, FieldTable, FieldValue, SqsCommand};
-use crate::config::{Config, OwnQueueType, UnknownStrategy};
+use crate::command::{Command, FieldTable, FieldValue};
+use crate::config::{Config, UnknownStrategy};
 use crate::executor::{Envelope, Executor, ExecutorError};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER, EXCHANGE_HEADER, ID_HEADER, ROUTING_KEY_HEADER, TARGET_HEADER, is_reserved, is_routing_header};
 use crate::message::Delivery;
@@ -160,15 +160,6 @@ pub(crate) struct PumpedQueue {
     pub queue: String,
     /// The config whose planner the pump should load.
     pub config: Arc<Config>,
-}
-
-/// One of hourglass's own queues (ingress, invalid, redelivery, canary), durable, of `queue_type`.
-pub(crate) fn own_queue_declaration(name: &str, queue_type: OwnQueueType) -> Command {
-    let arguments: FieldTable = match queue_type {
-        OwnQueueType::Quorum => [("x-queue-type".to_string(), FieldValue::Text("quorum".into()))].into(),
-        OwnQueueType::Classic => FieldTable::default(),
-    };
-    Command::Amqp(AmqpCommand::DeclareQueue { name: name.to_string(), durable: true, arguments })
 }
 
 /// What to do when one of hourglass's own queues exists with another type.
@@ -417,20 +408,7 @@ impl<E: Executor> Scheduler<E> {
         self.strategy_names()
             .into_iter()
             .filter_map(|strategy| {
-                let topology = self.topology_of(&strategy).unwrap_or_default();
-                let declared = |name: &str| topology.iter().any(|c| matches!(c, Command::Amqp(AmqpCommand::DeclareQueue { name: n, .. }) if n == name));
-                let mut targets: Vec<String> = self
-                    .declarations_of(&strategy)
-                    .iter()
-                    .filter_map(|c| match c {
-                        Command::Amqp(AmqpCommand::DeclareQueue { name, arguments, .. }) if !declared(name) => {
-                            arguments.get("x-dead-letter-exchange").and_then(|v| v.as_text()).map(str::to_string)
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                targets.sort();
-                targets.dedup();
+                let targets = crate::command::per_message_queue_targets(&self.topology_of(&strategy).unwrap_or_default(), &self.declarations_of(&strategy));
                 (!targets.is_empty()).then_some((strategy, targets))
             })
             .collect()
@@ -581,14 +559,14 @@ impl<E: Executor> Scheduler<E> {
             self.executor.apply(&setup).await?;
         }
         for command in &setup {
-            let Command::Sqs(SqsCommand::EnsureQueue { name, pumped: true, .. }) = command else { continue };
+            let Some(name) = command.pumped_queue() else { continue };
             // Tagged before any message is accepted, so a host that dies right
             // after still leaves the queue where the next one will find it.
             if self.declaring {
                 self.executor.mark_pumped(name, strategy).await?;
             }
             if let Some(report) = self.pumped_queues.get() {
-                let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.clone(), config: generation.config.clone() });
+                let _ = report.send(PumpedQueue { strategy: strategy.to_string(), queue: name.to_string(), config: generation.config.clone() });
             }
         }
         let mut ready = generation.ready.write().unwrap_or_else(|p| p.into_inner());

@@ -26,7 +26,7 @@ use crate::executor::Broker;
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
 use crate::message::{Delivery, Handler, Outcome, Settled};
 use crate::planner::PlannerError;
-use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler};
 
 /// Consumes the canary queue and times each probe.
 pub struct Canary {
@@ -101,7 +101,8 @@ impl Handler for Canary {
     }
 
     fn declarations(&self) -> Vec<Command> {
-        vec![own_queue_declaration(&self.config.queue, self.scheduler.config().service.queue_type)]
+        let config = self.scheduler.config();
+        vec![config.broker.own_queue_declaration(&self.config.queue, config.service.queue_type)]
     }
 
     fn declaration_hint(&self) -> Option<String> {

@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use crate::clock::{TimeError, parse_rfc3339_ms};
-use crate::command::{AmqpCommand, Command, ExchangeKind, FieldValue};
+use crate::command::{Command, FieldValue};
 use crate::config::{DelayedExchangeConfig, IngressConfig};
 use crate::executor::{Broker, ExecutorError};
 use crate::headers::{
@@ -39,7 +39,7 @@ use crate::headers::{
 };
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::planner::PlannerError;
-use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler};
 
 /// The ingress queue's handler; a broker's consumer runs it.
 pub struct Ingress {
@@ -120,19 +120,11 @@ impl Handler for Ingress {
         self.config.prefetch
     }
 
-    /// The ingress and invalid-messages queues, durable, of `service.queue_type`;
-    /// on RabbitMQ each delayed exchange, bound to the ingress queue, and its `deliver_to`.
+    /// The ingress and invalid-messages queues, and the delayed exchanges
+    /// that feed the ingress, as the broker makes them.
     fn declarations(&self) -> Vec<Command> {
         let config = self.scheduler.config();
-        let queue_type = config.service.queue_type;
-        let mut declarations: Vec<Command> =
-            [&self.config.queue, &self.config.invalid_queue].into_iter().map(|queue| own_queue_declaration(queue, queue_type)).collect();
-        if !self.plain_headers {
-            for (name, exchange) in &config.exchanges {
-                declarations.extend(delayed_exchange_declarations(name, exchange, &self.config.queue));
-            }
-        }
-        declarations
+        config.broker.ingress_declarations(&self.config.queue, &self.config.invalid_queue, config.service.queue_type, &config.exchanges)
     }
 
     fn declaration_hint(&self) -> Option<String> {
@@ -300,26 +292,6 @@ fn parse_parts(mut properties: Properties, body: &[u8]) -> Result<ScheduleReques
 
 /// The delayed-message plugin's header: the delay in milliseconds.
 pub(crate) const X_DELAY_HEADER: &str = "x-delay";
-
-/// What a delayed exchange declares: itself, a fanout exchange bound to the
-/// ingress queue (every routing key reaches it), and `deliver_to` with the
-/// exchange's `type`. A delayed exchange that exists as the plugin's
-/// `x-delayed-message` is refused by the broker, by name, until it is deleted.
-pub(crate) fn delayed_exchange_declarations(name: &str, exchange: &DelayedExchangeConfig, ingress_queue: &str) -> Vec<Command> {
-    let declare = |name: &str, kind: ExchangeKind| {
-        Command::Amqp(AmqpCommand::DeclareExchange { name: name.to_string(), kind, durable: true, arguments: Default::default() })
-    };
-    vec![
-        declare(name, ExchangeKind::Fanout),
-        Command::Amqp(AmqpCommand::BindQueue {
-            queue: ingress_queue.to_string(),
-            exchange: name.to_string(),
-            routing_key: String::new(),
-            arguments: Default::default(),
-        }),
-        declare(&exchange.deliver_to, exchange.kind.exchange_kind()),
-    ]
-}
 
 /// A message published to a delayed exchange, read as the plugin reads it:
 /// `x-delay` (an integer, or a string of one) milliseconds, none, zero or

@@ -2,7 +2,7 @@
 //! the loop under the NATS ingress subject.
 //!
 //! Each queue a handler declares is a subject here, captured by a stream of
-//! its own ([`stream_for`]): the handler's own queue by a work queue (a
+//! its own (`BrokerConfig::own_queue_declaration`): the handler's own queue by a work queue (a
 //! message is gone once acknowledged), the others (the invalid-messages
 //! subject) by a stream that keeps what it takes for people to look at. The
 //! consumer pulls from one durable consumer that every host shares, turns each
@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 use super::NatsExecutor;
 use super::convert;
-use crate::command::{AmqpCommand, Command};
+use crate::command::{BrokerFamily, Command, NatsCommand};
 use crate::executor::ExecutorError;
 use crate::headers::is_reserved;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
@@ -45,11 +45,6 @@ const CONSUMER: &str = "hourglass";
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a delivery may go unanswered before the server gives it to another host.
 const ACK_WAIT: Duration = Duration::from_secs(30);
-
-/// The stream that captures a handler's subject: its name with '.' as '-'.
-pub(crate) fn stream_for(subject: &str) -> String {
-    subject.replace('.', "-")
-}
 
 pub(crate) struct NatsConsumer<H> {
     executor: Arc<NatsExecutor>,
@@ -67,12 +62,15 @@ impl<H: Handler> NatsConsumer<H> {
         self.consuming.load(Ordering::Relaxed)
     }
 
-    /// Creates a stream for each subject the handler names, where missing.
+    /// Creates the streams the handler declares, where missing: the one
+    /// capturing its own subject as a work queue.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
         for command in self.handler.declarations() {
-            let Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) = command else { continue };
-            let work_queue = name == self.handler.queue();
-            self.executor.ensure_stream(&stream_for(&name), std::slice::from_ref(&name), work_queue).await?;
+            let Command::Nats(NatsCommand::EnsureStream { name, subjects, .. }) = &command else {
+                return Err(ExecutorError::other_family(&command, BrokerFamily::Nats));
+            };
+            let work_queue = subjects.iter().any(|subject| subject == self.handler.queue());
+            self.executor.ensure_stream(name, subjects, work_queue).await?;
         }
         Ok(())
     }
@@ -92,7 +90,8 @@ impl<H: Handler> NatsConsumer<H> {
     async fn pull(&self) -> Result<(), ExecutorError> {
         let subject = self.handler.queue();
         let unavailable = |e: &dyn std::fmt::Display| ExecutorError::Unavailable(format!("subject {subject}: {e}"));
-        let stream = self.executor.jetstream().get_stream(stream_for(subject)).await.map_err(|e| unavailable(&e))?;
+        let stream = self.executor.jetstream().stream_by_subject(subject).await.map_err(|e| unavailable(&e))?;
+        let stream = self.executor.jetstream().get_stream(stream).await.map_err(|e| unavailable(&e))?;
         let config = pull::Config {
             durable_name: Some(CONSUMER.to_string()),
             deliver_policy: DeliverPolicy::All,

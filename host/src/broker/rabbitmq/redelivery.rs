@@ -22,13 +22,14 @@ use sha2::{Digest, Sha256};
 
 use crate::broker::rabbitmq::manage::{Management, ManagementError};
 use crate::command::{AmqpCommand, Command, ExchangeKind, FieldValue};
+use crate::config::broker::rabbitmq_own_queue;
 use crate::config::{Config, DeadLetterSetup, RedeliveryConfig};
 use crate::executor::{Broker, ExecutorError};
 use crate::headers::{ATTEMPT_HEADER, ATTEMPTS_HEADER, FAILED_QUEUE_HEADER, FAILURE_REASON_HEADER, GAVE_UP_HEADER, is_reserved};
 use crate::message::Handler;
 use crate::message::{Delivery, HeaderValue, Outcome, Properties, Settled};
 use crate::planner::RedeliveryDecision;
-use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler, own_queue_declaration};
+use crate::scheduler::{OWN_QUEUE_HINT, ScheduleError, ScheduleRequest, Scheduler};
 
 /// The redelivery input's handler; run it under a [`Consumer`](crate::broker::rabbitmq::consume::Consumer).
 pub struct Redelivery {
@@ -333,7 +334,7 @@ impl Handler for Redelivery {
     /// dead-letter exchange.
     fn declarations(&self) -> Vec<Command> {
         let queue_type = self.scheduler.config().service.queue_type;
-        let durable_queue = |name: String| own_queue_declaration(&name, queue_type);
+        let durable_queue = |name: String| rabbitmq_own_queue(&name, queue_type);
         let mut commands = vec![Command::Amqp(AmqpCommand::DeclareExchange {
             name: self.input.clone(),
             kind: ExchangeKind::Fanout,

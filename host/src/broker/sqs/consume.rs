@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use super::properties::{from_attributes, is_property_attribute};
 use super::send::{SqsExecutor, count, message_size, unavailable};
-use crate::command::{AmqpCommand, Command, SQS_MAX_MESSAGE_ATTRIBUTES};
+use crate::command::{BrokerFamily, Command, SQS_MAX_MESSAGE_ATTRIBUTES, SqsCommand};
 use crate::executor::ExecutorError;
 use crate::message::{Delivery, Handler, HeaderValue, Outcome, Properties, Settled};
 use crate::stop::{pause_unless_stopped, unless_stopped};
@@ -62,10 +62,12 @@ impl<H: Handler> SqsConsumer<H> {
     /// Creates the queues the handler names (as standard queues) where missing.
     pub async fn declare(&self) -> Result<(), ExecutorError> {
         for command in self.handler.declarations() {
-            let Command::Amqp(AmqpCommand::DeclareQueue { name, .. }) = command else { continue };
-            if self.executor.url(&name).await?.is_none() {
+            let Command::Sqs(SqsCommand::EnsureQueue { name, .. }) = &command else {
+                return Err(ExecutorError::other_family(&command, BrokerFamily::Sqs));
+            };
+            if self.executor.url(name).await?.is_none() {
                 count(&self.executor.requests.create_queue);
-                self.executor.client().create_queue().queue_name(&name).send().await.map_err(|e| unavailable(format!("CreateQueue {name}"), e))?;
+                self.executor.client().create_queue().queue_name(name).send().await.map_err(|e| unavailable(format!("CreateQueue {name}"), e))?;
             }
         }
         Ok(())
