@@ -8,8 +8,9 @@
 //!   planner's own check of its table. A planner the reader builds first
 //!   (`my-steps/planner.wasm`) can only be parsed, not loaded.
 //! - a ```json block says what it is in its info string: `json POST
-//!   /v1/messages` and `json PATCH /v1/messages/{id}` are request bodies, read
-//!   by the handler's own parser; `json answer` is an answer, which must be
+//!   /v1/messages`, `json POST /v1/messages:batch` (each of its messages) and
+//!   `json PATCH /v1/messages/{id}` are request bodies, read by the handler's
+//!   own parser; `json answer` is an answer, which must be
 //!   JSON. A `curl … -d '…'` to `/v1/messages` in a shell block is a request
 //!   body too.
 //! - a line of a ```sh, ```bash or ```console block that runs `hourglass …` or
@@ -165,7 +166,9 @@ impl Checker {
     fn check_json(&mut self, file: &str, block: &Block) {
         let kind = block.info.strip_prefix("json").unwrap_or("").trim();
         match kind {
-            "POST /v1/messages" | "PATCH /v1/messages/{id}" => self.check_request(file, block.fence_line, kind, block.text.as_bytes()),
+            "POST /v1/messages" | "POST /v1/messages:batch" | "PATCH /v1/messages/{id}" => {
+                self.check_request(file, block.fence_line, kind, block.text.as_bytes())
+            }
             "answer" => match serde_json::from_str::<serde_json::Value>(&block.text) {
                 Ok(_) => self.tally.json_answers += 1,
                 Err(e) => self.fail(file, block.fence_line, format!("this answer is not JSON: {e}")),
@@ -174,7 +177,7 @@ impl Checker {
                 file,
                 block.fence_line,
                 format!(
-                    "a json block must say what it is: ```json POST /v1/messages, ```json PATCH /v1/messages/{{id}} or ```json answer (found {:?})",
+                    "a json block must say what it is: ```json POST /v1/messages, ```json POST /v1/messages:batch, ```json PATCH /v1/messages/{{id}} or ```json answer (found {:?})",
                     block.info
                 ),
             ),
@@ -186,6 +189,8 @@ impl Checker {
         let read = if endpoint.starts_with("PATCH") {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
             http::reschedule_request(body, now, default_cancel_retention_ms()).map(drop)
+        } else if endpoint.ends_with(":batch") {
+            http::batch_request(body).and_then(|messages| messages.into_iter().find_map(Result::err).map_or(Ok(()), Err))
         } else {
             http::schedule_request(body).map(drop)
         };
@@ -240,6 +245,7 @@ impl Checker {
         let method = command.iter().position(|a| a == "-X").and_then(|i| command.get(i + 1)).map_or("POST", String::as_str);
         let path = url.split_once("/v1/").map(|(_, p)| p).unwrap_or("");
         match (method, path.split('/').count()) {
+            ("POST", 1) if path.starts_with("messages:batch") => self.check_request(file, line, "POST /v1/messages:batch", body.as_bytes()),
             ("POST", 1) if path.starts_with("messages") => self.check_request(file, line, "POST /v1/messages", body.as_bytes()),
             ("PATCH", 2) if path.starts_with("messages/") => self.check_request(file, line, "PATCH /v1/messages/{id}", body.as_bytes()),
             _ => {}

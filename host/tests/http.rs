@@ -105,12 +105,10 @@ fn assert_refused(answer: &(u16, Value), status: u16, field: &str) {
     assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{body}");
 }
 
-#[test]
-fn every_refusal_names_its_field_and_valid_requests_beside_them_are_accepted() {
-    let served = Served::start("", Some(TOKEN));
-    let valid = || json!({ "destination": "orders", "delay": "10s", "body": "ok" });
+/// Requests the API refuses, each with its status and the field it names.
+fn bad_requests() -> Vec<(Value, u16, &'static str)> {
     let long_name = "d".repeat(256);
-    let bad: Vec<(Value, u16, &str)> = vec![
+    vec![
         (json!({ "delay": "1s", "body": "x" }), 400, "destination"),
         (json!({ "destination": "", "delay": "1s" }), 400, "destination"),
         (json!({ "destination": 5, "delay": "1s" }), 400, "destination"),
@@ -136,7 +134,14 @@ fn every_refusal_names_its_field_and_valid_requests_beside_them_are_accepted() {
         (json!({ "destination": "orders", "delay": "1s", "colour": "red" }), 400, "request"),
         (json!(["not", "an", "object"]), 400, "request"),
         (json!({ "destination": "orders", "delay": "1s", "body": "x".repeat(300_000) }), 413, "body"),
-    ];
+    ]
+}
+
+#[test]
+fn every_refusal_names_its_field_and_valid_requests_beside_them_are_accepted() {
+    let served = Served::start("", Some(TOKEN));
+    let valid = || json!({ "destination": "orders", "delay": "10s", "body": "ok" });
+    let bad = bad_requests();
     let mut accepted = 0;
     for (body, status, field) in &bad {
         assert_refused(&served.schedule(body.clone()), *status, field);
@@ -160,6 +165,44 @@ fn every_refusal_names_its_field_and_valid_requests_beside_them_are_accepted() {
     // Refused while parsing (rejected), or by the scheduler's check (failed): every one counted once.
     let (rejected, failed) = (sum("hourglass_requests_rejected_total"), sum("hourglass_messages_failed_total"));
     assert_eq!(rejected + failed, bad.len() as f64 + 1.0, "the bad requests and the one that is not JSON; not the 401s: {metrics}");
+}
+
+/// A batch answers each item as `POST /v1/messages` would answer it alone,
+/// in order; a body that is not a batch is refused whole, naming why.
+#[test]
+fn a_batch_answers_each_item_as_alone_and_a_malformed_batch_is_refused_whole() {
+    let served = Served::start("", Some(TOKEN));
+    let bad = bad_requests();
+    let mut messages = Vec::new();
+    for (body, _, _) in &bad {
+        messages.push(body.clone());
+        messages.push(json!({ "destination": "orders", "delay": "10s", "body": "ok" }));
+    }
+    let batch = |body: Value| served.call("POST", "/v1/messages:batch", Some(TOKEN), Some(body.to_string().as_bytes()));
+    let (status, answer) = batch(json!({ "messages": messages }));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!((answer["scheduled"].as_u64(), answer["failed"].as_u64()), (Some(bad.len() as u64), Some(bad.len() as u64)), "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    assert_eq!(results.len(), messages.len());
+    for (i, (sent, status, field)) in bad.iter().enumerate() {
+        let (refused, accepted) = (&results[2 * i], &results[2 * i + 1]);
+        assert_eq!((refused["status"].as_u64(), refused["field"].as_str()), (Some(u64::from(*status)), Some(*field)), "{sent} answered {refused}");
+        assert!(refused["error"].as_str().is_some_and(|e| !e.is_empty()), "{refused}");
+        assert_eq!(accepted["status"], 202, "the valid item after {sent}: {accepted}");
+        assert!(accepted["id"].as_str().is_some_and(|id| !id.is_empty()) && accepted["due_at"].is_u64(), "{accepted}");
+    }
+
+    let one = json!({ "destination": "orders", "delay": "1s" });
+    assert_refused(&batch(json!({ "messages": vec![one.clone(); 1_001] })), 400, "messages");
+    assert_refused(&batch(json!({ "messages": [] })), 400, "messages");
+    assert_refused(&batch(json!({ "messages": one })), 400, "messages");
+    assert_refused(&batch(json!({ "message": [one] })), 400, "request");
+    assert_refused(&batch(json!({})), 400, "messages");
+    assert_refused(&batch(json!([one])), 400, "request");
+    assert_refused(&served.call("POST", "/v1/messages:batch", Some(TOKEN), Some(b"{not json")), 400, "request");
+    assert_refused(&served.call("POST", "/v1/messages:batch", None, Some(json!({ "messages": [one] }).to_string().as_bytes())), 401, "authorization");
+    let (status, answer) = batch(json!({ "messages": vec![one; 1_000] }));
+    assert_eq!((status, answer["scheduled"].as_u64()), (200, Some(1_000)), "a full batch");
 }
 
 #[test]

@@ -101,6 +101,11 @@ fn parse_timing(object: &serde_json::Map<String, Value>) -> Result<(u64, Option<
 /// Checks and converts the JSON body of `POST /v1/messages`.
 fn parse_message(bytes: &[u8]) -> Result<ScheduleRequest, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
+    parse_message_value(&value)
+}
+
+/// Checks and converts one message as JSON: a `POST /v1/messages` body, or an item of a batch.
+fn parse_message_value(value: &Value) -> Result<ScheduleRequest, ApiError> {
     let object = value.as_object().ok_or_else(|| ApiError::bad("request", "expected a JSON object"))?;
     const FIELDS: [&str; 9] = ["destination", "exchange", "routing_key", "delay", "deliver_at", "body", "encoding", "headers", "strategy"];
     if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
@@ -178,6 +183,12 @@ pub fn schedule_request(bytes: &[u8]) -> Result<ScheduleRequest, RequestError> {
     Ok(parse_message(bytes)?)
 }
 
+/// The messages of a `POST /v1/messages:batch` body, each read as
+/// [`schedule_request`] reads one; the batch itself refused when it is not one.
+pub fn batch_request(bytes: &[u8]) -> Result<Vec<Result<ScheduleRequest, RequestError>>, RequestError> {
+    Ok(parse_batch(bytes)?.iter().map(|item| Ok(parse_message_value(item)?)).collect())
+}
+
 /// The new due time (Unix ms) a `PATCH /v1/messages/{id}` body asks for, read
 /// exactly as the handler reads it; `now` and `retention_ms` as in [`parse_new_due_time`].
 pub fn reschedule_request(bytes: &[u8], now: u64, retention_ms: u64) -> Result<u64, RequestError> {
@@ -195,54 +206,61 @@ const MAX_REQUEST_BYTES: usize = 2 * MAX_BODY_BYTES;
 /// connection is closed after the 413, and the client may miss it.
 const DRAIN_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 
-/// Reads the request body, at most [`MAX_REQUEST_BYTES`]. A stalled body is
-/// cut by the connection's idle timeout.
-async fn receive(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+/// Reads the request body, at most `limit` bytes ([`MAX_REQUEST_BYTES`] for
+/// one message). A stalled body is cut by the connection's idle timeout.
+async fn receive(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let announced = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     let too_large = |received: usize| ApiError {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         field: Some("body"),
         message: format!(
-            "body: the request is over {MAX_REQUEST_BYTES} bytes (a message body of at most {MAX_BODY_BYTES} bytes, as text or base64){}",
+            "body: the request is over {limit} bytes (a message body of at most {MAX_BODY_BYTES} bytes, as text or base64){}",
             if received > 0 { format!("; {received} bytes received") } else { String::new() }
         ),
     };
     if announced.is_some_and(|length| length > DRAIN_LIMIT_BYTES) {
         return Err(too_large(0));
     }
-    let mut kept = Vec::with_capacity(announced.unwrap_or(0).min(MAX_REQUEST_BYTES));
+    let mut kept = Vec::with_capacity(announced.unwrap_or(0).min(limit));
     let mut received = 0;
     let mut frames = body.into_data_stream();
     while let Some(frame) = frames.next().await {
         let frame = frame.map_err(|e| ApiError::bad("request", format!("reading the request failed: {e}")))?;
         received += frame.len();
-        if received <= MAX_REQUEST_BYTES {
+        if received <= limit {
             kept.extend_from_slice(&frame);
         } else if received > DRAIN_LIMIT_BYTES {
             break;
         }
     }
-    if received > MAX_REQUEST_BYTES { Err(too_large(received)) } else { Ok(kept.into()) }
+    if received > limit { Err(too_large(received)) } else { Ok(kept.into()) }
+}
+
+/// An authorized request's body, read (at most `limit` bytes) and parsed; a
+/// refusal is the answer, counted by the field it names (a wrong token is not).
+async fn read_request<T>(service: &Service, headers: &HeaderMap, body: Body, limit: usize, parse: fn(&[u8]) -> Result<T, ApiError>) -> Result<T, Response> {
+    authorize(service, headers).map_err(IntoResponse::into_response)?;
+    receive(headers, body, limit).await.and_then(|bytes| parse(&bytes)).map_err(|err| {
+        service.metrics.rejected(err.field.unwrap_or("request"));
+        err.into_response()
+    })
 }
 
 async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
-    if let Err(err) = authorize(&service, &headers) {
-        return err.into_response();
-    }
-    let bytes = match receive(&headers, body).await {
-        Ok(bytes) => bytes,
-        Err(err) => {
-            service.metrics.rejected(err.field.unwrap_or("request"));
-            return err.into_response();
-        }
-    };
-    let request = match parse_message(&bytes) {
+    let request = match read_request(&service, &headers, body, MAX_REQUEST_BYTES, parse_message).await {
         Ok(request) => request,
-        Err(err) => {
-            service.metrics.rejected(err.field.unwrap_or("request"));
-            return err.into_response();
-        }
+        Err(refused) => return refused,
     };
+    match schedule_one(&service, request).await {
+        Ok(scheduled) => (StatusCode::ACCEPTED, axum::Json(scheduled)).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+/// Schedules one checked message, counting it: what `POST /v1/messages` and
+/// each item of a batch answer (`id`, `due_at`, `strategy`), or the refusal
+/// naming the field the client sent.
+async fn schedule_one(service: &Service, request: ScheduleRequest) -> Result<Value, ApiError> {
     let destination = request.target().to_string();
     let to_exchange = request.exchange.is_some();
     let scheduler = &service.scheduler;
@@ -250,7 +268,7 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
         && !scheduler.strategy_names().contains(strategy)
     {
         service.metrics.rejected("strategy");
-        return ApiError::bad("strategy", format!("unknown strategy {strategy:?}")).into_response();
+        return Err(ApiError::bad("strategy", format!("unknown strategy {strategy:?}")));
     }
     let strategy = request.strategy.clone().unwrap_or_else(|| scheduler.strategy_for(&destination));
     let timed_by_deliver_at = request.deliver_at_ms.is_some();
@@ -260,8 +278,7 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
     match result {
         Ok(scheduled) => {
             service.metrics.scheduled(&scheduled.strategy, &destination);
-            let body = json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms, "strategy": scheduled.strategy });
-            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+            Ok(json!({ "id": scheduled.id, "due_at": scheduled.due_at_ms, "strategy": scheduled.strategy }))
         }
         Err(err) => {
             service.metrics.failed(&strategy, &destination);
@@ -273,8 +290,73 @@ async fn post_message(State(service): State<Arc<Service>>, headers: HeaderMap, b
             if to_exchange && err.field == Some("destination") {
                 err.field = Some("exchange");
             }
-            err.into_response()
+            Err(err)
         }
+    }
+}
+
+/// Most messages one `POST /v1/messages:batch` carries.
+pub const MAX_BATCH: usize = 1_000;
+
+/// Largest batch request read: a thousand messages of about 8 KiB of JSON
+/// each (one with a body near [`MAX_BODY_BYTES`] leaves room for fewer).
+const MAX_BATCH_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+
+/// A batch's messages scheduled at once: their publishes and the broker's
+/// confirms overlap, so a batch costs a few round trips, not one per message.
+const BATCH_IN_FLIGHT: usize = 128;
+
+/// `POST /v1/messages:batch`: `{"messages": [...]}`, each item a `POST
+/// /v1/messages` body. Answers 200 with one result per item, in order: `202`
+/// and what a single schedule answers, or the item's own refusal (`400`
+/// naming the field, `422`, `503`, …). A bad item harms only itself; a body
+/// that is not a batch is refused whole.
+async fn post_batch(State(service): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
+    let items = match read_request(&service, &headers, body, MAX_BATCH_REQUEST_BYTES, parse_batch).await {
+        Ok(items) => items,
+        Err(refused) => return refused,
+    };
+    let service = &service;
+    let results: Vec<Result<Value, ApiError>> = futures_util::stream::iter(items)
+        .map(|item| async move {
+            match parse_message_value(&item) {
+                Ok(request) => schedule_one(service, request).await,
+                Err(err) => {
+                    service.metrics.rejected(err.field.unwrap_or("request"));
+                    Err(err)
+                }
+            }
+        })
+        .buffered(BATCH_IN_FLIGHT)
+        .collect()
+        .await;
+    let scheduled = results.iter().filter(|result| result.is_ok()).count();
+    let results: Vec<Value> = results
+        .into_iter()
+        .map(|result| match result {
+            Ok(mut scheduled) => {
+                scheduled["status"] = json!(StatusCode::ACCEPTED.as_u16());
+                scheduled
+            }
+            Err(err) => json!({ "status": err.status.as_u16(), "error": err.message, "field": err.field }),
+        })
+        .collect();
+    let failed = results.len() - scheduled;
+    axum::Json(json!({ "scheduled": scheduled, "failed": failed, "results": results })).into_response()
+}
+
+/// The items of a batch body: 1 to [`MAX_BATCH`] of them.
+fn parse_batch(bytes: &[u8]) -> Result<Vec<Value>, ApiError> {
+    let mut value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad("request", format!("not JSON: {e}")))?;
+    let Some(object) = value.as_object_mut() else { return Err(ApiError::bad("request", "expected a JSON object with \"messages\"")) };
+    if let Some(unknown) = object.keys().find(|k| *k != "messages") {
+        return Err(ApiError::bad("request", format!("unknown field {unknown:?}; known: messages")));
+    }
+    match object.remove("messages") {
+        Some(Value::Array(items)) if (1..=MAX_BATCH).contains(&items.len()) => Ok(items),
+        Some(Value::Array(items)) => Err(ApiError::bad("messages", format!("{} messages; a batch carries 1 to {MAX_BATCH}", items.len()))),
+        Some(_) => Err(ApiError::bad("messages", "must be an array of messages, each as POST /v1/messages takes it")),
+        None => Err(ApiError::bad("messages", "missing: give {\"messages\": [...]}, each as POST /v1/messages takes it")),
     }
 }
 
@@ -338,7 +420,9 @@ async fn patch_message(State(service): State<Arc<Service>>, headers: HeaderMap, 
         Ok(log) => log,
         Err(err) => return err.into_response(),
     };
-    let due_at_ms = match receive(&headers, body).await.and_then(|bytes| parse_new_due_time(&bytes, service.scheduler.clock().latest_ms(), log.retention_ms()))
+    let due_at_ms = match receive(&headers, body, MAX_REQUEST_BYTES)
+        .await
+        .and_then(|bytes| parse_new_due_time(&bytes, service.scheduler.clock().latest_ms(), log.retention_ms()))
     {
         Ok(due) => due,
         Err(err) => return err.into_response(),
@@ -518,6 +602,7 @@ pub fn router(service: Arc<Service>) -> Router {
     Router::new()
         .route("/", get(status_page))
         .route("/v1/messages", post(post_message))
+        .route("/v1/messages:batch", post(post_batch))
         .route("/v1/messages/{id}", delete(delete_message).patch(patch_message))
         .route("/v1/plan", get(get_plan))
         .route("/v1/topology", get(get_topology))
