@@ -107,6 +107,57 @@ async fn a_subject_no_stream_captures_is_refused_and_valid_traffic_beside_it_arr
     delete_held(&held).await;
 }
 
+/// A batch over HTTP on NATS: each bad item refused in its place naming its
+/// field (a subject no stream captures, the held stream's own subject, a
+/// wildcard, a bad delay), the others scheduled and on time, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_bad_items_schedules_the_rest_and_names_each_bad_field_on_nats() {
+    let (config, held) = hold_config("batch", "");
+    let _held = Cleanup::held(&held);
+    let mut destination = NatsDestination::create("batch-dest").await;
+    let served = Served::start_ready(&config).await;
+
+    let held_subject = config.strategies["hold"].table["subject"].as_str().unwrap().to_string();
+    let bad = [
+        (json!({ "destination": format!("{}.nowhere", destination.subject), "delay": "1s" }), 422, "destination"),
+        (json!({ "destination": held_subject, "delay": "1s" }), 400, "destination"),
+        (json!({ "destination": "orders.*", "delay": "1s" }), 422, "destination"),
+        (json!({ "destination": destination.subject, "delay": "soon" }), 400, "delay"),
+    ];
+    let mut messages = Vec::new();
+    for place in 0..200 {
+        match bad.get(place / 50).filter(|_| place % 50 == 25) {
+            Some((item, _, _)) => messages.push(item.clone()),
+            None => messages.push(json!({ "destination": destination.subject, "delay": 1_000 + (place * 397) % 4_000, "body": format!("m-{place}") })),
+        }
+    }
+    let (status, answer) = served.http.call("POST", "/v1/messages:batch", None, Some(json!({ "messages": messages }))).await;
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!((answer["scheduled"].as_u64(), answer["failed"].as_u64()), (Some(196), Some(4)), "{answer}");
+    let mut due = HashMap::new();
+    for (place, result) in answer["results"].as_array().unwrap().iter().enumerate() {
+        match bad.get(place / 50).filter(|_| place % 50 == 25) {
+            Some((_, status, field)) => {
+                assert_eq!((result["status"].as_u64(), result["field"].as_str()), (Some(*status), Some(*field)), "item {place}: {result}")
+            }
+            None => {
+                assert_eq!(result["status"], 202, "item {place}: {result}");
+                due.insert(format!("m-{place}"), result["due_at"].as_u64().unwrap());
+            }
+        }
+    }
+    let received = destination.receive(196, Duration::from_secs(30)).await;
+    for (body, late) in lateness(&received, &due) {
+        assert!((0..=ON_TIME_MS).contains(&late), "{body} arrived {late} ms from its due time (window {ON_TIME_MS} ms)");
+    }
+    assert!(destination.drain(Duration::from_millis(500)).await.is_empty(), "no duplicates");
+
+    served.stop().await;
+    destination.delete().await;
+    delete_held(&held).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_deleted_while_messages_wait_leaves_them_parked_with_the_reason() {
     let (config, held) = hold_config_with(&nats_url(), "parking", "", "[service]\ndepth_poll = \"200ms\"\n");
