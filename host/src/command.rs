@@ -110,7 +110,7 @@ impl std::fmt::Display for BrokerFamily {
 }
 
 /// One planned broker command, grouped by family: a broker matches its own
-/// family's enum exhaustively and hands the rest to [`Command::foreign`], so
+/// family's enum exhaustively and refuses the rest (`ExecutorError::other_family`), so
 /// a command added to one family touches that family's broker only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]

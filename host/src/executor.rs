@@ -27,17 +27,17 @@ pub enum ExecutorError {
     Unroutable(String),
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// A command of another family than this broker's: its strategy is
+    /// configured on the wrong broker.
+    #[error("broker refused: {what} {name:?} is for {family} brokers and this one runs {this} commands: the strategy is for another broker")]
+    OtherFamily { what: &'static str, name: String, family: BrokerFamily, this: BrokerFamily },
 }
 
 impl ExecutorError {
-    /// `command` is another family's than this broker's: its strategy is
-    /// configured on the wrong broker.
+    /// Refuses `command`, another family's than `this`.
     pub fn other_family(command: &Command, this: BrokerFamily) -> ExecutorError {
         let Described { what, name, .. } = command.describe();
-        ExecutorError::Refused(format!(
-            "{what} {name:?} is for {} brokers and this one runs {this} commands: the strategy is for another broker",
-            command.family()
-        ))
+        ExecutorError::OtherFamily { what, name, family: command.family(), this }
     }
 }
 

@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hourglass::broker;
+use hourglass::command::Command as BrokerCommand;
 use hourglass::config::Config;
+use hourglass::executor::{Broker, Envelope, Executor, ExecutorError};
 use hourglass::scheduler::Scheduler;
 use hourglass::scheduler::strategies::Strategies;
 use hourglass::service::{self, Service};
@@ -33,11 +35,19 @@ struct Served {
 
 impl Served {
     fn start(service_toml: &str, token: Option<&str>) -> Served {
+        Served::start_on(service_toml, token, None)
+    }
+
+    /// On `broker` when given, else on the memory broker.
+    fn start_on(service_toml: &str, token: Option<&str>, broker: Option<Broker>) -> Served {
         let config = config(service_toml);
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (address, stop, server) = runtime.block_on(async {
             let strategies = Strategies::load(&config).expect("strategies");
-            let broker = broker::connect(&config.broker).await.expect("memory broker");
+            let broker = match broker {
+                Some(broker) => broker,
+                None => broker::connect(&config.broker).await.expect("memory broker"),
+            };
             let service = Service::new(Scheduler::new(&config, strategies, broker), token.map(String::from));
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let address = listener.local_addr().unwrap();
@@ -203,6 +213,89 @@ fn a_batch_answers_each_item_as_alone_and_a_malformed_batch_is_refused_whole() {
     assert_refused(&served.call("POST", "/v1/messages:batch", None, Some(json!({ "messages": [one] }).to_string().as_bytes())), 401, "authorization");
     let (status, answer) = batch(json!({ "messages": vec![one; 1_000] }));
     assert_eq!((status, answer["scheduled"].as_u64()), (200, Some(1_000)), "a full batch");
+}
+
+/// A broker that takes every message at once but a body `down` (it cannot
+/// take it now) and a body `slow` (it confirms after a second).
+struct Flaky;
+
+impl Executor for Flaky {
+    async fn apply(&self, _: &[BrokerCommand]) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+    async fn check_destination(&self, _: &str) -> Result<(), ExecutorError> {
+        Ok(())
+    }
+    async fn send(&self, _: &[BrokerCommand], envelope: &Envelope) -> Result<(), ExecutorError> {
+        match envelope.body.as_slice() {
+            b"down" => Err(ExecutorError::Unavailable("the test broker is down for this one".into())),
+            b"slow" => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    fn describe(&self) -> String {
+        "a test broker".into()
+    }
+}
+
+/// `POST /v1/messages:batch`: status, `Retry-After`, answer.
+fn post_batch(address: SocketAddr, messages: Vec<Value>) -> (u16, Option<String>, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut response = agent.post(&format!("http://{address}/v1/messages:batch")).send_json(json!({ "messages": messages })).expect("an answer");
+    let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(String::from);
+    let text = response.body_mut().with_config().limit(16 << 20).read_to_string().unwrap();
+    (response.status().as_u16(), retry_after, serde_json::from_str(&text).unwrap())
+}
+
+/// A broker that cannot take a message of a batch: the messages before it
+/// are scheduled, those not yet tried are answered 503 without trying, and
+/// the answer says when to send them again.
+#[test]
+fn a_batch_stops_trying_once_the_broker_cannot_take_a_message() {
+    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(Flaky))));
+    let message = |body: &str| json!({ "destination": "orders", "delay": "1s", "body": body });
+    let mut messages = vec![message("fine")];
+    messages.push(message("down"));
+    messages.extend(std::iter::repeat_n(message("fine"), 500));
+    let (status, retry_after, answer) = post_batch(served.address, messages);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(retry_after.as_deref(), Some("5"), "a 503 among the results: send those again after Retry-After");
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results[0]["status"], 202, "{}", results[0]);
+    assert_eq!(results[1]["status"], 503, "{}", results[1]);
+    let not_tried = results[2..].iter().filter(|r| r["status"] == 503 && r["error"].as_str().is_some_and(|e| e.starts_with("not tried"))).count();
+    assert!(not_tried >= 400, "{not_tried} of the 500 after it answered without trying: {answer}");
+    // A batch the broker takes whole has no Retry-After.
+    let (status, retry_after, answer) = post_batch(served.address, vec![message("fine"); 3]);
+    assert_eq!((status, retry_after, answer["scheduled"].as_u64()), (200, None, Some(3)), "{answer}");
+}
+
+/// Four batches at once on a host; a fifth is answered 503 until one ends.
+#[test]
+fn a_fifth_batch_at_once_is_answered_503_with_retry_after() {
+    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(Flaky))));
+    let address = served.address;
+    let slow: Vec<_> =
+        (0..4).map(|_| std::thread::spawn(move || post_batch(address, vec![json!({ "destination": "orders", "delay": "1s", "body": "slow" })]))).collect();
+    let quick = || post_batch(address, vec![json!({ "destination": "orders", "delay": "1s", "body": "fine" })]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    let refused = loop {
+        let (status, retry_after, answer) = quick();
+        if status == 503 {
+            break (retry_after, answer);
+        }
+        assert!(std::time::Instant::now() < deadline, "no batch refused while four slow ones were being scheduled");
+    };
+    assert_eq!(refused.0.as_deref(), Some("5"), "{}", refused.1);
+    assert!(refused.1["error"].as_str().is_some_and(|e| e.contains("4 batches")), "{}", refused.1);
+    for batch in slow {
+        let (status, _, answer) = batch.join().unwrap();
+        assert_eq!((status, answer["scheduled"].as_u64()), (200, Some(1)), "{answer}");
+    }
+    assert_eq!(quick().0, 200, "a batch once the others ended");
 }
 
 #[test]

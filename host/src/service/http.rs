@@ -207,21 +207,24 @@ const MAX_REQUEST_BYTES: usize = 2 * MAX_BODY_BYTES;
 const DRAIN_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Reads the request body, at most `limit` bytes ([`MAX_REQUEST_BYTES`] for
-/// one message). A stalled body is cut by the connection's idle timeout.
+/// one message, [`MAX_BATCH_REQUEST_BYTES`] for a batch). A stalled body is
+/// cut by the connection's idle timeout.
 async fn receive(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let announced = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    let what = if limit == MAX_BATCH_REQUEST_BYTES { "a batch of messages" } else { "a message" };
     let too_large = |received: usize| ApiError {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         field: Some("body"),
         message: format!(
-            "body: the request is over {limit} bytes (a message body of at most {MAX_BODY_BYTES} bytes, as text or base64){}",
+            "body: the request is over {limit} bytes ({what}, each body at most {MAX_BODY_BYTES} bytes, as text or base64){}",
             if received > 0 { format!("; {received} bytes received") } else { String::new() }
         ),
     };
     if announced.is_some_and(|length| length > DRAIN_LIMIT_BYTES) {
         return Err(too_large(0));
     }
-    let mut kept = Vec::with_capacity(announced.unwrap_or(0).min(limit));
+    // Reserved up front only up to one message's size: a batch grows as it arrives, not as it is announced.
+    let mut kept = Vec::with_capacity(announced.unwrap_or(0).min(limit).min(MAX_REQUEST_BYTES));
     let mut received = 0;
     let mut frames = body.into_data_stream();
     while let Some(frame) = frames.next().await {
@@ -306,30 +309,59 @@ const MAX_BATCH_REQUEST_BYTES: usize = 8 * 1024 * 1024;
 /// confirms overlap, so a batch costs a few round trips, not one per message.
 const BATCH_IN_FLIGHT: usize = 128;
 
+/// Batches a host reads and schedules at once; more answer 503 with
+/// `Retry-After`. A batch holds up to [`MAX_BATCH_REQUEST_BYTES`] and its
+/// parsed messages, so this bounds what batches take of the host's memory.
+const MAX_BATCHES_AT_ONCE: usize = 4;
+
+/// The service's slots for batches in progress.
+pub(crate) struct BatchSlots(tokio::sync::Semaphore);
+
+impl Default for BatchSlots {
+    fn default() -> Self {
+        BatchSlots(tokio::sync::Semaphore::new(MAX_BATCHES_AT_ONCE))
+    }
+}
+
 /// `POST /v1/messages:batch`: `{"messages": [...]}`, each item a `POST
 /// /v1/messages` body. Answers 200 with one result per item, in order: `202`
 /// and what a single schedule answers, or the item's own refusal (`400`
 /// naming the field, `422`, `503`, …). A bad item harms only itself; a body
 /// that is not a batch is refused whole.
 async fn post_batch(State(service): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(err) = authorize(&service, &headers) {
+        return err.into_response();
+    }
+    let Ok(_slot) = service.batches.0.try_acquire() else {
+        let message = format!("{MAX_BATCHES_AT_ONCE} batches are being scheduled on this host; send this one again shortly");
+        return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message }.into_response();
+    };
     let items = match read_request(&service, &headers, body, MAX_BATCH_REQUEST_BYTES, parse_batch).await {
         Ok(items) => items,
         Err(refused) => return refused,
     };
     let service = &service;
+    // Once the broker could not take a message, the items not yet tried are answered 503 at
+    // once: a stalled broker costs the batch one confirm timeout, not one per wave of messages.
+    let broker_down = std::sync::atomic::AtomicBool::new(false);
+    let broker_down = &broker_down;
     let results: Vec<Result<Value, ApiError>> = futures_util::stream::iter(items)
         .map(|item| async move {
-            match parse_message_value(&item) {
-                Ok(request) => schedule_one(service, request).await,
-                Err(err) => {
-                    service.metrics.rejected(err.field.unwrap_or("request"));
-                    Err(err)
-                }
+            let request = parse_message_value(&item).inspect_err(|err| service.metrics.rejected(err.field.unwrap_or("request")))?;
+            if broker_down.load(std::sync::atomic::Ordering::Relaxed) {
+                let message = "not tried: the broker could not take an earlier message of this batch".to_string();
+                return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, field: None, message });
             }
+            let scheduled = schedule_one(service, request).await;
+            if scheduled.as_ref().is_err_and(|err| err.status == StatusCode::SERVICE_UNAVAILABLE) {
+                broker_down.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            scheduled
         })
         .buffered(BATCH_IN_FLIGHT)
         .collect()
         .await;
+    let retry = results.iter().any(|result| result.as_ref().is_err_and(|err| err.status == StatusCode::SERVICE_UNAVAILABLE));
     let scheduled = results.iter().filter(|result| result.is_ok()).count();
     let results: Vec<Value> = results
         .into_iter()
@@ -342,7 +374,12 @@ async fn post_batch(State(service): State<Arc<Service>>, headers: HeaderMap, bod
         })
         .collect();
     let failed = results.len() - scheduled;
-    axum::Json(json!({ "scheduled": scheduled, "failed": failed, "results": results })).into_response()
+    let answer = axum::Json(json!({ "scheduled": scheduled, "failed": failed, "results": results }));
+    if retry {
+        // As a 503 would: the messages answered 503 may be sent again then.
+        return ([(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECONDS)], answer).into_response();
+    }
+    answer.into_response()
 }
 
 /// The items of a batch body: 1 to [`MAX_BATCH`] of them.

@@ -151,6 +151,8 @@ pub struct Service {
     depth_poll: Option<Duration>,
     /// The last reading of every strategy's queue depths ([`pending`]).
     pending: std::sync::Mutex<Vec<pending::StrategyDepths>>,
+    /// Batches being read or scheduled now (`POST /v1/messages:batch`).
+    pub(crate) batches: http::BatchSlots,
 }
 
 /// The HTTP connection limits a config asks for.
@@ -193,6 +195,7 @@ impl Service {
             limits: http_limits(&config.service),
             depth_poll: None,
             pending: Default::default(),
+            batches: Default::default(),
         })
     }
 

@@ -55,6 +55,7 @@ impl Service {
             limits: super::http_limits(&config.service),
             depth_poll: config.service.depth_poll.map(|d| Duration::from_millis(d.ms())),
             pending: Default::default(),
+            batches: Default::default(),
         });
         if let Err(err) = side.start(&service, &config).await {
             // What started before the failure stops with it.

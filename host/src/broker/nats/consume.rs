@@ -90,10 +90,17 @@ impl<H: Handler> NatsConsumer<H> {
     async fn pull(&self) -> Result<(), ExecutorError> {
         let subject = self.handler.queue();
         let unavailable = |e: &dyn std::fmt::Display| ExecutorError::Unavailable(format!("subject {subject}: {e}"));
-        let stream = self.executor.jetstream().stream_by_subject(subject).await.map_err(|e| unavailable(&e))?;
-        let stream = self.executor.jetstream().get_stream(stream).await.map_err(|e| unavailable(&e))?;
+        // The stream the handler declares for its subject, by name: never another stream
+        // that happens to capture it (one of the user's, when hourglass does not declare).
+        let declared = self.handler.declarations().into_iter().find_map(|command| match command {
+            Command::Nats(NatsCommand::EnsureStream { name, subjects, .. }) if subjects.iter().any(|s| s == subject) => Some(name),
+            _ => None,
+        });
+        let name = declared.ok_or_else(|| unavailable(&"the handler declares no stream capturing it"))?;
+        let stream = self.executor.jetstream().get_stream(name).await.map_err(|e| unavailable(&e))?;
         let config = pull::Config {
             durable_name: Some(CONSUMER.to_string()),
+            filter_subject: subject.to_string(),
             deliver_policy: DeliverPolicy::All,
             ack_policy: AckPolicy::Explicit,
             ack_wait: ACK_WAIT,

@@ -270,7 +270,9 @@ impl HeldStream {
             }
             self.executor.publish(subject, headers, message.payload.clone()).await.map_err(|e| match e {
                 ExecutorError::Unavailable(_) => Left::NotNow(NotNow::Broker(e)),
-                ExecutorError::Refused(_) | ExecutorError::Invalid(_) | ExecutorError::Unroutable(_) => Undeliverable::Broker(e).into(),
+                ExecutorError::Refused(_) | ExecutorError::Invalid(_) | ExecutorError::Unroutable(_) | ExecutorError::OtherFamily { .. } => {
+                    Undeliverable::Broker(e).into()
+                }
             })?;
         }
         Ok(None)

@@ -463,6 +463,11 @@ impl Executor for SqsExecutor {
         let mut sends = Vec::with_capacity(commands.len());
         let cancellable = envelope.headers.contains_key(ID_HEADER);
         for command in commands {
+            // A declaration among the sends is carried out, as the other brokers do.
+            if !command.sends_the_message() {
+                self.apply(std::slice::from_ref(command)).await?;
+                continue;
+            }
             let pumped = matches!(command, Command::Sqs(SqsCommand::Send { queue, .. }) if self.is_pumped(queue));
             // The batcher gives the entry an id unique within its request.
             let (queue, entry, size) = checked_entry("unassigned", command, body, &envelope.headers, &properties, Room { pumped, cancellable })?;
