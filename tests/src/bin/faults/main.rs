@@ -49,8 +49,12 @@ pub struct Report {
 /// debug build, other engineers' builds beside): host-kill9 max 121 ms (p99
 /// 115; in the fault window max 1,689), the bad inputs 65–277 ms, poison
 /// 130 ms, delayed exchange 1,018 ms with a soak starting beside it (which
-/// failed a first bound of 1,000 ms).
-pub const LATE_OUTSIDE_FAULT_MS: u64 = 1_500;
+/// failed a first bound of 1,000 ms). The delayed exchange again, 2026-12-03,
+/// in `.ci/run` beside the 90 s soak on 4.3 (seed 1796289321549634566, whose
+/// node restarts take both cores for seconds): two canaries 1,793 ms late,
+/// which failed a bound of 1,500; alone, four runs: 28-30 ms. A bound of
+/// 2,500 ms still fails a canary that missed a 2 s or longer hop.
+pub const LATE_OUTSIDE_FAULT_MS: u64 = 2_500;
 
 /// A note on lateness: how many, p50, p99 and max (ms).
 fn lateness_note(late: &[u64]) -> String {
