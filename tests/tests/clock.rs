@@ -27,8 +27,9 @@ use serde_json::{Value, json};
 
 /// How late a plain delay may arrive after it was asked for plus its delay:
 /// the 1 ms levels' own hops (tests/tests/cancel.rs measured 27-72 ms).
-/// Measured here: 15-140 ms, hosts skewed or not.
-const ON_TIME_MS: u64 = 250;
+/// Measured here: 15-140 ms, hosts skewed or not, two tests at a time; one
+/// CI run beside the whole suite measured 673 ms for a 3 s delay.
+const ON_TIME_MS: u64 = 750;
 /// How late a `deliver_at` (or a reschedule to a time) may arrive: hourglass
 /// counts its delay from the earliest the broker's clock can read by its
 /// readings, so it is late by what they cannot tell ([`CLOCK_ERROR_MS`]:
