@@ -144,9 +144,11 @@ ensure_nats() {
   export HOURGLASS_TEST_NATS=$version
   case "$version" in
     2.9) ensure_machine_nats ;;
-    2.10) start_nats_version "$version" trixie ;;
-    2.15) start_nats_version "$version" sid ;;
-    *) echo "error: no NATS server $version here (known: 2.9, the machine's own; 2.10 and 2.15 from Debian roots)" >&2; exit 1 ;;
+    *)
+      local suite
+      suite=$(nats_suite "$version") || exit 1
+      start_nats_version "$version" "$suite"
+      ;;
   esac
   echo "NATS under test: $version at $HOURGLASS_TEST_NATS_URL" >&2
 }
@@ -192,22 +194,27 @@ start_nats_version() {
   exit 1
 }
 
-# A local SQS-compatible server (moto) on a free loopback port, stopped when
-# the calling script exits. The venv is kept between runs.
-ensure_sqs() {
-  local venv="${HOURGLASS_MOTO_VENV:-$HOME/.cache/hourglass/moto-venv}"
-  if [ ! -x "$venv/bin/moto_server" ]; then
-    echo "installing moto[server] from PyPI into $venv (the local SQS server for the tests)" >&2
-    if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet 'moto[server]==5.2.5'; }; then
-      echo "error: could not install moto[server] into $venv; the SQS tests need it (python3 with venv and pip, and PyPI)" >&2
+# moto[server] in a venv kept between runs (HOURGLASS_MOTO_VENV).
+install_moto() {
+  MOTO_VENV="${HOURGLASS_MOTO_VENV:-$HOME/.cache/hourglass/moto-venv}"
+  if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+    echo "installing moto[server] from PyPI into $MOTO_VENV (the local SQS server for the tests)" >&2
+    if ! { python3 -m venv "$MOTO_VENV" && "$MOTO_VENV/bin/pip" install --quiet 'moto[server]==5.2.5'; }; then
+      echo "error: could not install moto[server] into $MOTO_VENV; the SQS tests need it (python3 with venv and pip, and PyPI)" >&2
       exit 1
     fi
   fi
+}
+
+# A local SQS-compatible server (moto) on a free loopback port, stopped when
+# the calling script exits.
+ensure_sqs() {
+  install_moto
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
   local log="${TMPDIR:-/tmp}/hourglass-moto-$port.log"
   # moto_server with its SQS clock reads made cheap (scripts/moto_server.py says why).
-  "$venv/bin/python" "$HOURGLASS_SCRIPTS/moto_server.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+  "$MOTO_VENV/bin/python" "$HOURGLASS_SCRIPTS/moto_server.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
   MOTO_PID=$!
   on_exit 'kill "$MOTO_PID" 2>/dev/null'
 
@@ -270,4 +277,29 @@ ensure_chromium() {
     fi
   fi
   export HOURGLASS_TEST_BROWSER=/usr/bin/chromium
+}
+
+# Everything the tests need that is downloaded or installed once per machine:
+# the venvs, the example planners' tools, Chromium, and the Debian roots of
+# the RabbitMQ and NATS VERSIONS given (as `rabbitmq:4.3 nats:2.15`). On a
+# fresh machine that is minutes of network and disk, little CPU: scripts/test
+# runs it beside the gates and the build.
+provision() {
+  local wanted suite suites=()
+  for wanted in "$@"; do
+    case "$wanted" in
+      rabbitmq:3.10 | nats:2.9) continue ;; # the machine's own
+      rabbitmq:*) suite=$(rabbitmq_suite "${wanted#rabbitmq:}") || exit 1 ;;
+      nats:*) suite=$(nats_suite "${wanted#nats:}") || exit 1 ;;
+    esac
+    [[ " ${suites[*]} " == *" $suite "* ]] || suites+=("$suite")
+  done
+  install_moto
+  ensure_example_python
+  ensure_python_planner
+  ensure_js_planner
+  ensure_chromium
+  for suite in "${suites[@]}"; do
+    debian_root "$suite" >/dev/null || exit 1
+  done
 }

@@ -3,8 +3,8 @@
 # cache directory (made once per machine, reused, made again when missing or
 # half made).
 #
-#   RabbitMQ 4.3 and nats-server 2.12+   Debian sid     (rabbitmq-server 4.3.x, nats-server 2.15.x)
-#   RabbitMQ 4.0                          Debian trixie  (rabbitmq-server 4.0.x)
+#   RabbitMQ 4.3 and nats-server 2.15    Debian sid     (rabbitmq-server 4.3.x, nats-server 2.15.x)
+#   RabbitMQ 4.0 and nats-server 2.10    Debian trixie  (rabbitmq-server 4.0.x, nats-server 2.10.x)
 #
 # A broker runs from its root with `chroot`, under the root's own users and
 # Erlang (so its own Erlang cookie), with its own epmd port. The machine's
@@ -20,6 +20,15 @@ rabbitmq_suite() {
     4.3) echo sid ;;
     4.0) echo trixie ;;
     *) echo "error: no Debian root carries RabbitMQ $1 (known: 4.0, 4.3; 3.10 is the machine's own)" >&2; return 1 ;;
+  esac
+}
+
+# The Debian suite that carries nats-server VERSION (2.10, 2.15); fails for others.
+nats_suite() {
+  case "$1" in
+    2.15) echo sid ;;
+    2.10) echo trixie ;;
+    *) echo "error: no NATS server $1 here (known: 2.9, the machine's own; 2.10 and 2.15 from Debian roots)" >&2; return 1 ;;
   esac
 }
 
