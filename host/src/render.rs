@@ -93,6 +93,12 @@ pub fn route(hops: &[Hop]) -> String {
             HopStep::Pump { queue, action, sends } => {
                 rows.push(vec![format!("pump on {queue}"), "-".into(), sends.join(", "), "-".into(), action.clone()]);
             }
+            HopStep::Held { stream, waited_ms, action, sends } => {
+                rows.push(vec![format!("held stream {stream}"), "-".into(), sends.join(", "), duration(*waited_ms), action.clone()]);
+            }
+            HopStep::Scheduled { target, waited_ms, then } => {
+                rows.push(vec!["schedule".into(), "-".into(), target.clone(), duration(*waited_ms), then.clone()]);
+            }
         }
         i += 1;
     }
@@ -124,6 +130,12 @@ pub fn simulated(messages: &[SimulatedMessage]) -> String {
                 }
                 HopStep::Pump { queue, action, sends } => {
                     vec![duration(hop.at_ms), "pump".into(), queue.clone(), action.clone(), sends.join(", ")]
+                }
+                HopStep::Held { stream, waited_ms, action, sends } => {
+                    vec![duration(hop.at_ms), "held".into(), stream.clone(), format!("waited {}, {action}", duration(*waited_ms)), sends.join(", ")]
+                }
+                HopStep::Scheduled { target, waited_ms, then } => {
+                    vec![duration(hop.at_ms), "schedule".into(), target.clone(), format!("waited {}", duration(*waited_ms)), then.clone()]
                 }
             })
             .collect();

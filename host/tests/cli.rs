@@ -62,6 +62,47 @@ fn simulate_ten_seconds_waits_eight_then_two_seconds() {
     assert_eq!(waits, vec![("hourglass.direct-level-03".into(), 8_000), ("hourglass.direct-level-01".into(), 2_000)]);
 }
 
+/// On NATS, `nats-hold` (examples/nats.toml, `max_wait = "1h"`): the held
+/// stream delivers the message to the host, which declines it for at most an
+/// hour at a time, then hands it over at its due time.
+#[test]
+fn simulate_on_nats_waits_in_the_held_stream_an_hour_at_a_time_then_hands_over() {
+    let messages = json(&hourglass(&["--config", "examples/nats.toml", "simulate", "--to", "orders.created", "--delay", "2h30m", "--format", "json"]));
+    let message = &messages[0];
+    assert_eq!(message["arrival_ms"], 9_000_000, "{message}");
+    let held: Vec<(u64, &str)> = message["hops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["via"] == "held")
+        .map(|h| (h["at_ms"].as_u64().unwrap(), h["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(held, [(0, "wait 1h"), (3_600_000, "wait 1h"), (7_200_000, "wait 30m"), (9_000_000, "hand over")]);
+
+    let text = stdout(&hourglass(&["--config", "examples/nats.toml", "simulate", "--to", "orders.created", "--delay", "10s"]));
+    assert!(text.contains("held  hourglass-hold  waited 0s, wait 10s"), "{text}");
+    assert!(text.contains("delivered to orders.created at 10s"), "{text}");
+
+    // `plan` follows the same route: one publish to the hold subject.
+    let plan = json(&hourglass(&["--config", "examples/nats.toml", "plan", "--to", "orders.created", "--delay", "10s", "--format", "json"]));
+    assert_eq!((plan["commands"][0]["command"].as_str(), plan["commands"][0]["subject"].as_str()), (Some("nats-publish"), Some("hourglass.hold")), "{plan}");
+    assert_eq!(plan["delivers_after_ms"], 10_000);
+}
+
+/// On NATS 2.12+, `nats-schedule`: one schedule, fired at the due time onto
+/// the destination's subject; a subject no stream captures when it fires is
+/// named as where the message was lost.
+#[test]
+fn simulate_on_nats_fires_a_schedule_at_the_due_time() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("delay.toml"), "default_strategy = \"at\"\n[broker]\nkind = \"nats\"\n[strategies.at]\nplanner = \"nats-schedule\"\n")
+        .unwrap();
+    let messages = json(&hourglass_in(dir.path(), &["simulate", "--to", "orders.created", "--delay", "90s", "--format", "json"]));
+    let hops = messages[0]["hops"].as_array().unwrap();
+    assert_eq!(messages[0]["arrival_ms"], 90_000, "{}", messages[0]);
+    assert_eq!((hops[0]["via"].as_str(), hops[0]["target"].as_str(), hops[0]["waited_ms"].as_u64()), (Some("scheduled"), Some("orders.created"), Some(90_000)));
+}
+
 #[test]
 fn plan_json_publishes_to_level_three_keyed_by_its_bit_with_the_rest_as_bcc() {
     let plan = json(&hourglass(&["plan", "--to", "destination", "--delay", "10s", "--format", "json"]));
@@ -213,6 +254,8 @@ fn check_planner_passes_for_the_built_ins_and_the_example() {
         vec!["check-planner", "hold-queues"],
         vec!["check-planner", "fixed-intervals", "--planner-config", intervals.to_str().unwrap()],
         vec!["check-planner", "sqs-cycles", "--horizon", "1d", "--samples", "50"],
+        vec!["check-planner", "nats-hold", "--horizon", "1d", "--samples", "50"],
+        vec!["check-planner", "nats-schedule", "--horizon", "1d", "--samples", "50"],
         vec!["check-planner", example.to_str().unwrap()],
     ];
     for args in runs {

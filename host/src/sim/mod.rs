@@ -1,12 +1,14 @@
-//! The in-memory broker: AMQP exchanges and queues and SQS queues on a virtual
-//! clock.
+//! The in-memory broker: AMQP exchanges and queues, SQS queues and NATS
+//! JetStream streams on a virtual clock.
 //!
 //! It models what delay strategies rely on: direct, fanout, topic and headers
 //! routing, exchange-to-exchange bindings, per-queue and per-message TTL with
 //! head-of-queue expiry, dead-lettering with `x-death` (and the broker's cycle
 //! drop) at most once or at least once by queue type, alternate exchanges,
-//! `x-expires`, queue deletion, and SQS queues with per-message and queue-level delays,
-//! FIFO deduplication and `SentTimestamp`. Time only moves when [`Simulator::step`]
+//! `x-expires`, queue deletion; SQS queues with per-message and queue-level delays,
+//! FIFO deduplication and `SentTimestamp`; JetStream streams capturing subjects,
+//! a held stream's redeliveries after a declined delivery's delay, and one-shot
+//! message schedules. Time only moves when [`Simulator::step`]
 //! jumps to the next event, so years of delay simulate in microseconds.
 //!
 //! Nothing disappears unrecorded: every message that leaves other than by
@@ -15,6 +17,7 @@
 mod amqp;
 pub mod conformance;
 pub mod cost;
+mod nats;
 pub mod simulation;
 mod sqs;
 pub mod traffic;
@@ -25,12 +28,10 @@ use serde::Serialize;
 use thiserror::Error;
 
 pub(crate) use amqp::Death;
+pub(crate) use nats::HeldNatsMessage;
 pub(crate) use sqs::DueSqsMessage;
 
-use crate::command::{AmqpCommand, Command, FieldTable, SqsCommand};
-
-/// Why a NATS plan cannot be simulated.
-pub(crate) const NO_NATS_MODEL: &str = "the simulator models AMQP and SQS; NATS JetStream plans run on a real server only";
+use crate::command::{AmqpCommand, Command, FieldTable, FieldValue, NatsCommand, SqsCommand};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SimError {
@@ -70,6 +71,11 @@ pub enum HopStep {
     SqsQueue { name: String, waited_ms: u64, then: String },
     /// A pump asked the planner about a due message and sent it on.
     Pump { queue: String, action: String, sends: Vec<String> },
+    /// A held stream delivered the message to the host after `waited_ms`;
+    /// its planner answered `action` (wait again, or hand over with `sends`).
+    Held { stream: String, waited_ms: u64, action: String, sends: Vec<String> },
+    /// A JetStream schedule fired after `waited_ms`.
+    Scheduled { target: String, waited_ms: u64, then: String },
 }
 
 /// A message in flight, with the route it has taken so far.
@@ -129,6 +135,9 @@ pub enum Step {
     Progressed,
     /// A message became visible on a pumped SQS queue; the caller must handle it.
     Due(DueSqsMessage),
+    /// A held NATS stream delivered a message to the host; the caller must
+    /// answer it ([`Simulator::redeliver`] or a hand-over).
+    Held(HeldNatsMessage),
 }
 
 #[derive(Default)]
@@ -136,6 +145,7 @@ pub struct Simulator {
     now_ms: u64,
     amqp: amqp::AmqpBroker,
     sqs: sqs::SqsBroker,
+    nats: nats::NatsBroker,
     arrivals: Vec<Arrival>,
     lost: Vec<Lost>,
 }
@@ -186,7 +196,7 @@ impl Simulator {
 
     /// Every message still waiting somewhere on the way, as (queue, message id).
     pub fn waiting(&self) -> Vec<(String, String)> {
-        self.amqp.waiting().chain(self.sqs.waiting()).map(|(q, id)| (q.to_string(), id.to_string())).collect()
+        self.amqp.waiting().chain(self.sqs.waiting()).chain(self.nats.waiting()).map(|(q, id)| (q.to_string(), id.to_string())).collect()
     }
 
     /// A consumer's SQS queue: messages count as arrived when they become visible.
@@ -194,15 +204,22 @@ impl Simulator {
         self.sqs.declare_destination(name);
     }
 
+    /// A consumer's subject: messages published to it count as arrived.
+    pub(crate) fn declare_destination_subject(&mut self, subject: &str) {
+        self.nats.declare_destination(subject);
+    }
+
     /// Applies a topology or setup command (anything but a send).
     pub fn apply(&mut self, command: &Command) -> Result<(), SimError> {
         match command {
-            Command::Amqp(AmqpCommand::Publish { .. }) | Command::Sqs(SqsCommand::Send { .. }) => {
+            Command::Amqp(AmqpCommand::Publish { .. })
+            | Command::Sqs(SqsCommand::Send { .. })
+            | Command::Nats(NatsCommand::Publish { .. } | NatsCommand::Schedule { .. }) => {
                 Err(SimError::Invalid("a publish or send needs a message; use execute".into()))
             }
             Command::Amqp(command) => self.amqp.apply(command, self.now_ms),
             Command::Sqs(SqsCommand::EnsureQueue { name, attributes, pumped }) => self.sqs.ensure_queue(name, attributes, *pumped),
-            Command::Nats(_) => Err(SimError::Invalid(NO_NATS_MODEL.into())),
+            Command::Nats(NatsCommand::EnsureStream { name, subjects, held }) => self.nats.ensure_stream(name, subjects, *held),
         }
     }
 
@@ -224,6 +241,17 @@ impl Simulator {
                 let send = sqs::Send { delay_seconds: *delay_seconds, group_id: group_id.clone(), dedup_id: dedup_id.clone() };
                 self.sqs.send(queue, message, send, self.now_ms)
             }
+            Command::Nats(NatsCommand::Publish { subject, headers }) => {
+                message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))));
+                let fired = self.nats.publish(subject, message, self.now_ms)?;
+                self.settle_nats(fired);
+                Ok(())
+            }
+            Command::Nats(NatsCommand::Schedule { target, after_ms, headers }) => {
+                message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))));
+                self.nats.schedule(target, *after_ms, message, self.now_ms);
+                Ok(())
+            }
             other => self.apply(other),
         }
     }
@@ -240,9 +268,26 @@ impl Simulator {
         Ok(())
     }
 
+    /// What a NATS publish or schedule did, recorded; a held delivery is left
+    /// for [`Self::step`] to hand to the caller.
+    fn settle_nats(&mut self, fired: nats::Fired) -> Option<HeldNatsMessage> {
+        match fired {
+            nats::Fired::Arrived(arrival) => self.arrivals.push(arrival),
+            nats::Fired::Dropped { reason, message } => self.lost.push(Lost { at_ms: self.now_ms, reason, message }),
+            nats::Fired::Held(held) => return Some(held),
+            nats::Fired::Kept => {}
+        }
+        None
+    }
+
+    /// The host declined a held delivery for `after_ms`: the server delivers it again then.
+    pub(crate) fn redeliver(&mut self, held: HeldNatsMessage, after_ms: u64) {
+        self.nats.redeliver(held, after_ms, self.now_ms);
+    }
+
     /// When the next scheduled event happens, if any.
     pub(crate) fn next_event_ms(&self) -> Option<u64> {
-        [self.amqp.next_event_ms(), self.sqs.next_event_ms()].into_iter().flatten().min()
+        [self.amqp.next_event_ms(), self.sqs.next_event_ms(), self.nats.next_event_ms()].into_iter().flatten().min()
     }
 
     /// Moves the clock to `at_ms`, handling every broker event up to then.
@@ -267,6 +312,10 @@ impl Simulator {
             self.arrivals.extend(effects.arrivals);
             self.lost.extend(effects.lost);
             return Step::Progressed;
+        }
+        if self.nats.next_event_ms() == Some(at) {
+            let fired = self.nats.fire(self.now_ms);
+            return self.settle_nats(fired).map_or(Step::Progressed, Step::Held);
         }
         match self.sqs.fire(self.now_ms) {
             sqs::Fired::Arrived(arrival) => {

@@ -1,15 +1,16 @@
 //! Runs a strategy on the simulator: its topology, its destination setup, its
-//! plans, and — for pump-driven strategies — its answers to due messages.
+//! plans, and — for pump-driven and held strategies — its answers to due and
+//! held messages.
 
 use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::command::{Command, FieldTable, FieldValue, SqsCommand};
+use crate::command::{Command, FieldTable, FieldValue, NatsCommand, SqsCommand};
 use crate::headers::{DELAY_HEADER, DUE_AT_HEADER};
-use crate::planner::{BrokerFamily, DueAction, LoadedPlanner, PlanRequest, PlannerError};
-use crate::sim::{Hop, HopStep, SimError, SimMessage, Simulator, Step};
+use crate::planner::{BrokerFamily, DueAction, HeldAction, HeldMessage, LoadedPlanner, PlanRequest, PlannerError};
+use crate::sim::{HeldNatsMessage, Hop, HopStep, SimError, SimMessage, Simulator, Step};
 
 /// A simulation gives up on a message after this many broker events, so a
 /// planner that cycles forever is reported instead of hanging the host.
@@ -21,8 +22,6 @@ pub enum SimulationError {
     Planner(#[from] PlannerError),
     #[error("planner {planner}: {what} failed on the simulator: {source}")]
     Broker { planner: String, what: String, source: SimError },
-    #[error("planner {planner}: {why}")]
-    Unsupported { planner: String, why: &'static str },
 }
 
 /// What happened to one simulated message.
@@ -69,7 +68,7 @@ impl<'p> Simulation<'p> {
         match planner.info().family {
             BrokerFamily::Amqp => simulator.declare_destination_queue(destination),
             BrokerFamily::Sqs => simulator.declare_destination_sqs_queue(destination),
-            BrokerFamily::Nats => return Err(SimulationError::Unsupported { planner: planner.label().to_string(), why: crate::sim::NO_NATS_MODEL }),
+            BrokerFamily::Nats => simulator.declare_destination_subject(destination),
         }
         let mut setup = planner.topology()?;
         setup.extend(planner.destination_setup(destination)?);
@@ -102,18 +101,13 @@ impl<'p> Simulation<'p> {
             if pending == 0 {
                 break;
             }
-            match self.simulator.step() {
-                Step::Idle => break,
-                Step::Progressed => {}
-                Step::Due(due) => {
-                    if let Err((id, problem)) = self.handle_due(due)
-                        && let Some(r) = results.get_mut(&id)
-                        && r.problem.is_none()
-                    {
-                        r.problem = Some(problem);
-                        pending -= 1;
-                    }
-                }
+            let Some(answered) = self.step() else { break };
+            if let Err((id, problem)) = answered
+                && let Some(r) = results.get_mut(&id)
+                && r.problem.is_none()
+            {
+                r.problem = Some(problem);
+                pending -= 1;
             }
         }
         let mut results: Vec<SimulatedMessage> = results.into_values().collect();
@@ -165,17 +159,24 @@ impl<'p> Simulation<'p> {
     pub fn settle(&mut self, messages: usize) -> Leftovers {
         for _ in 0..MAX_STEPS_PER_MESSAGE * messages.max(1) {
             self.collect_outcomes(&mut BTreeMap::new(), 0);
-            match self.simulator.step() {
-                Step::Idle => break,
-                Step::Progressed => {}
-                Step::Due(due) => {
-                    // Its problem was reported when the message was run.
-                    let _ = self.handle_due(due);
-                }
+            // Their problems were reported when the messages were run.
+            if self.step().is_none() {
+                break;
             }
         }
         self.collect_outcomes(&mut BTreeMap::new(), 0);
         Leftovers { duplicates: std::mem::take(&mut self.duplicates), waiting: self.simulator.waiting() }
+    }
+
+    /// One step of the broker, with the planner's answer to a message it
+    /// surfaced (a due or held one); `None` once nothing is left to happen.
+    fn step(&mut self) -> Option<Result<(), (String, String)>> {
+        match self.simulator.step() {
+            Step::Idle => None,
+            Step::Progressed => Some(Ok(())),
+            Step::Due(due) => Some(self.handle_due(due)),
+            Step::Held(held) => Some(self.handle_held(held)),
+        }
     }
 
     fn publish(&mut self, id: &str, delay_ms: u64, start: u64) -> SimulatedMessage {
@@ -226,11 +227,63 @@ impl<'p> Simulation<'p> {
         });
         let step = HopStep::Pump { queue: due.queue.clone(), action: name.into(), sends: sends.collect() };
         message.hops.push(Hop { at_ms: self.simulator.now_ms(), step });
+        self.carry(&id, message, &commands)
+    }
+
+    /// Asks the planner about a held stream's delivery, as the host does, and
+    /// carries out its answer: a wait (the server delivers it again after
+    /// it) or a hand-over. The error names the message it concerns.
+    fn handle_held(&mut self, mut held: HeldNatsMessage) -> Result<(), (String, String)> {
+        let id = held.message.id.clone();
+        let now_ms = self.simulator.now_ms();
+        let due_at_ms = match held.message.headers.get(DUE_AT_HEADER) {
+            Some(FieldValue::Int(due)) => u64::try_from(*due).unwrap_or(0),
+            _ => return Err((id, format!("held without its {DUE_AT_HEADER} header"))),
+        };
+        let question = HeldMessage {
+            stream: held.stream.clone(),
+            subject: held.subject.clone(),
+            destination: self.destination.clone(),
+            due_at_ms,
+            now_ms,
+            deliveries: held.deliveries,
+        };
+        let action = patiently(|| self.planner.handle_held(&question)).map_err(|e| (id.clone(), e.to_string()))?;
+        let waited_ms = now_ms - held.since_ms;
+        match action {
+            HeldAction::Wait { ms } => {
+                // As the host: a nak's delay is at least 1 ms.
+                let wait = ms.max(1);
+                let step = HopStep::Held {
+                    stream: held.stream.clone(),
+                    waited_ms,
+                    action: format!("wait {}", humantime::format_duration(std::time::Duration::from_millis(wait))),
+                    sends: Vec::new(),
+                };
+                held.message.hops.push(Hop { at_ms: now_ms, step });
+                self.simulator.redeliver(held, wait);
+                Ok(())
+            }
+            HeldAction::HandOver { commands } => {
+                let sends = commands.iter().filter_map(|c| match c {
+                    Command::Nats(NatsCommand::Publish { subject, .. }) => Some(subject.clone()),
+                    _ => None,
+                });
+                let step = HopStep::Held { stream: held.stream.clone(), waited_ms, action: "hand over".into(), sends: sends.collect() };
+                let mut message = held.message;
+                message.hops.push(Hop { at_ms: now_ms, step });
+                self.carry(&id, message, &commands)
+            }
+        }
+    }
+
+    /// Runs `commands`, each carrying a copy of `message` (the last the message itself).
+    fn carry(&mut self, id: &str, message: SimMessage, commands: &[Command]) -> Result<(), (String, String)> {
         let last = commands.len().saturating_sub(1);
         let mut message = Some(message);
         for (i, command) in commands.iter().enumerate() {
             let copy = if i == last { message.take().expect("moved once") } else { message.clone().expect("still here") };
-            self.simulator.execute(command, copy).map_err(|e| (id.clone(), format!("{command:?}: {e}")))?;
+            self.simulator.execute(command, copy).map_err(|e| (id.to_string(), format!("{command:?}: {e}")))?;
         }
         Ok(())
     }

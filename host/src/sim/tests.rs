@@ -1,6 +1,7 @@
 use super::amqp::topic_matches;
+use super::nats::subject_matches;
 use super::*;
-use crate::command::{AmqpCommand, ExchangeKind, FieldValue, SqsCommand};
+use crate::command::{AmqpCommand, ExchangeKind, FieldValue, NatsCommand, SqsCommand};
 
 fn table(pairs: &[(&str, FieldValue)]) -> FieldTable {
     pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
@@ -316,4 +317,64 @@ fn bcc_keys_route_survive_dead_lettering_and_never_reach_the_consumer() {
     let arrivals: Vec<(String, u64, usize)> = sim.arrivals().iter().map(|a| (a.message.id.clone(), a.at_ms, a.message.bcc.len())).collect();
     assert_eq!(arrivals, vec![("high-only".to_string(), 200, 0), ("both".to_string(), 300, 0)]);
     assert!(sim.lost().is_empty(), "{:?}", sim.lost().iter().map(|l| &l.reason).collect::<Vec<_>>());
+}
+
+fn stream(name: &str, subjects: &[&str], held: bool) -> Command {
+    Command::Nats(NatsCommand::EnsureStream { name: name.into(), subjects: subjects.iter().map(|s| s.to_string()).collect(), held })
+}
+
+fn nats_publish(subject: &str) -> Command {
+    Command::Nats(NatsCommand::Publish { subject: subject.into(), headers: BTreeMap::new() })
+}
+
+#[test]
+fn nats_wildcards_follow_subject_rules() {
+    assert!(subject_matches("orders.*", "orders.created"));
+    assert!(!subject_matches("orders.*", "orders.created.eu"));
+    assert!(subject_matches("orders.>", "orders.created.eu"));
+    assert!(!subject_matches("orders.>", "orders"));
+    assert!(subject_matches("hourglass.hold", "hourglass.hold"));
+    assert!(!subject_matches("hourglass.hold", "hourglass.hold.x"));
+}
+
+#[test]
+fn a_held_stream_delivers_again_after_the_wait_the_host_declined_with() {
+    let mut sim = Simulator::new();
+    sim.declare_destination_subject("orders.created");
+    sim.apply(&stream("hold", &["hold.>"], true)).unwrap();
+    sim.execute(&nats_publish("hold.m"), SimMessage::new("m", FieldTable::new())).unwrap();
+    let Step::Held(held) = sim.step() else { panic!("delivered to the host at once") };
+    assert_eq!((held.stream.as_str(), held.subject.as_str(), held.deliveries, sim.now_ms()), ("hold", "hold.m", 1, 0));
+    sim.redeliver(held, 5_000);
+    assert_eq!(sim.waiting(), [("hold".to_string(), "m".to_string())]);
+    let Step::Held(held) = sim.step() else { panic!("delivered again") };
+    assert_eq!((held.deliveries, sim.now_ms()), (2, 5_000));
+    sim.execute(&nats_publish("orders.created"), held.message).unwrap();
+    assert_eq!((sim.arrivals()[0].queue.as_str(), sim.arrivals()[0].at_ms), ("orders.created", 5_000));
+    assert!(matches!(sim.step(), Step::Idle));
+}
+
+#[test]
+fn a_publish_no_stream_captures_is_refused_and_streams_may_not_overlap() {
+    let mut sim = Simulator::new();
+    sim.apply(&stream("orders", &["orders.*"], false)).unwrap();
+    let refused = sim.execute(&nats_publish("payments.created"), SimMessage::new("m", FieldTable::new()));
+    assert!(matches!(refused, Err(SimError::NotFound(_))), "{refused:?}");
+    assert!(matches!(sim.apply(&stream("created", &["orders.created"], false)), Err(SimError::PreconditionFailed(_))));
+    // Captured by a stream nothing here consumes: kept there, and shown as waiting.
+    sim.execute(&nats_publish("orders.created"), SimMessage::new("kept", FieldTable::new())).unwrap();
+    assert_eq!(sim.waiting(), [("orders".to_string(), "kept".to_string())]);
+}
+
+#[test]
+fn a_schedule_fires_onto_its_target_or_is_lost_naming_the_subject() {
+    let mut sim = Simulator::new();
+    sim.declare_destination_subject("orders.created");
+    let schedule = |target: &str| Command::Nats(NatsCommand::Schedule { target: target.into(), after_ms: 90_000, headers: BTreeMap::new() });
+    sim.execute(&schedule("orders.created"), SimMessage::new("on-time", FieldTable::new())).unwrap();
+    sim.execute(&schedule("orders.gone"), SimMessage::new("lost", FieldTable::new())).unwrap();
+    run(&mut sim);
+    assert_eq!((sim.arrivals()[0].message.id.as_str(), sim.arrivals()[0].at_ms), ("on-time", 90_000));
+    assert_eq!(sim.lost().len(), 1);
+    assert!(sim.lost()[0].reason.contains("\"orders.gone\""), "{}", sim.lost()[0].reason);
 }
