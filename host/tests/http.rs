@@ -216,8 +216,18 @@ fn a_batch_answers_each_item_as_alone_and_a_malformed_batch_is_refused_whole() {
 }
 
 /// A broker that takes every message at once but a body `down` (it cannot
-/// take it now) and a body `slow` (it confirms after a second).
-struct Flaky;
+/// take it now) and a body `slow` (counted in `slow_sent`, then confirmed
+/// once the test lets it: a permit of `slow`, which starts with none).
+struct Flaky {
+    slow: std::sync::Arc<tokio::sync::Semaphore>,
+    slow_sent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Flaky {
+    fn new() -> Flaky {
+        Flaky { slow: std::sync::Arc::new(tokio::sync::Semaphore::new(0)), slow_sent: Default::default() }
+    }
+}
 
 impl Executor for Flaky {
     async fn apply(&self, _: &[BrokerCommand]) -> Result<(), ExecutorError> {
@@ -230,7 +240,8 @@ impl Executor for Flaky {
         match envelope.body.as_slice() {
             b"down" => Err(ExecutorError::Unavailable("the test broker is down for this one".into())),
             b"slow" => {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.slow_sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                self.slow.acquire().await.expect("the semaphore stays open").forget();
                 Ok(())
             }
             _ => Ok(()),
@@ -255,7 +266,7 @@ fn post_batch(address: SocketAddr, messages: Vec<Value>) -> (u16, Option<String>
 /// the answer says when to send them again.
 #[test]
 fn a_batch_stops_trying_once_the_broker_cannot_take_a_message() {
-    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(Flaky))));
+    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(Flaky::new()))));
     let message = |body: &str| json!({ "destination": "orders", "delay": "1s", "body": body });
     let mut messages = vec![message("fine")];
     messages.push(message("down"));
@@ -276,22 +287,24 @@ fn a_batch_stops_trying_once_the_broker_cannot_take_a_message() {
 /// Four batches at once on a host; a fifth is answered 503 until one ends.
 #[test]
 fn a_fifth_batch_at_once_is_answered_503_with_retry_after() {
-    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(Flaky))));
+    let broker = Flaky::new();
+    let (slow, slow_sent) = (broker.slow.clone(), broker.slow_sent.clone());
+    let served = Served::start_on("", None, Some(Broker::new(std::sync::Arc::new(broker))));
     let address = served.address;
-    let slow: Vec<_> =
+    // Four batches whose message the broker holds until the test lets it go.
+    let held: Vec<_> =
         (0..4).map(|_| std::thread::spawn(move || post_batch(address, vec![json!({ "destination": "orders", "delay": "1s", "body": "slow" })]))).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slow_sent.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline, "the four held batches did not reach the broker in 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let quick = || post_batch(address, vec![json!({ "destination": "orders", "delay": "1s", "body": "fine" })]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    let refused = loop {
-        let (status, retry_after, answer) = quick();
-        if status == 503 {
-            break (retry_after, answer);
-        }
-        assert!(std::time::Instant::now() < deadline, "no batch refused while four slow ones were being scheduled");
-    };
-    assert_eq!(refused.0.as_deref(), Some("5"), "{}", refused.1);
-    assert!(refused.1["error"].as_str().is_some_and(|e| e.contains("4 batches")), "{}", refused.1);
-    for batch in slow {
+    let (status, retry_after, answer) = quick();
+    assert_eq!((status, retry_after.as_deref()), (503, Some("5")), "a fifth batch while four are in: {answer}");
+    assert!(answer["error"].as_str().is_some_and(|e| e.contains("4 batches")), "{answer}");
+    slow.add_permits(4);
+    for batch in held {
         let (status, _, answer) = batch.join().unwrap();
         assert_eq!((status, answer["scheduled"].as_u64()), (200, Some(1)), "{answer}");
     }
