@@ -698,7 +698,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::broker::memory::MemoryExecutor;
+    use crate::executor::testing::Accepting;
 
     fn two_strategies() -> Config {
         let text =
@@ -712,7 +712,7 @@ mod tests {
     #[test]
     fn while_an_instance_of_a_is_held_a_call_to_b_and_a_second_call_to_a_both_complete() {
         let config = two_strategies();
-        let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), MemoryExecutor::default());
+        let scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), Accepting);
         let generation = scheduler.generation();
         let a = generation.strategies.get("a").unwrap();
         assert!(a.max_instances() >= 2, "{}", a.max_instances());
@@ -746,7 +746,7 @@ mod tests {
     /// Counts what reaches the broker, to show refused requests touch nothing.
     #[derive(Default)]
     struct Counting {
-        inner: MemoryExecutor,
+        inner: Accepting,
         calls: std::sync::atomic::AtomicUsize,
     }
 
@@ -774,7 +774,7 @@ mod tests {
     /// channel does).
     #[derive(Default)]
     struct SlowMissing {
-        inner: MemoryExecutor,
+        inner: Accepting,
         checks: std::sync::atomic::AtomicUsize,
     }
 
@@ -866,7 +866,7 @@ mod tests {
         use crate::clock::estimate::Reading;
         use crate::clock::{ShiftedClock, monotonic_ms, unix_now_ms};
         let config = two_strategies();
-        let mut scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), MemoryExecutor::default());
+        let mut scheduler = Scheduler::new(&config, Strategies::load(&config).unwrap(), Accepting);
         let clock = Clock::new(ShiftedClock::new(5_000));
         scheduler.set_clock(clock.clone());
         let at = unix_now_ms() + 4_000;

@@ -128,8 +128,9 @@ pre{background:#f8f8f8;padding:.5rem;overflow:auto}.note{color:#666;font-size:.9
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker;
     use crate::config::Config;
+    use crate::executor::Broker;
+    use crate::executor::testing::Accepting;
     use crate::scheduler::Scheduler;
     use crate::scheduler::strategies::Strategies;
 
@@ -137,7 +138,7 @@ mod tests {
     async fn the_totals_are_what_was_counted() {
         let text = "[planners]\ncache = false\n[strategies.main]\nplanner = \"hold-queues\"\n[destinations.orders]\n";
         let config = Config::parse(std::path::Path::new("status.toml"), text.into()).unwrap();
-        let broker = broker::connect(&config.broker).await.unwrap();
+        let broker = Broker::new(std::sync::Arc::new(Accepting));
         let service = Service::new(Scheduler::new(&config, Strategies::load(&config).unwrap(), broker), None);
         let metrics = &service.metrics;
         for (strategy, destination) in [("main", "orders"), ("main", "orders"), ("main", "not-configured"), ("not-configured", "orders")] {

@@ -243,8 +243,9 @@ impl Simulator {
             }
             Command::Nats(NatsCommand::Publish { subject, headers }) => {
                 message.headers.extend(headers.iter().map(|(k, v)| (k.clone(), FieldValue::Text(v.clone()))));
-                let fired = self.nats.publish(subject, message, self.now_ms)?;
-                self.settle_nats(fired);
+                if let Some(arrival) = self.nats.publish(subject, message, self.now_ms)? {
+                    self.arrivals.push(arrival);
+                }
                 Ok(())
             }
             Command::Nats(NatsCommand::Schedule { target, after_ms, headers }) => {
@@ -266,18 +267,6 @@ impl Simulator {
             }
         }
         Ok(())
-    }
-
-    /// What a NATS publish or schedule did, recorded; a held delivery is left
-    /// for [`Self::step`] to hand to the caller.
-    fn settle_nats(&mut self, fired: nats::Fired) -> Option<HeldNatsMessage> {
-        match fired {
-            nats::Fired::Arrived(arrival) => self.arrivals.push(arrival),
-            nats::Fired::Dropped { reason, message } => self.lost.push(Lost { at_ms: self.now_ms, reason, message }),
-            nats::Fired::Held(held) => return Some(held),
-            nats::Fired::Kept => {}
-        }
-        None
     }
 
     /// The host declined a held delivery for `after_ms`: the server delivers it again then.
@@ -314,8 +303,13 @@ impl Simulator {
             return Step::Progressed;
         }
         if self.nats.next_event_ms() == Some(at) {
-            let fired = self.nats.fire(self.now_ms);
-            return self.settle_nats(fired).map_or(Step::Progressed, Step::Held);
+            match self.nats.fire(self.now_ms) {
+                nats::Fired::Held(held) => return Step::Held(held),
+                nats::Fired::Arrived(arrival) => self.arrivals.push(arrival),
+                nats::Fired::Dropped { reason, message } => self.lost.push(Lost { at_ms: self.now_ms, reason, message }),
+                nats::Fired::Kept => {}
+            }
+            return Step::Progressed;
         }
         match self.sqs.fire(self.now_ms) {
             sqs::Fired::Arrived(arrival) => {

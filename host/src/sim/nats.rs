@@ -35,6 +35,19 @@ pub struct HeldNatsMessage {
     pub since_ms: u64,
 }
 
+/// A publish to a subject no stream captures, refused with its message.
+pub(crate) struct Uncaptured {
+    pub subject: String,
+    pub message: Box<SimMessage>,
+}
+
+impl From<Uncaptured> for SimError {
+    fn from(refused: Uncaptured) -> SimError {
+        SimError::NotFound(format!("no stream captures subject {:?}", refused.subject))
+    }
+}
+
+/// What the next event on the server did.
 pub(crate) enum Fired {
     Arrived(Arrival),
     Held(HeldNatsMessage),
@@ -112,20 +125,22 @@ impl NatsBroker {
     }
 
     /// A JetStream publish: acked by the stream that captures `subject`, refused when none does.
-    pub fn publish(&mut self, subject: &str, message: SimMessage, now: u64) -> Result<Fired, SimError> {
+    /// The arrival when a consumer's stream captured it; none when a stream
+    /// keeps it (held until delivered, or where nothing here consumes it).
+    pub fn publish(&mut self, subject: &str, message: SimMessage, now: u64) -> Result<Option<Arrival>, Uncaptured> {
         let Some((name, stream)) = self.capturing(subject) else {
-            return Err(SimError::NotFound(format!("no stream captures subject {subject:?}")));
+            return Err(Uncaptured { subject: subject.to_string(), message: Box::new(message) });
         };
         let (name, held, destination) = (name.clone(), stream.held, stream.destination);
         if destination {
-            return Ok(Fired::Arrived(Arrival { queue: subject.to_string(), at_ms: now, message }));
+            return Ok(Some(Arrival { queue: subject.to_string(), at_ms: now, message }));
         }
         if !held {
             self.stored.push((name, message.id.clone()));
-            return Ok(Fired::Kept);
+            return Ok(None);
         }
         self.push(now, Pending::Delivery(HeldNatsMessage { stream: name, subject: subject.to_string(), message, deliveries: 1, since_ms: now }));
-        Ok(Fired::Kept)
+        Ok(None)
     }
 
     /// `nats-schedule`: the server publishes the message to `target` `after_ms` from now.
@@ -158,10 +173,13 @@ impl NatsBroker {
             Some(Pending::Schedule { target, mut message, set_ms }) => {
                 let then = format!("published to {target}");
                 message.hops.push(Hop { at_ms: now, step: HopStep::Scheduled { target: target.clone(), waited_ms: now - set_ms, then } });
-                if self.capturing(&target).is_none() {
-                    return Fired::Dropped { reason: format!("the schedule fired at subject {target:?}, which no stream captures"), message };
+                match self.publish(&target, message, now) {
+                    Ok(Some(arrival)) => Fired::Arrived(arrival),
+                    Ok(None) => Fired::Kept,
+                    Err(Uncaptured { message, .. }) => {
+                        Fired::Dropped { reason: format!("the schedule fired at subject {target:?}, which no stream captures"), message: *message }
+                    }
                 }
-                self.publish(&target, message, now).unwrap_or(Fired::Kept)
             }
         }
     }
