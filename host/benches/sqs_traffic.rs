@@ -20,7 +20,7 @@
 //! runs the trickle alone.
 //!
 //! Beside each count it prints what `hourglass plan --rate` estimates for the
-//! same shape ([`hourglass::sim::traffic`]), at the round trip measured on the
+//! same shape ([`hourglass::broker::sqs::traffic`]), at the round trip measured on the
 //! server just before.
 
 mod sqs_support;
@@ -30,11 +30,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hourglass::broker::sqs::traffic::{self, Handling, Traffic};
 use hourglass::clock::unix_now_ms;
 use hourglass::config::Config;
 use hourglass::scheduler::ScheduleRequest;
 use hourglass::service::{self, Service};
-use hourglass::sim::traffic::{self, Handling, Traffic};
 use sqs_support::*;
 use tokio::sync::watch;
 

@@ -111,6 +111,35 @@ pub enum CommandError {
     },
 }
 
+/// What `hourglass plan` asks about a strategy's cost, where its broker
+/// bills by request.
+#[derive(Clone, Debug)]
+pub struct CostQuestion {
+    /// USD per million requests.
+    pub price_per_million: f64,
+    /// A steady stream of such messages, besides the one.
+    pub stream: Option<StreamQuestion>,
+}
+
+/// Messages arriving one by one at a steady rate, each to the next destination in turn.
+#[derive(Clone, Debug)]
+pub struct StreamQuestion {
+    pub rate_per_second: f64,
+    pub lasting_ms: u64,
+    pub destinations: u64,
+    /// One request there and back.
+    pub round_trip_ms: u64,
+    /// Bytes of one message, body and attributes; the broker's estimate when not given.
+    pub message_bytes: Option<u64>,
+}
+
+/// A strategy's cost as `plan` shows it: fields of its JSON, lines of its table.
+#[derive(Debug, Default)]
+pub struct PlanCost {
+    pub json: serde_json::Map<String, serde_json::Value>,
+    pub lines: Vec<String>,
+}
+
 impl CommandError {
     /// `step` failed with `source`.
     pub fn failed(step: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> CommandError {

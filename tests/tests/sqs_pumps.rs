@@ -437,8 +437,8 @@ async fn the_sqs_ingress_queue_forwards_valid_messages_on_time_and_parks_invalid
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plans_cost_estimate_is_what_the_pump_spends_on_a_busy_queue() {
+    use hourglass::broker::sqs::cost::{SqsCost, cohort_requests};
     use hourglass::planner::PlanRequest;
-    use hourglass::sim::cost::{SqsCost, cohort_requests};
     use hourglass::sim::simulation::Simulation;
 
     let (config, strategy) = pumps_config(CYCLE_TABLE, QUICK_PUMPS);

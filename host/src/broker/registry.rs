@@ -13,16 +13,19 @@ use futures_util::future::BoxFuture;
 use super::memory::MemoryExecutor;
 use super::{memory, nats, rabbitmq, sqs};
 use crate::clock::Clock;
+use crate::command::BrokerFamily;
 use crate::config::broker::BrokerSettings;
 use crate::config::{BrokerConfig, Config};
 use crate::executor::{Broker, ExecutorError};
 use crate::metrics::BrokerMetric;
-use crate::report::{CommandError, DelayedExchangeMove, Migration, ParkedAction, Progress, Transfer, Verdict};
+use crate::planner::LoadedPlanner;
+use crate::report::{CommandError, CostQuestion, DelayedExchangeMove, Migration, ParkedAction, PlanCost, Progress, Transfer, Verdict};
 use crate::scheduler::strategies::Strategies;
 use crate::service::cancellations::OpenCancellations;
 use crate::service::pending::DepthReading;
 use crate::service::side::Opened;
 use crate::service::{Service, ServiceError};
+use crate::sim::simulation::SimulatedMessage;
 
 /// Opens the broker `config` names.
 pub async fn connect(config: &BrokerConfig) -> Result<Broker, ExecutorError> {
@@ -156,15 +159,42 @@ fn only_on(command: &'static str, kind: &str) -> CommandError {
     CommandError::Unsupported { command, kinds: format!("broker.kind = {kind:?}") }
 }
 
-/// How long the configured broker's host gathers sends into one request, and
-/// a pump lingers for more messages before it sends: what `hourglass plan
-/// --rate` walks a stream of messages through (zero where nothing is gathered).
-pub fn gathering(config: &Config) -> (std::time::Duration, std::time::Duration) {
+/// What `hourglass plan` shows of a strategy's cost beyond its route, by the
+/// family it plans for: SQS bills by request; on the others a message's cost
+/// is not counted in requests.
+pub fn plan_cost(
+    config: &Config,
+    family: BrokerFamily,
+    planner: &mut LoadedPlanner,
+    route: &SimulatedMessage,
+    question: &CostQuestion,
+) -> Result<PlanCost, CommandError> {
+    match family {
+        BrokerFamily::Sqs => sqs::estimate::plan_cost(gathering(config), planner, route, question),
+        BrokerFamily::Amqp | BrokerFamily::Nats => match question.stream {
+            Some(_) => Err(CommandError::Argument { argument: "--rate", reason: "--rate estimates SQS requests, and this is not an SQS strategy".into() }),
+            None => Ok(PlanCost::default()),
+        },
+    }
+}
+
+/// How long the configured host gathers first sends into one request, and a
+/// pump lingers for more messages before it sends: what a stream of messages
+/// is walked through (zero where nothing is gathered).
+fn gathering(config: &Config) -> sqs::estimate::Gathering {
     match config.broker.settings() {
-        BrokerSettings::Sqs(settings) => (sqs::batcher::window(settings.send_batch_window), sqs::pumped::PumpSettings::from_config(config).linger),
+        BrokerSettings::Sqs(settings) => sqs::estimate::Gathering {
+            send_window: sqs::batcher::window(settings.send_batch_window),
+            linger: sqs::pumped::PumpSettings::from_config(config).linger,
+        },
         BrokerSettings::Memory | BrokerSettings::RabbitMq(_) | BrokerSettings::Nats(_) => Default::default(),
     }
 }
+
+/// Log directives for the brokers' client libraries, after the host's own
+/// level: lapin logs every connection it loses at error level, which the
+/// host already reports once with what it does about it.
+pub const CLIENT_LOG_DIRECTIVES: &str = "lapin=off";
 
 /// Every family a broker may add to `/metrics`, whichever is configured: each
 /// registers its own when its side starts.

@@ -158,7 +158,7 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Commands::Serve(_)) {
-        init_logging(LogFormat::Human, "warn,lapin=off");
+        init_logging(LogFormat::Human, "warn");
     }
     match run(cli) {
         Ok(code) => code,
@@ -169,9 +169,10 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Log lines on stderr; `RUST_LOG` overrides `default_filter`, and
-/// `HOURGLASS_LOG_FORMAT` (`human` or `json`) overrides `format`.
-fn init_logging(format: LogFormat, default_filter: &str) {
+/// Log lines on stderr at `level`, the brokers' clients quieter; `RUST_LOG`
+/// overrides that, and `HOURGLASS_LOG_FORMAT` (`human` or `json`) `format`.
+fn init_logging(format: LogFormat, level: &str) {
+    let default_filter = format!("{level},{}", hourglass::broker::registry::CLIENT_LOG_DIRECTIVES);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
     let format = match std::env::var("HOURGLASS_LOG_FORMAT").as_deref() {
         Ok("json") => LogFormat::Json,

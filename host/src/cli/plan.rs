@@ -2,15 +2,12 @@
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use hourglass::broker::registry;
-use hourglass::config::Config;
-use hourglass::planner::{BrokerFamily, LoadedPlanner, PlanRequest};
+use hourglass::planner::PlanRequest;
 use hourglass::render;
-use hourglass::sim::cost::{BUSY_COHORT, BUSY_MESSAGE_BYTES, SqsCost};
-use hourglass::sim::simulation::{SimulatedMessage, Simulation};
-use hourglass::sim::traffic::{self, Handling, Requests, Traffic};
-use hourglass::sim::{Hop, HopStep};
+use hourglass::report::{CostQuestion, StreamQuestion};
+use hourglass::sim::simulation::Simulation;
 
 use super::{Cli, DelayedMessage, TextOrJson, duration_arg, load, pick, print_json};
 
@@ -42,27 +39,29 @@ pub struct Stream {
     /// With --rate: one SQS request there and back (tens of ms on SQS).
     #[arg(long, value_parser = duration_arg, value_name = "DUR", default_value = "20ms")]
     pub round_trip: u64,
-    /// With --rate: bytes of one message, body and attributes.
-    #[arg(long, default_value_t = BUSY_MESSAGE_BYTES)]
-    pub message_bytes: u64,
+    /// With --rate: bytes of one message, body and attributes (default 1 KiB).
+    #[arg(long)]
+    pub message_bytes: Option<u64>,
 }
 
-/// A stream's estimate, as `plan` shows it.
-#[derive(serde::Serialize)]
-struct StreamCost {
-    messages: u64,
-    rate_per_second: f64,
-    destinations: u64,
-    shared_delay_queue: bool,
-    send_window_ms: f64,
-    linger_ms: f64,
-    round_trip_ms: f64,
-    requests: Requests,
-    requests_per_message_per_cycle: f64,
+impl Args {
+    fn cost_question(&self) -> CostQuestion {
+        let Stream { rate, lasting_ms, destinations, round_trip, message_bytes } = &self.stream;
+        CostQuestion {
+            price_per_million: self.price_per_million,
+            stream: rate.map(|rate_per_second| StreamQuestion {
+                rate_per_second,
+                lasting_ms: *lasting_ms,
+                destinations: *destinations,
+                round_trip_ms: *round_trip,
+                message_bytes: *message_bytes,
+            }),
+        }
+    }
 }
 
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
-    let Args { message, format, price_per_million, stream } = args;
+    let Args { message, format, .. } = args;
     let delay = &message.delay_ms_from_now();
     let (config, mut strategies) = load(cli)?;
     let (name, planner) = pick(cli, &config, &mut strategies, Some(message.target()))?;
@@ -79,25 +78,22 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     if let Some(problem) = &simulated.problem {
         anyhow::bail!("strategy {name}: the simulation could not follow the message to {destination}: {problem}");
     }
-    let cost = (info.family == BrokerFamily::Sqs).then(|| SqsCost::of_route(&simulated.hops, *price_per_million));
-    let stream_cost = match stream.rate {
-        Some(rate) if info.family == BrokerFamily::Sqs => Some(stream_cost(&config, planner, destination, &simulated, stream, rate)?),
-        Some(_) => anyhow::bail!("--rate estimates SQS requests; strategy {name} is not an SQS strategy"),
-        None => None,
-    };
+    let cost = registry::plan_cost(&config, info.family, planner, &simulated, &args.cost_question()).with_context(|| format!("strategy {name}"))?;
     match format {
-        TextOrJson::Json => print_json(&serde_json::json!({
-            "strategy": name,
-            "planner": info.name,
-            "destination": destination,
-            "exchange": message.exchange,
-            "routing_key": message.routing_key,
-            "delay_ms": delay,
-            "delivers_after_ms": plan.delivers_after_ms,
-            "commands": plan.commands,
-            "sqs": cost,
-            "sqs_stream": stream_cost,
-        }))?,
+        TextOrJson::Json => {
+            let mut json = serde_json::json!({
+                "strategy": name,
+                "planner": info.name,
+                "destination": destination,
+                "exchange": message.exchange,
+                "routing_key": message.routing_key,
+                "delay_ms": delay,
+                "delivers_after_ms": plan.delivers_after_ms,
+                "commands": plan.commands,
+            });
+            json.as_object_mut().expect("an object").extend(cost.json);
+            print_json(&json)?
+        }
         TextOrJson::Table => {
             println!(
                 "strategy {name} (planner {} {}): to {destination} after {} (asked {})\n",
@@ -116,80 +112,10 @@ pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
                 (Some(at), _) => println!("delivered to {destination} after {}", render::duration(at)),
                 (None, problem) => println!("NOT delivered: {}", problem.unwrap_or_default()),
             }
-            if let Some(cost) = cost {
-                println!(
-                    "SQS requests: {} alone (1 send + {} pump visits x 3: receive, send, delete), {:.3} in a busy queue ({} messages of {} bytes due together: ten to a request, re-sent in bundles); ${:.7} to ${:.7} at ${} per million",
-                    cost.requests_alone,
-                    cost.pump_visits,
-                    cost.requests_in_a_busy_queue,
-                    BUSY_COHORT,
-                    BUSY_MESSAGE_BYTES,
-                    cost.cost_usd_in_a_busy_queue,
-                    cost.cost_usd_alone,
-                    cost.price_per_million_usd
-                );
-            }
-            if let Some(stream) = stream_cost {
-                let Requests { send_message_batch, receive_message, empty_receive_message, delete_message_batch } = stream.requests;
-                println!(
-                    "SQS requests for a stream of {} messages at {}/s to {} destination(s) ({}, send window {} ms, linger {} ms, round trip {} ms): {:.3} per message per cycle (SendMessageBatch {send_message_batch}, ReceiveMessage {receive_message} and {empty_receive_message} that ended empty, DeleteMessageBatch {delete_message_batch})",
-                    stream.messages,
-                    stream.rate_per_second,
-                    stream.destinations,
-                    if stream.shared_delay_queue { "one delay queue for all" } else { "a delay queue each" },
-                    stream.send_window_ms,
-                    stream.linger_ms,
-                    stream.round_trip_ms,
-                    stream.requests_per_message_per_cycle
-                );
+            for line in cost.lines {
+                println!("{line}");
             }
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Walks the stream through the host's batcher and pumps ([`traffic`]), with
-/// this config's send window and linger, the cycle and visits of the
-/// simulated route, and whether the planner puts a second destination's
-/// messages in the same delay queue.
-fn stream_cost(config: &Config, planner: &mut LoadedPlanner, destination: &str, route: &SimulatedMessage, stream: &Stream, rate: f64) -> Result<StreamCost> {
-    anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate: must be a positive number of messages a second");
-    anyhow::ensure!(stream.destinations > 0, "--destinations: must be at least 1");
-    let pump_visits = pumped_queues(&route.hops).count() as u64;
-    let cycle_ms = route.hops.iter().find(|h| matches!(h.step, HopStep::Pump { .. })).map_or(0, |h| h.at_ms);
-    let other = Simulation::new(planner, &format!("{destination}-another"))?.run(&[route.requested_ms])?.remove(0);
-    let shared_delay_queue = pumped_queues(&route.hops).next().is_some() && pumped_queues(&route.hops).next() == pumped_queues(&other.hops).next();
-    let (send_window, linger) = registry::gathering(config);
-    let (send_window, linger) = (send_window.as_secs_f64() * 1_000.0, linger.as_secs_f64() * 1_000.0);
-    let messages = ((rate * stream.lasting_ms as f64 / 1_000.0).round() as u64).max(1);
-    let handling = Handling {
-        shared_delay_queue,
-        send_window_ms: send_window,
-        linger_ms: linger,
-        round_trip_ms: stream.round_trip as f64,
-        notice_ms: 0.0,
-        cycle_ms: cycle_ms as f64,
-        pump_visits,
-    };
-    let requests =
-        traffic::requests(&Traffic { messages, rate_per_second: rate, destinations: stream.destinations, message_bytes: stream.message_bytes }, &handling);
-    Ok(StreamCost {
-        messages,
-        rate_per_second: rate,
-        destinations: stream.destinations,
-        shared_delay_queue,
-        send_window_ms: send_window,
-        linger_ms: linger,
-        round_trip_ms: stream.round_trip as f64,
-        requests_per_message_per_cycle: requests.per_message_per_cycle(messages, pump_visits),
-        requests,
-    })
-}
-
-/// The queues a pump took the message from, visit by visit.
-fn pumped_queues(hops: &[Hop]) -> impl Iterator<Item = &str> {
-    hops.iter().filter_map(|h| match &h.step {
-        HopStep::Pump { queue, .. } => Some(queue.as_str()),
-        _ => None,
-    })
 }

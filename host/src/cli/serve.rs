@@ -19,7 +19,7 @@ pub struct Args {
 pub fn run(cli: &Cli, args: &Args) -> Result<ExitCode> {
     let Args { listen } = args;
     let config = Config::load(&cli.config)?;
-    init_logging(config.service.log_format.unwrap_or_default(), "info,lapin=off");
+    init_logging(config.service.log_format.unwrap_or_default(), "info");
     let listen = listen.clone().or_else(|| config.service.listen.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
     tokio_runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("listen on {listen}"))?;

@@ -16,11 +16,9 @@
 
 mod amqp;
 pub mod conformance;
-pub mod cost;
 mod nats;
 pub mod simulation;
 mod sqs;
-pub mod traffic;
 
 use std::collections::BTreeMap;
 

@@ -21,6 +21,9 @@
 //!   (`content-type` and one JSON `hourglass-properties`), and back.
 //! * [`cancel`]: cancel and reschedule as a host asks them of the fates
 //!   queue and decides them.
+//! * [`cost`]: the requests one message's route costs, alone and among a
+//!   thousand; [`traffic`]: what a stream of them costs, walked through the
+//!   batcher and pumps; [`estimate`]: both as `hourglass plan` shows them.
 //!
 //! What a serving host runs on SQS (`side`): a pump per pumped queue (those
 //! the strategies report and those found tagged), the SQS ingress and canary,
@@ -31,7 +34,9 @@ pub mod batcher;
 pub mod bundle;
 pub mod cancel;
 pub mod consume;
+pub mod cost;
 pub mod dead_letters;
+pub mod estimate;
 pub mod fates;
 pub mod fates_queue;
 pub mod metrics;
@@ -43,6 +48,7 @@ pub mod release;
 pub mod replies;
 pub mod send;
 pub(super) mod side;
+pub mod traffic;
 
 pub use send::SqsExecutor;
 

@@ -15,8 +15,8 @@
 
 use serde::Serialize;
 
-use super::{Hop, HopStep};
 use crate::command::SQS_BILLED_BYTES;
+use crate::sim::{Hop, HopStep};
 
 /// Messages SQS carries in one batch request.
 pub(crate) const SQS_BATCH: u64 = 10;
