@@ -6,6 +6,7 @@
 //! side runs its work with are here: [`supervise_consumer`] for any
 //! [`QueueConsumer`], [`supervise_canary_probes`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -13,7 +14,7 @@ use serde::Serialize;
 
 use super::pending::DepthReading;
 use super::{Background, Service, ServiceError};
-use crate::command::Command;
+use crate::command::{Command, NatsCommand};
 use crate::config::Config;
 use crate::executor::Broker;
 use crate::scheduler::Scheduler;
@@ -123,4 +124,26 @@ pub(crate) fn supervise_canary_probes(service: &Arc<Service>, config: &Config) {
             Ok(())
         }
     });
+}
+
+/// Each held stream the strategies declare, with the one strategy it belongs to.
+pub(crate) fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, String>, ServiceError> {
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
+    for strategy in config.strategies.keys() {
+        let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::refused(config, format!("strategy {strategy}: {e}")))?;
+        for command in topology {
+            let Command::Nats(NatsCommand::EnsureStream { name, held: true, .. }) = command else { continue };
+            if let Some(other) = held.insert(name.clone(), strategy.clone())
+                && other != *strategy
+            {
+                return Err(ServiceError::refused(
+                    config,
+                    format!(
+                        "strategies {other} and {strategy} both hold messages in stream {name}; give one of them a stream of its own (its planner's `stream` key)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(held)
 }

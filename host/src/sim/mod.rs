@@ -138,6 +138,15 @@ pub enum Step {
     Held(HeldNatsMessage),
 }
 
+/// Messages that surfaced for the host to answer while the clock moved.
+#[derive(Debug, Default)]
+pub(crate) struct Surfaced {
+    /// Due on pumped queues: each goes to its strategy's planner (`handle-due`).
+    pub due: Vec<DueSqsMessage>,
+    /// Delivered by held streams: each goes to its strategy's planner (`handle-held`).
+    pub held: Vec<HeldNatsMessage>,
+}
+
 #[derive(Default)]
 pub struct Simulator {
     now_ms: u64,
@@ -278,16 +287,19 @@ impl Simulator {
     }
 
     /// Moves the clock to `at_ms`, handling every broker event up to then.
-    /// Messages falling due on pumped queues are returned for the caller.
-    pub(crate) fn advance_to(&mut self, at_ms: u64) -> Vec<DueSqsMessage> {
-        let mut due = Vec::new();
+    /// What surfaced for the host to answer (due on pumped queues, delivered
+    /// by held streams) is returned for the caller.
+    pub(crate) fn advance_to(&mut self, at_ms: u64) -> Surfaced {
+        let mut surfaced = Surfaced::default();
         while self.next_event_ms().is_some_and(|t| t <= at_ms) {
-            if let Step::Due(message) = self.step() {
-                due.push(message);
+            match self.step() {
+                Step::Due(due) => surfaced.due.push(due),
+                Step::Held(held) => surfaced.held.push(held),
+                Step::Idle | Step::Progressed => {}
             }
         }
         self.now_ms = self.now_ms.max(at_ms);
-        due
+        surfaced
     }
 
     /// Jumps to the next event and handles it.

@@ -16,9 +16,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::clock::unix_now_ms;
-use crate::command::{Command, DueMessage, FieldValue};
-use crate::headers::DUE_AT_HEADER;
-use crate::sim::{Arrival, DueSqsMessage, SimError, SimMessage, Simulator};
+use crate::command::{Command, DueMessage, FieldTable, FieldValue, HeldMessage};
+use crate::headers::{DUE_AT_HEADER, TARGET_HEADER};
+use crate::sim::{Arrival, DueSqsMessage, HeldNatsMessage, SimError, SimMessage, Simulator};
 
 use crate::executor::{Delivered, Envelope, Executor, ExecutorError, KEPT_PER_DESTINATION};
 
@@ -35,6 +35,8 @@ struct MemoryState {
     epoch_ms: u64,
     /// Messages that fell due on pumped queues, waiting for the pump.
     due: Vec<DueSqsMessage>,
+    /// Deliveries of held streams, waiting for their planner's answer.
+    held: Vec<HeldNatsMessage>,
     /// Bodies of messages in flight, by id: the simulator carries none.
     bodies: HashMap<String, Vec<u8>>,
     delivered: HashMap<String, VecDeque<Delivered>>,
@@ -42,7 +44,14 @@ struct MemoryState {
 
 impl Default for MemoryState {
     fn default() -> Self {
-        MemoryState { simulator: Simulator::new(), epoch_ms: unix_now_ms(), due: Vec::new(), bodies: HashMap::new(), delivered: HashMap::new() }
+        MemoryState {
+            simulator: Simulator::new(),
+            epoch_ms: unix_now_ms(),
+            due: Vec::new(),
+            held: Vec::new(),
+            bodies: HashMap::new(),
+            delivered: HashMap::new(),
+        }
     }
 }
 
@@ -71,10 +80,7 @@ impl MemoryState {
     }
 
     fn delivered_from(&mut self, arrival: Arrival) -> Delivered {
-        let due_at_ms = match arrival.message.headers.get(DUE_AT_HEADER) {
-            Some(FieldValue::Int(due)) => u64::try_from(*due).ok(),
-            _ => None,
-        };
+        let due_at_ms = due_at_ms(&arrival.message.headers);
         Delivered {
             body: self.bodies.remove(&arrival.message.id).unwrap_or_default(),
             id: arrival.message.id,
@@ -90,8 +96,9 @@ impl MemoryExecutor {
     fn now(&self) -> std::sync::MutexGuard<'_, MemoryState> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let at = unix_now_ms().saturating_sub(state.epoch_ms);
-        let due = state.simulator.advance_to(at);
-        state.due.extend(due);
+        let surfaced = state.simulator.advance_to(at);
+        state.due.extend(surfaced.due);
+        state.held.extend(surfaced.held);
         state.settle();
         state
     }
@@ -108,6 +115,46 @@ impl MemoryExecutor {
     /// Sends a due message on with the commands its planner answered.
     pub(crate) fn carry_out(&self, commands: &[Command], due: DueSqsMessage) -> Result<(), ExecutorError> {
         self.execute(self.now(), commands, &due.message)
+    }
+
+    /// Deliveries of held streams, each with the question its planner
+    /// answers (times on the wall clock, the destination from the message's
+    /// own header, as a NATS host asks it); the caller answers each with
+    /// [`Self::redeliver`] or [`Self::carry_out_held`]. A delivery that
+    /// cannot be asked about (its headers lost) comes with why.
+    pub(crate) fn take_held(&self) -> Vec<(Result<HeldMessage, String>, HeldNatsMessage)> {
+        let mut state = self.now();
+        let now_ms = state.epoch_ms + state.simulator.now_ms();
+        let question = |held: &HeldNatsMessage| {
+            let headers = &held.message.headers;
+            let destination = headers.get(TARGET_HEADER).and_then(FieldValue::as_text).ok_or_else(|| format!("held without its {TARGET_HEADER} header"))?;
+            let due_at_ms = due_at_ms(headers).ok_or_else(|| format!("held without its {DUE_AT_HEADER} header"))?;
+            Ok(HeldMessage {
+                stream: held.stream.clone(),
+                subject: held.subject.clone(),
+                destination: destination.to_string(),
+                due_at_ms,
+                now_ms,
+                deliveries: held.deliveries,
+            })
+        };
+        std::mem::take(&mut state.held).into_iter().map(|held| (question(&held), held)).collect()
+    }
+
+    /// Declines a held delivery for `wait_ms`: the stream delivers it again then.
+    pub(crate) fn redeliver(&self, held: HeldNatsMessage, wait_ms: u64) {
+        self.now().simulator.redeliver(held, wait_ms);
+        self.sent.notify_one();
+    }
+
+    /// Hands a held message over with the commands its planner answered.
+    pub(crate) fn carry_out_held(&self, commands: &[Command], held: HeldNatsMessage) -> Result<(), ExecutorError> {
+        self.execute(self.now(), commands, &held.message)
+    }
+
+    /// Forgets a message that cannot go on (its body with it).
+    pub(crate) fn drop_message(&self, message: &SimMessage) {
+        self.now().bodies.remove(&message.id);
     }
 
     /// Runs `commands` on `message`, whose body is kept in `state`: a message
@@ -130,6 +177,7 @@ impl MemoryExecutor {
         let mut state = self.now();
         state.simulator.declare_destination_queue(name);
         state.simulator.declare_destination_sqs_queue(name);
+        state.simulator.declare_destination_subject(name);
     }
 
     /// Moves the simulator along the wall clock until `stop` turns true, so
@@ -149,6 +197,15 @@ impl MemoryExecutor {
                 _ = stop.changed() => {}
             }
         }
+    }
+}
+
+/// A message's due time, Unix ms: an integer header as the scheduler sets
+/// it, or text, as NATS headers carry it.
+fn due_at_ms(headers: &FieldTable) -> Option<u64> {
+    match headers.get(DUE_AT_HEADER)? {
+        FieldValue::Int(due) => u64::try_from(*due).ok(),
+        other => other.as_text()?.parse().ok(),
     }
 }
 

@@ -10,7 +10,6 @@
 //! and every 10 s after (`clock-check`), the server's clock is read
 //! (`broker::nats::clock`), so due times count on it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use super::clock;
 use super::consume::NatsConsumer;
 use super::hold::HeldStream;
 use super::{NatsExecutor, cancellation_bucket};
-use crate::command::{Command, NatsCommand};
+use crate::command::Command;
 use crate::config::Config;
 use crate::config::broker::NatsSettings;
 use crate::executor::Broker;
@@ -31,7 +30,7 @@ use crate::scheduler::strategies::Strategies;
 use crate::service::canary::Canary;
 use crate::service::ingress::Ingress;
 use crate::service::pending::DepthReading;
-use crate::service::side::{BrokerSide, Drift, Opened, QueueConsumer, supervise_canary_probes, supervise_consumer};
+use crate::service::side::{BrokerSide, Drift, Opened, QueueConsumer, held_streams, supervise_canary_probes, supervise_consumer};
 use crate::service::{Service, ServiceError};
 
 /// How often stream depths are read unless `service.depth_poll` says: one request per stream.
@@ -133,28 +132,6 @@ impl<H: Handler> QueueConsumer for NatsConsumer<H> {
     async fn run(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         NatsConsumer::run(&self, stop).await
     }
-}
-
-/// Each held stream the strategies declare, with the one strategy it belongs to.
-fn held_streams(service: &Service, config: &Config) -> Result<BTreeMap<String, String>, ServiceError> {
-    let mut held: BTreeMap<String, String> = BTreeMap::new();
-    for strategy in config.strategies.keys() {
-        let topology = service.scheduler.topology_of(strategy).map_err(|e| ServiceError::refused(config, format!("strategy {strategy}: {e}")))?;
-        for command in topology {
-            let Command::Nats(NatsCommand::EnsureStream { name, held: true, .. }) = command else { continue };
-            if let Some(other) = held.insert(name.clone(), strategy.clone())
-                && other != *strategy
-            {
-                return Err(ServiceError::refused(
-                    config,
-                    format!(
-                        "strategies {other} and {strategy} both hold messages in stream {name}; give one of them a stream of its own (its planner's `stream` key)"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(held)
 }
 
 impl NatsSide {
