@@ -208,8 +208,12 @@ impl Default for Metrics {
         registry.register("schedule_seconds", "Plan plus confirmed publish, per message", metrics.schedule_seconds.clone());
         registry.register("planner_call_seconds", "One plan call into a planner's sandbox", metrics.planner_call_seconds.clone());
         registry.register("broker_confirm_seconds", "From first publish to the broker's last confirm, per message", metrics.confirm_seconds.clone());
-        registry.register("ingress_messages", "Ingress messages (AMQP or SQS ingress queue) by outcome: forwarded, invalid, requeued", metrics.ingress.clone());
-        registry.register("ingress_in_flight", "AMQP ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
+        registry.register(
+            "ingress_messages",
+            "Ingress messages (the ingress queue or subject) by outcome: forwarded, invalid, requeued",
+            metrics.ingress.clone(),
+        );
+        registry.register("ingress_in_flight", "Ingress messages received and not yet acknowledged", metrics.ingress_in_flight.clone());
         registry.register("reloads", "Config reloads by outcome", metrics.reloads.clone());
         registry.register("redeliveries", "Rejected messages by consumer queue and outcome: redelivered, given_up, requeued", metrics.redeliveries.clone());
         registry.register(
@@ -219,7 +223,7 @@ impl Default for Metrics {
         );
         registry.register(
             "clock_offset_seconds",
-            "The broker's clock minus this host's, as last read (RabbitMQ: the management API's Date header; SQS: the pumps' receive stamps); NaN until read",
+            "The broker's clock minus this host's, as last read (RabbitMQ: the management API's Date header; SQS: the pumps' receive stamps; NATS: JetStream's stamp on a stored message); NaN until read",
             metrics.clock_offset.clone(),
         );
         registry.register(

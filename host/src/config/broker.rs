@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use hourglass_planner_sdk::DurationMs;
 use serde::Deserialize;
 
-use super::{DelayedExchangeConfig, OwnQueueType};
+use super::{CancelConfig, DelayedExchangeConfig, OwnQueueType};
 use crate::command::{AmqpCommand, Command, ExchangeKind, FieldTable, FieldValue, NatsCommand, SqsCommand};
 use crate::environment::environment_text;
 use crate::planner::BrokerFamily;
@@ -220,6 +220,18 @@ impl BrokerConfig {
         }
     }
 
+    /// Where this kind keeps the cancellations of `cancellable = true`
+    /// strategies, named after `service.cancel.log`: RabbitMQ's stream,
+    /// SQS's fates queue, NATS's KV bucket.
+    pub fn cancellation_store(&self, cancel: &CancelConfig) -> String {
+        let log = cancel.log();
+        match self {
+            BrokerConfig::Memory | BrokerConfig::Rabbitmq { .. } => log.to_string(),
+            BrokerConfig::Sqs { .. } => sqs_fates_queue(log),
+            BrokerConfig::Nats { .. } => nats_cancellation_bucket(log),
+        }
+    }
+
     /// A release queue named `name` (`<release_prefix>.<strategy>`) as this broker takes names.
     pub fn release_queue_name(&self, name: String) -> String {
         match self {
@@ -351,7 +363,24 @@ pub fn amqp_url(url: Option<&str>, url_env: Option<&str>) -> String {
 /// A name with the characters SQS refuses in queue names replaced by `-`
 /// (SQS names take letters, digits, `-` and `_`).
 pub fn sqs_safe_name(name: &str) -> String {
+    word_characters(name)
+}
+
+/// `name` in letters, digits, `-` and `_`, anything else as `-`.
+fn word_characters(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect()
+}
+
+/// SQS's store of cancellations: the FIFO fates queue every host shares,
+/// named after `log` (`hourglass.cancellations` → `hourglass-cancellations.fifo`).
+pub fn sqs_fates_queue(log: &str) -> String {
+    format!("{}.fifo", sqs_safe_name(log.strip_suffix(".fifo").unwrap_or(log)))
+}
+
+/// NATS's store of cancellations: the KV bucket named after `log` (bucket
+/// names take letters, digits, `-` and `_`).
+pub fn nats_cancellation_bucket(log: &str) -> String {
+    word_characters(log)
 }
 
 /// A name made a valid NATS subject (letters, digits, `-`, `_`, `.`).

@@ -93,7 +93,7 @@ pub struct ServiceConfig {
     /// Pause after a pump receive that brought fewer than ten messages, so
     /// batches fill (default 250ms, at most 5s, 0 turns it off).
     pub pump_linger: Option<DurationMs>,
-    /// The AMQP ingress queue (RabbitMQ brokers).
+    /// The ingress queue (RabbitMQ) or subject (NATS) producers publish to.
     #[serde(default)]
     pub ingress: IngressConfig,
     /// The SQS ingress queue (SQS brokers).
@@ -102,10 +102,10 @@ pub struct ServiceConfig {
     /// How often queue depths are read for /metrics, /v1/delays and the
     /// status page (default 5s on RabbitMQ, 60s on SQS, where it is billed).
     pub depth_poll: Option<DurationMs>,
-    /// Lateness probes (RabbitMQ brokers).
+    /// Lateness probes: messages sent through each strategy to measure how late they arrive.
     #[serde(default)]
     pub canary: CanaryConfig,
-    /// The cancellation log of `cancellable = true` strategies (RabbitMQ brokers).
+    /// Where the cancellations of `cancellable = true` strategies are kept, and for how long.
     #[serde(default)]
     pub cancel: CancelConfig,
     /// The exchange and queue rejected messages dead-letter to (default `hourglass.redelivery`).
@@ -214,11 +214,12 @@ impl Default for IngressConfig {
 }
 
 /// `[service.canary]`: a probe through every strategy, timed on arrival
-/// (RabbitMQ and SQS brokers; the default queue name is valid on both).
+/// (every broker but the in-memory one; the default name is a valid queue
+/// and subject on each).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CanaryConfig {
-    /// On by default (RabbitMQ and SQS).
+    /// On by default.
     pub enabled: bool,
     /// The probes' destination, consumed by the host.
     pub queue: String,
@@ -234,12 +235,14 @@ impl Default for CanaryConfig {
     }
 }
 
-/// `[service.cancel]`: the log that decides cancels and reschedules of
-/// messages on `cancellable = true` strategies (see `broker::rabbitmq::cancel`).
+/// `[service.cancel]`: the store that decides cancels and reschedules of
+/// messages on `cancellable = true` strategies (each broker's `cancel` module).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CancelConfig {
-    /// The RabbitMQ stream every host reads (default `hourglass.cancellations`).
+    /// The store every host reads (default `hourglass.cancellations`): a
+    /// RabbitMQ stream of that name; on SQS the fates queue and on NATS the
+    /// KV bucket named after it ([`BrokerConfig::cancellation_store`]).
     pub log: Option<String>,
     /// Each cancellable strategy's release queue is `<release_prefix>.<strategy>` (default `hourglass.release`).
     pub release_prefix: Option<String>,
@@ -258,11 +261,6 @@ impl CancelConfig {
     /// Where a cancellable strategy ends its delays; the host forwards from there.
     pub fn release_queue(&self, strategy: &str) -> String {
         format!("{}.{strategy}", self.release_prefix.as_deref().unwrap_or("hourglass.release"))
-    }
-    /// On SQS: the FIFO fates queue every host shares, named after `log` (default `hourglass-cancellations.fifo`).
-    pub(crate) fn sqs_fates_queue(&self) -> String {
-        let log = self.log();
-        format!("{}.fifo", broker::sqs_safe_name(log.strip_suffix(".fifo").unwrap_or(log)))
     }
     pub fn retention_ms(&self) -> u64 {
         self.retention.map_or(7 * 24 * 3_600_000, |d| d.ms())
@@ -1024,12 +1022,29 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_names_its_cancellation_store_after_the_log() {
+        let store = |kind: &str| {
+            let strategy = match kind {
+                "sqs" => "sqs-cycles",
+                "nats" => "nats-hold",
+                _ => "hold-queues",
+            };
+            let text = format!("[broker]\nkind = \"{kind}\"\n[service.cancel]\nlog = \"orders.cancelled\"\n[strategies.a]\nplanner = \"{strategy}\"\n");
+            let config = parse(&text).unwrap();
+            config.broker.cancellation_store(&config.service.cancel)
+        };
+        assert_eq!(store("rabbitmq"), "orders.cancelled", "a stream of that name");
+        assert_eq!(store("sqs"), "orders-cancelled.fifo", "SQS FIFO names take no dots");
+        assert_eq!(store("nats"), "orders-cancelled", "KV bucket names take no dots");
+    }
+
+    #[test]
     fn cancellable_is_taken_on_rabbitmq_and_on_sqs_with_an_sqs_planner_and_refused_otherwise_naming_the_key() {
         let sqs = "[broker]\nkind = \"sqs\"\n";
         let config = parse(&format!("{sqs}[strategies.a]\nplanner = \"sqs-cycles\"\ncancellable = true\n")).unwrap();
         assert!(config.strategy("a").unwrap().cancellable);
         assert_eq!(config.release_queue("a"), "hourglass-release-a", "SQS names take no dots");
-        assert_eq!(config.service.cancel.sqs_fates_queue(), "hourglass-cancellations.fifo");
+        assert_eq!(config.broker.cancellation_store(&config.service.cancel), "hourglass-cancellations.fifo");
         let err = parse(&format!("{sqs}[strategies.a]\nplanner = \"binary-levels\"\ncancellable = true\n")).unwrap_err().to_string();
         assert!(err.starts_with("delay.toml:5:") && err.contains("strategies.a.cancellable") && err.contains("sqs-cycles"), "{err}");
         let err = parse("[strategies.a]\nplanner = \"hold-queues\"\ncancellable = true\n").unwrap_err().to_string();

@@ -172,9 +172,9 @@ fn reserved_names(config: &Config, strategies: &mut Strategies, names: &[String]
     let input = config.service.redelivery_input();
     let mut reserved: HashSet<String> = [ingress.queue.clone(), ingress.invalid_queue.clone(), input.to_string(), format!("{input}.unknown")].into();
     reserved.insert(config.service.cancel.log().to_string());
-    // On SQS, a cancellable strategy's release queue and the fates queue (RabbitMQ's names are above).
+    // Where the broker keeps cancellations, and each cancellable strategy's release queue, as the broker names them.
     if config.strategies.values().any(|s| s.cancellable) {
-        reserved.insert(config.service.cancel.sqs_fates_queue());
+        reserved.insert(config.broker.cancellation_store(&config.service.cancel));
         reserved.extend(config.strategies.values().filter(|s| s.cancellable).map(|s| config.release_queue(&s.name)));
     }
     reserved.extend(config.strategies.values().map(|s| config.service.cancel.release_queue(&s.name)));

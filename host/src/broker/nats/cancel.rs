@@ -280,7 +280,7 @@ impl Cancellations for NatsCancel {
 /// The bucket opened for one command.
 pub async fn open_for_command(settings: &NatsSettings, config: &Config) -> Result<OpenCancellations, CommandError> {
     let nats = super::connect(settings).await?;
-    let bucket = super::cancellation_bucket(config.service.cancel.log());
+    let bucket = config.broker.cancellation_store(&config.service.cancel);
     // The bucket is made by `serve`; without it nothing here is cancellable.
     let cancel = NatsCancel::open(&nats, &bucket, config.service.cancel.retention_ms(), false).await?;
     Ok(OpenCancellations::new(Arc::new(cancel), Clock::system()))

@@ -50,12 +50,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a held stream's messages that can never go on are kept, with the reason (the contract's rule).
 pub(crate) use crate::command::held_parked_stream as parked_stream;
 
-/// The KV bucket that keeps cancellations, named after `service.cancel.log`
-/// (bucket names take letters, digits, '-' and '_').
-pub fn cancellation_bucket(log: &str) -> String {
-    log.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect()
-}
-
 /// Commands of a NATS plan, run on one client connection.
 pub struct NatsExecutor {
     client: async_nats::Client,

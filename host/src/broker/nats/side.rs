@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+use super::NatsExecutor;
 use super::cancel::NatsCancel;
 use super::clock;
 use super::consume::NatsConsumer;
 use super::hold::HeldStream;
-use super::{NatsExecutor, cancellation_bucket};
 use crate::command::Command;
 use crate::config::Config;
 use crate::config::broker::NatsSettings;
@@ -91,7 +91,7 @@ impl BrokerSide for NatsSide {
                 supervise_canary_probes(service, config);
             }
             if config.strategies.values().any(|s| s.cancellable) {
-                let bucket = cancellation_bucket(config.service.cancel.log());
+                let bucket = config.broker.cancellation_store(&config.service.cancel);
                 let cancellations = Arc::new(NatsCancel::open(&self.nats, &bucket, config.service.cancel.retention_ms(), declaring).await?);
                 self.nats.keep_fates_in(cancellations.clone());
                 let _ = service.background.cancellations.set(cancellations.clone());

@@ -70,7 +70,7 @@ impl SqsCancel {
         clock: Arc<crate::clock::Clock>,
         declaring: bool,
     ) -> Result<Arc<SqsCancel>, FatesError> {
-        let fates = FatesQueue::open(executor.clone(), &settings.sqs_fates_queue(), settings.remember_delivered_ms(), clock, declaring).await?;
+        let fates = FatesQueue::open(executor.clone(), &super::fates_queue_name(settings.log()), settings.remember_delivered_ms(), clock, declaring).await?;
         let replies = ReplyQueue::create(executor, &safe_name(settings.log())).await?;
         Ok(Arc::new(SqsCancel {
             fates: Arc::new(fates),

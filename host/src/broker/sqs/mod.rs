@@ -57,7 +57,7 @@ use std::sync::Arc;
 use crate::config::broker::SqsSettings;
 use crate::executor::ExecutorError;
 
-pub use crate::config::broker::{sqs_release_queue as release_queue_declaration, sqs_safe_name as safe_name};
+pub use crate::config::broker::{sqs_fates_queue as fates_queue_name, sqs_release_queue as release_queue_declaration, sqs_safe_name as safe_name};
 
 /// Opens the SQS `settings` name.
 pub async fn connect(settings: &SqsSettings) -> Result<Arc<SqsExecutor>, ExecutorError> {
