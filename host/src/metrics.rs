@@ -146,7 +146,6 @@ pub struct Metrics {
     recent_lateness: Mutex<std::collections::BTreeMap<String, std::collections::VecDeque<u64>>>,
     early: Family<Strategy, Counter>,
     released: Family<StrategyOutcome, Counter>,
-    unparked: Family<StrategyOutcome, Counter>,
     cancellations: Family<Outcome, Counter>,
     bounds: std::sync::RwLock<LabelBounds>,
 }
@@ -198,7 +197,6 @@ impl Default for Metrics {
             recent_lateness: Mutex::default(),
             early: Family::default(),
             released: Family::default(),
-            unparked: Family::default(),
             cancellations: Family::default(),
             bounds: Default::default(),
         };
@@ -247,11 +245,6 @@ impl Default for Metrics {
             "released_messages",
             "Messages of cancellable strategies leaving the release queue: forwarded, cancelled, rescheduled, parked, requeued",
             metrics.released.clone(),
-        );
-        registry.register(
-            "unparked_messages",
-            "Messages a serving host took from a strategy's parking queue: forwarded, released (to a cancellable strategy's release queue), rescheduled, orphaned (their destination was gone), requeued",
-            metrics.unparked.clone(),
         );
         registry.register(
             "cancellations",
@@ -412,10 +405,9 @@ impl Metrics {
         self.released.get_or_create(&StrategyOutcome { strategy, outcome: outcome.into() }).inc();
     }
 
-    /// A message left a strategy's parking queue through the service (`outcome` from a fixed set).
-    pub fn unparked(&self, strategy: &str, outcome: &str) {
-        let strategy = self.route(strategy, "").strategy;
-        self.unparked.get_or_create(&StrategyOutcome { strategy, outcome: outcome.into() }).inc();
+    /// `strategy` as a label: its name if configured, else one shared name.
+    pub(crate) fn strategy_label(&self, strategy: &str) -> String {
+        self.route(strategy, "").strategy
     }
 
     /// A cancel or reschedule was answered (`outcome` from a fixed set).

@@ -223,6 +223,8 @@ impl RabbitMqSide {
             Some(publisher) => vec![("publishing", publisher.open_channels() as i64)],
             None => Vec::new(),
         });
+        // Listed at /metrics from the start, as the core's families are, not from the first unpark.
+        service.metrics.broker_counters(&super::metrics::UNPARKED);
     }
 
     /// `broker-connections` reconnects the publisher's connections, which

@@ -159,7 +159,7 @@ impl Handler for Unpark {
             (_, Settled::Requeued | Settled::MoveFailed(_)) | (None, _) => Unparked::Requeued,
             (Some(note), _) => note,
         };
-        self.scheduler.metrics().unparked(self.strategy(), outcome.label());
+        super::metrics::count_unparked(self.scheduler.metrics(), self.strategy(), outcome.label());
     }
 }
 
