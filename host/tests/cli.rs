@@ -222,6 +222,15 @@ fn bad_configs_fail_with_file_line_and_column() {
     assert!(err.contains("delay.toml:3:"), "{err}");
 }
 
+/// `inspect` reads what waits on the broker without a service: where it
+/// cannot, it names the kinds that can, from what each kind says it can do.
+#[test]
+fn inspect_where_nothing_waits_at_rest_names_the_kinds_that_can() {
+    let output = hourglass(&["inspect"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("inspect needs broker.kind = \"rabbitmq\" or \"nats\""), "{}", stderr(&output));
+}
+
 #[test]
 fn a_missing_config_file_is_named() {
     let output = hourglass(&["--config", "/nonexistent/delay.toml", "plan", "--to", "x", "--delay", "1s"]);

@@ -79,7 +79,7 @@ pub async fn verify(config: &Config, strategies: &mut Strategies, strategy: &str
 /// depths. Not on SQS, whose pumped queues only a running service finds as
 /// messages come, nor on the memory broker, where nothing outlives the process.
 pub fn depth_reading(config: &Config) -> Result<DepthReading, CommandError> {
-    let readable = "broker.kind = \"rabbitmq\" or \"nats\"";
+    let readable = BrokerConfig::kinds_that(|kind| kind.depths_at_rest.then_some(""));
     match config.broker.settings() {
         BrokerSettings::RabbitMq(settings) => Ok(rabbitmq::side::depth_reading(config, rabbitmq::manage::management_for(&settings))),
         BrokerSettings::Nats(_) => Ok(nats::side::depth_reading()),
@@ -87,7 +87,7 @@ pub fn depth_reading(config: &Config) -> Result<DepthReading, CommandError> {
             command: "inspect",
             kinds: format!("{readable}; on SQS, GET /v1/delays of a running serve lists the pumped queues it reads"),
         }),
-        BrokerSettings::Memory => Err(CommandError::Unsupported { command: "inspect", kinds: readable.into() }),
+        BrokerSettings::Memory => Err(CommandError::Unsupported { command: "inspect", kinds: readable }),
     }
 }
 

@@ -95,6 +95,8 @@ pub struct Capabilities {
     /// `hourglass verify` and `service.topology = "verify"` compare what a
     /// strategy declares with the broker.
     pub verify_topology: bool,
+    /// `hourglass inspect` reads what waits without a running service.
+    pub depths_at_rest: bool,
 }
 
 /// A `[broker]` setting out of its bounds: the key and why.
@@ -119,6 +121,7 @@ impl BrokerConfig {
                 cancellable_planners: &[],
                 release_queue: false,
                 verify_topology: false,
+                depths_at_rest: false,
             },
         ),
         (
@@ -131,6 +134,7 @@ impl BrokerConfig {
                 cancellable_planners: &[],
                 release_queue: true,
                 verify_topology: true,
+                depths_at_rest: true,
             },
         ),
         (
@@ -144,6 +148,7 @@ impl BrokerConfig {
                 cancellable_planners: &[crate::planner::builtin::SQS_CYCLES],
                 release_queue: true,
                 verify_topology: false,
+                depths_at_rest: false,
             },
         ),
         (
@@ -157,6 +162,7 @@ impl BrokerConfig {
                 cancellable_planners: &[crate::planner::builtin::NATS_HOLD, crate::planner::builtin::NATS_SCHEDULE],
                 release_queue: false,
                 verify_topology: true,
+                depths_at_rest: true,
             },
         ),
     ];
