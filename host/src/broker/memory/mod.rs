@@ -112,15 +112,16 @@ impl MemoryExecutor {
         std::mem::take(&mut state.due).into_iter().map(|due| (due.question(epoch_ms, now_ms), due)).collect()
     }
 
-    /// Sends a due message on with the commands its planner answered.
-    pub(crate) fn carry_out(&self, commands: &[Command], due: DueSqsMessage) -> Result<(), ExecutorError> {
-        self.execute(self.now(), commands, &due.message)
+    /// Sends a message that surfaced (due on a pumped queue, or held) on
+    /// with the commands its planner answered.
+    pub(crate) fn carry_out(&self, commands: &[Command], message: &SimMessage) -> Result<(), ExecutorError> {
+        self.execute(self.now(), commands, message)
     }
 
     /// Deliveries of held streams, each with the question its planner
     /// answers (times on the wall clock, the destination from the message's
     /// own header, as a NATS host asks it); the caller answers each with
-    /// [`Self::redeliver`] or [`Self::carry_out_held`]. A delivery that
+    /// [`Self::redeliver`] or [`Self::carry_out`]. A delivery that
     /// cannot be asked about (its headers lost) comes with why.
     pub(crate) fn take_held(&self) -> Vec<(Result<HeldMessage, String>, HeldNatsMessage)> {
         let mut state = self.now();
@@ -145,11 +146,6 @@ impl MemoryExecutor {
     pub(crate) fn redeliver(&self, held: HeldNatsMessage, wait_ms: u64) {
         self.now().simulator.redeliver(held, wait_ms);
         self.sent.notify_one();
-    }
-
-    /// Hands a held message over with the commands its planner answered.
-    pub(crate) fn carry_out_held(&self, commands: &[Command], held: HeldNatsMessage) -> Result<(), ExecutorError> {
-        self.execute(self.now(), commands, &held.message)
     }
 
     /// Forgets a message that cannot go on (its body with it).

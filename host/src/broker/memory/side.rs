@@ -141,7 +141,7 @@ async fn pump(mut answering: Answering, mut reported: mpsc::UnboundedReceiver<Pu
                 }
             };
             let carried = match planner.handle_due(&question) {
-                Ok(DueAction::Recycle(commands) | DueAction::HandOver(commands)) => executor.carry_out(&commands, due).map_err(|e| e.to_string()),
+                Ok(DueAction::Recycle(commands) | DueAction::HandOver(commands)) => executor.carry_out(&commands, &due.message).map_err(|e| e.to_string()),
                 Err(err) => Err(err.to_string()),
             };
             if let Err(err) = carried {
@@ -177,7 +177,7 @@ async fn pump(mut answering: Answering, mut reported: mpsc::UnboundedReceiver<Pu
                     executor.redeliver(held, ms.max(1));
                     Ok(())
                 }
-                Ok(HeldAction::HandOver { commands }) => executor.carry_out_held(&commands, held).map_err(|e| e.to_string()),
+                Ok(HeldAction::HandOver { commands }) => executor.carry_out(&commands, &held.message).map_err(|e| e.to_string()),
                 Err(err) => {
                     executor.drop_message(&held.message);
                     Err(err.to_string())
